@@ -1,0 +1,59 @@
+"""Elementwise monotonic maps ("transformers" in the terminology of Papamakarios et al. 2021).
+
+An autoregressive layer is a conditioner (a MADE producing ``P`` parameters per feature) plus
+a transformer ``tau(x_d; theta_d)`` that is monotonic in ``x_d``. Transformers are plain objects
+with no weights of their own: every parameter comes from the conditioner, as a tensor of shape
+``(..., D, P)`` whose last axis holds the ``P = params_per_feature`` raw (unconstrained) values.
+
+Contract (shared by :class:`Affine` and :class:`flowkit.transforms.RationalQuadraticSpline`):
+
+* ``forward(x, params) -> (z, log|dz/dx|)``, elementwise, both ``(..., D)``;
+* ``inverse(z, params) -> (x, log|dx/dz|)``;
+* raw parameters equal to zero give the identity map, so a conditioner whose output layer
+  starts at zero makes the whole layer the identity at initialisation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class Affine:
+    r"""``z = (x - shift) * exp(-log_scale)`` with a smoothly bounded log-scale.
+
+    The conditioner's two raw outputs per feature are ``(shift, a)``. The log-scale is
+    ``log_scale = bound * tanh(a / bound)``: equal to ``a`` near zero, smooth everywhere, and
+    confined to ``(-bound, bound)`` so a single layer can never scale by more than ``e^bound``.
+    A hard clamp would also bound it but has zero gradient outside the interval and a kink at its
+    edges; ``tanh`` keeps gradients alive and finite.
+
+    ``forward``: ``log|dz/dx| = -log_scale``. ``inverse``: ``x = z * exp(log_scale) + shift``.
+    This is the parameterisation of the MAF paper (Papamakarios et al. 2017, eq. 4 and 5).
+    """
+
+    params_per_feature = 2
+
+    def __init__(self, log_scale_bound: float = 3.0):
+        if log_scale_bound <= 0:
+            raise ValueError(f"'log_scale_bound' should be positive, got {log_scale_bound}")
+        self.log_scale_bound = float(log_scale_bound)
+
+    def _unpack(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        shift, raw = params.unbind(-1)
+        bound = self.log_scale_bound
+        return shift, bound * torch.tanh(raw / bound)
+
+    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        shift, log_scale = self._unpack(params)
+        return (x - shift) * torch.exp(-log_scale), -log_scale
+
+    def inverse(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        shift, log_scale = self._unpack(params)
+        return z * torch.exp(log_scale) + shift, log_scale
+
+    def config(self) -> dict:
+        return {"name": "affine", "log_scale_bound": self.log_scale_bound}
+
+    def __repr__(self) -> str:
+        return f"Affine(log_scale_bound={self.log_scale_bound})"
