@@ -1,0 +1,21 @@
+"""flowkit: normalizing flows and autoregressive density models built on MADE.
+
+Direction convention: a transform's ``forward`` maps data to noise and returns
+``log|det dz/dx|``; ``inverse`` maps noise to data. See ``docs/concepts.md``.
+"""
+
+from flowkit.distributions import DiagonalGaussian, StandardNormal
+from flowkit.flows import IAF, MAF, Flow
+from flowkit.nn import MADE, MaskedLinear
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DiagonalGaussian",
+    "Flow",
+    "IAF",
+    "MADE",
+    "MAF",
+    "MaskedLinear",
+    "StandardNormal",
+]

@@ -1,0 +1,53 @@
+"""Base distributions for flows, as modules so that ``.to(device)`` moves their state."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class DiagonalGaussian(nn.Module):
+    r"""``N(loc, diag(exp(log_scale))^2)`` over ``D`` features.
+
+    ``log_prob(z) = sum_d [-(z_d - loc_d)^2 / (2 s_d^2) - log s_d - log(2 pi) / 2]``.
+
+    Args:
+        features: ``D``.
+        learnable: make ``loc`` and ``log_scale`` parameters (else buffers at 0).
+    """
+
+    def __init__(self, features: int, learnable: bool = True):
+        super().__init__()
+        self.features = features
+        loc, log_scale = torch.zeros(features), torch.zeros(features)
+        if learnable:
+            self.loc, self.log_scale = nn.Parameter(loc), nn.Parameter(log_scale)
+        else:
+            self.register_buffer("loc", loc)
+            self.register_buffer("log_scale", log_scale)
+
+    def log_prob(self, z: Tensor) -> Tensor:
+        """``z``: ``(N, D)`` -> ``(N,)``."""
+        u = (z - self.loc) * torch.exp(-self.log_scale)
+        return -0.5 * (u**2).sum(-1) - self.log_scale.sum() - 0.5 * self.features * math.log(
+            2 * math.pi
+        )
+
+    def rsample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        """``n`` reparameterized draws, ``(n, D)``, on the module's device and dtype."""
+        eps = torch.randn(
+            n, self.features, generator=generator, device=self.loc.device, dtype=self.loc.dtype
+        )
+        return self.loc + eps * torch.exp(self.log_scale)
+
+    def extra_repr(self) -> str:
+        return f"features={self.features}, learnable={isinstance(self.loc, nn.Parameter)}"
+
+
+class StandardNormal(DiagonalGaussian):
+    """``N(0, I)`` over ``D`` features (a :class:`DiagonalGaussian` with fixed buffers)."""
+
+    def __init__(self, features: int):
+        super().__init__(features, learnable=False)

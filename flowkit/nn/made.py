@@ -1,0 +1,278 @@
+"""MADE: Masked Autoencoder for Distribution Estimation (Germain et al. 2015).
+
+A MADE is an MLP whose weight matrices are multiplied by binary masks built from unit degrees
+(see :mod:`flowkit.nn.masks`), so that output ``d`` depends only on the inputs that come
+before ``d`` in an ordering. Here it is a pure *conditioner*: it maps ``x`` of shape
+``(..., D)`` to ``P`` parameters per feature, shape ``(..., D, P)``, and knows nothing about
+probabilities. The Bernoulli/categorical models and the flow layers put a likelihood or a
+bijection on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from flowkit.nn import masks
+from flowkit.nn.masks import HiddenDegrees, OrderSpec
+
+
+class MaskedLinear(nn.Linear):
+    r"""A linear layer ``y = x (W \odot M)^T + b`` with a fixed binary mask ``M``.
+
+    The mask is a floating-point buffer of shape ``(out_features, in_features)``: it follows
+    ``.to(device/dtype)`` and is saved in the ``state_dict``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__(in_features, out_features, bias)
+        self.register_buffer("mask", torch.ones(out_features, in_features))
+
+    def set_mask(self, mask: Tensor) -> None:
+        if mask.shape != self.mask.shape:
+            raise ValueError(
+                f"'mask' should have shape {tuple(self.mask.shape)}, got {tuple(mask.shape)}"
+            )
+        self.mask.copy_(mask)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight * self.mask, self.bias)
+
+
+class MADE(nn.Module):
+    r"""Masked autoregressive MLP: ``(..., D)`` inputs to ``(..., D, P)`` parameters.
+
+    ``made(x, context)[..., d, :]`` depends only on ``x[..., j]`` for features ``j`` before
+    ``d`` in :attr:`order`, and on all of ``context``.
+
+    Args:
+        features: ``D``, the number of autoregressive inputs.
+        hidden_features: sizes of the hidden layers, e.g. ``(64, 64)``. May be empty.
+        params_per_feature: ``P``, outputs per feature (2 for an affine flow layer, 1 for
+            Bernoulli logits, ``K`` for a categorical).
+        inputs_per_feature: ``m``, input units per feature, e.g. ``K`` for one-hot encoded
+            categorical features. With ``m > 1`` the input has shape ``(..., D, m)``; all ``m``
+            units of a feature share its degree.
+        context_features: width ``C`` of an optional conditioning vector. Context inputs get
+            degree 0 and hidden units may get degree 0, so the context reaches every output,
+            also when ``features == 1``.
+        order: ``"natural"``, ``"reversed"``, ``"random"``, or a sequence such that
+            ``order[i]`` is the ``i``-th feature to be modelled.
+        hidden_degrees: ``"random"`` (as in the paper) or ``"even"`` (deterministic).
+        num_masks: number of mask sets for order/connectivity-agnostic training. Set ``k``
+            uses a new random ordering if ``order == "random"`` and new hidden degrees if
+            ``hidden_degrees == "random"``. Switch with :meth:`set_mask` / :meth:`next_mask`.
+        seed: seed of every random choice above (independent of the global RNG).
+        activation: hidden nonlinearity class, default :class:`torch.nn.ReLU`.
+        direct_connection: add a masked linear map from inputs (and context) to outputs.
+        residual: use residual masked blocks ``h <- h + W act(h)`` after the first hidden
+            layer (all hidden layers must then have the same size; they share degrees).
+
+    Example:
+        >>> made = MADE(3, hidden_features=(16,), params_per_feature=2, order="reversed")
+        >>> made(torch.randn(5, 3)).shape
+        torch.Size([5, 3, 2])
+    """
+
+    def __init__(
+        self,
+        features: int,
+        hidden_features: Sequence[int] = (64, 64),
+        params_per_feature: int = 1,
+        inputs_per_feature: int = 1,
+        context_features: int = 0,
+        order: OrderSpec = "natural",
+        hidden_degrees: HiddenDegrees = "random",
+        num_masks: int = 1,
+        seed: int = 0,
+        activation: type[nn.Module] = nn.ReLU,
+        direct_connection: bool = False,
+        residual: bool = False,
+    ):
+        super().__init__()
+        hidden_features = tuple(int(h) for h in hidden_features)
+        if features < 1:
+            raise ValueError(f"'features' should be >= 1, got {features}")
+        if params_per_feature < 1:
+            raise ValueError(f"'params_per_feature' should be >= 1, got {params_per_feature}")
+        if inputs_per_feature < 1:
+            raise ValueError(f"'inputs_per_feature' should be >= 1, got {inputs_per_feature}")
+        if context_features < 0:
+            raise ValueError(f"'context_features' should be >= 0, got {context_features}")
+        if any(h < 1 for h in hidden_features):
+            raise ValueError(f"'hidden_features' should be positive, got {hidden_features}")
+        if residual and len(set(hidden_features)) != 1:
+            raise ValueError(
+                "'residual' blocks need hidden layers of one size, got "
+                f"hidden_features={hidden_features}"
+            )
+        if num_masks < 1:
+            raise ValueError(f"'num_masks' should be >= 1, got {num_masks}")
+        random_order = isinstance(order, str) and order == "random"
+        if num_masks > 1 and not random_order and hidden_degrees != "random":
+            raise ValueError(
+                "'num_masks' > 1 needs order='random' or hidden_degrees='random', otherwise "
+                "every mask set is the same"
+            )
+        self.features = features
+        self.hidden_features = hidden_features
+        self.params_per_feature = params_per_feature
+        self.inputs_per_feature = inputs_per_feature
+        self.context_features = context_features
+        self.num_masks = num_masks
+        self.residual = residual
+        self.activation = activation()
+
+        widths = (features * inputs_per_feature + context_features, *hidden_features)
+        self.hidden = nn.ModuleList(MaskedLinear(a, b) for a, b in zip(widths, widths[1:]))
+        self.output = MaskedLinear(widths[-1], features * params_per_feature)
+        self.direct = (
+            MaskedLinear(widths[0], features * params_per_feature, bias=False)
+            if direct_connection
+            else None
+        )
+
+        # All mask sets are drawn once, up front, from one seeded generator; only their
+        # degrees are stored (a few ints per unit), the masks of the active set are buffers.
+        generator = torch.Generator().manual_seed(seed)
+        orders, degrees = [], []
+        for k in range(num_masks):
+            spec = order if k == 0 or random_order else orders[0]
+            order_k = masks.ordering(features, spec, generator)
+            previous = torch.cat([masks.input_degrees(order_k),
+                                  torch.zeros(min(context_features, 1), dtype=torch.long)])
+            layers = []
+            for i, units in enumerate(hidden_features):
+                if residual and i > 0:
+                    layers.append(layers[0])
+                else:
+                    layers.append(masks.hidden_degrees(units, features, previous,
+                                                       hidden_degrees, generator))
+                previous = layers[-1]
+            orders.append(order_k)
+            degrees.append(torch.cat([torch.zeros(0, dtype=torch.long), *layers]))  # (sum h,)
+        self.register_buffer("orders", torch.stack(orders))
+        self.register_buffer("hidden_degree_sets", torch.stack(degrees))
+        # The active set is kept both as a buffer (saved with the masks) and as a Python int
+        # (read on every call without a device synchronisation).
+        self.register_buffer("mask_index", torch.zeros((), dtype=torch.long))
+        self._active = 0
+        self.register_load_state_dict_post_hook(MADE._after_load)
+        self.set_mask(0)
+
+    # ----------------------------------------------------------------- mask sets
+
+    @staticmethod
+    def _after_load(module: MADE, incompatible_keys: object) -> None:
+        module._active = int(module.mask_index)
+
+    @property
+    def mask_set_index(self) -> int:
+        """Index of the active mask set."""
+        return self._active
+
+    @property
+    def order(self) -> Tensor:
+        """Ordering of the active mask set: ``order[i]`` is the ``i``-th feature, ``(D,)``."""
+        return self.orders[self._active]
+
+    def degrees(self) -> list[Tensor]:
+        """Degrees of the active mask set, one tensor per layer: ``[inputs (D m + C,),
+        hidden_1, ..., hidden_L]``. Context inputs have degree 0."""
+        k = self._active
+        inputs = torch.cat([
+            masks.input_degrees(self.orders[k]).repeat_interleave(self.inputs_per_feature),
+            self.orders.new_zeros(self.context_features),
+        ])
+        hidden = self.hidden_degree_sets[k].split(list(self.hidden_features))
+        return [inputs, *hidden]
+
+    @torch.no_grad()
+    def set_mask(self, index: int) -> None:
+        """Activate mask set ``index`` (``0 <= index < num_masks``)."""
+        if not 0 <= index < self.num_masks:
+            raise ValueError(f"'index' should be in [0, {self.num_masks}), got {index}")
+        self.mask_index.fill_(index)
+        self._active = index
+        degrees = self.degrees()
+        for layer, d_in, d_out in zip(self.hidden, degrees, degrees[1:]):
+            layer.set_mask(masks.hidden_mask(d_out, d_in))
+        out_degrees = masks.input_degrees(self.order).repeat_interleave(self.params_per_feature)
+        self.output.set_mask(masks.output_mask(out_degrees, degrees[-1]))
+        if self.direct is not None:
+            self.direct.set_mask(masks.output_mask(out_degrees, degrees[0]))
+
+    def next_mask(self) -> int:
+        """Cycle to the next mask set (connectivity-agnostic training); returns its index."""
+        index = (self._active + 1) % self.num_masks
+        if self.num_masks > 1:
+            self.set_mask(index)
+        return index
+
+    @contextmanager
+    def mask_set(self, index: int) -> Iterator[MADE]:
+        """Temporarily evaluate with mask set ``index``; restores the active set afterwards."""
+        previous = self._active
+        self.set_mask(index)
+        try:
+            yield self
+        finally:
+            self.set_mask(previous)
+
+    # ------------------------------------------------------------------- forward
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """``x``: ``(..., D)`` (or ``(..., D, m)`` when ``inputs_per_feature = m > 1``),
+        ``context``: ``(..., C)`` or ``None``. Returns ``(..., D, P)``."""
+        if self.inputs_per_feature == 1:
+            if x.shape[-1] != self.features:
+                raise ValueError(
+                    f"'x' should have {self.features} features in its last dimension, got "
+                    f"shape {tuple(x.shape)}"
+                )
+        else:
+            if x.shape[-2:] != (self.features, self.inputs_per_feature):
+                raise ValueError(
+                    f"'x' should have shape (..., {self.features}, {self.inputs_per_feature}), "
+                    f"got {tuple(x.shape)}"
+                )
+            x = x.flatten(-2)
+        if (context is None) != (self.context_features == 0):
+            raise ValueError(
+                f"'context' should be a tensor of shape (..., {self.context_features})"
+                if context is None
+                else "'context' was given but this MADE has context_features=0"
+            )
+        if context is not None:
+            if context.shape[:-1] != x.shape[:-1] or context.shape[-1] != self.context_features:
+                raise ValueError(
+                    f"'context' should have shape {(*x.shape[:-1], self.context_features)}, "
+                    f"got {tuple(context.shape)}"
+                )
+            x = torch.cat([x, context], dim=-1)
+        h = x
+        for i, layer in enumerate(self.hidden):
+            if self.residual and i > 0:
+                h = h + layer(self.activation(h))
+            else:
+                h = layer(h)
+                if not self.residual:
+                    h = self.activation(h)
+        if self.residual and self.hidden:
+            h = self.activation(h)
+        out = self.output(h)
+        if self.direct is not None:
+            out = out + self.direct(x)
+        return out.unflatten(-1, (self.features, self.params_per_feature))
+
+    def extra_repr(self) -> str:
+        return (
+            f"features={self.features}, hidden_features={self.hidden_features}, "
+            f"params_per_feature={self.params_per_feature}, "
+            f"context_features={self.context_features}, num_masks={self.num_masks}, "
+            f"order={self.order.tolist() if self.features <= 16 else '...'}"
+        )

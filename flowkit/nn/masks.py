@@ -1,0 +1,102 @@
+r"""Degrees and masks: the whole autoregressive idea of MADE, as pure functions.
+
+Every unit gets a *degree* ``m``. Input ``d`` gets its position in the ordering,
+``m(x_d) in {1..D}``; context inputs get degree 0 (they may influence everything). A hidden
+unit of degree ``m`` may only see inputs of degree ``<= m``; output ``d`` may only see units of
+degree ``< m(x_d)``. In mask form (Germain et al. 2015, eq. 12-13), for a weight matrix of shape
+``(out, in)``:
+
+.. math::
+
+    M^{hidden}_{k, j} = [\, m_{out}(k) \ge m_{in}(j) \,], \qquad
+    M^{output}_{d, j} = [\, m(x_d) > m_{in}(j) \,].
+
+By induction every hidden unit of degree ``m`` is a function of ``x`` in positions ``1..m``
+only, so output ``d`` is a function of the inputs strictly before it: the network is
+autoregressive for the ordering, and one pass gives every conditional ``p(x_d | x_<d)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+OrderSpec = Literal["natural", "reversed", "random"] | Sequence[int] | Tensor
+HiddenDegrees = Literal["random", "even"]
+
+
+def ordering(features: int, order: OrderSpec, generator: torch.Generator | None = None) -> Tensor:
+    """The autoregressive ordering as a permutation of ``range(features)``.
+
+    ``ordering(...)[i]`` is the feature that comes ``i``-th: ``[2, 0, 1]`` means feature 2 is
+    modelled first (unconditionally), then feature 0 given feature 2, then feature 1.
+
+    Args:
+        features: ``D``.
+        order: ``"natural"`` (0, 1, ..., D-1), ``"reversed"``, ``"random"`` (drawn from
+            ``generator``) or an explicit sequence of feature indices.
+    """
+    if isinstance(order, str):
+        if order == "natural":
+            return torch.arange(features)
+        if order == "reversed":
+            return torch.arange(features - 1, -1, -1)
+        if order == "random":
+            return torch.randperm(features, generator=generator)
+        raise ValueError(
+            f"'order' should be 'natural', 'reversed', 'random' or a sequence, got {order!r}"
+        )
+    perm = torch.as_tensor(order, dtype=torch.long).flatten().cpu()
+    if perm.numel() != features or not torch.equal(perm.sort().values, torch.arange(features)):
+        raise ValueError(
+            f"'order' should be a permutation of range({features}), got {perm.tolist()}"
+        )
+    return perm
+
+
+def input_degrees(order: Tensor) -> Tensor:
+    """Degrees ``1..D`` of the inputs for an ordering: ``degrees[order[i]] = i + 1``."""
+    degrees = torch.empty_like(order)
+    degrees[order] = torch.arange(1, order.numel() + 1)
+    return degrees
+
+
+def hidden_degrees(
+    units: int,
+    features: int,
+    previous: Tensor,
+    mode: HiddenDegrees = "random",
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Degrees of a hidden layer of ``units`` units, shape ``(units,)``.
+
+    Degrees lie in ``[low, D - 1]`` with ``low = min(previous)``, so that every unit has at
+    least one incoming connection (no dead units) and no unit has degree ``D`` (it could feed no
+    output). ``"random"`` draws them uniformly as in the MADE paper; ``"even"`` spreads them
+    deterministically and sorted over the range.
+
+    Args:
+        units: number of hidden units.
+        features: ``D``.
+        previous: degrees of the layer below (inputs and context, or a hidden layer).
+    """
+    high = max(features - 1, 0)
+    low = min(int(previous.min()), high)
+    if mode == "random":
+        return torch.randint(low, high + 1, (units,), generator=generator)
+    if mode == "even":
+        return low + torch.arange(units) * (high - low + 1) // units
+    raise ValueError(f"'hidden_degrees' should be 'random' or 'even', got {mode!r}")
+
+
+def hidden_mask(out_degrees: Tensor, in_degrees: Tensor) -> Tensor:
+    """Mask ``(out, in)`` of a layer feeding hidden units: ``m_out >= m_in``."""
+    return out_degrees[:, None] >= in_degrees[None, :]
+
+
+def output_mask(out_degrees: Tensor, in_degrees: Tensor) -> Tensor:
+    """Mask ``(out, in)`` of a layer feeding outputs: ``m_out > m_in`` (strict)."""
+    return out_degrees[:, None] > in_degrees[None, :]

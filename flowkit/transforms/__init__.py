@@ -1,0 +1,16 @@
+"""Bijections ``x -> z`` with log-determinants (data to noise is ``forward``)."""
+
+from flowkit.transforms.autoregressive import BatchNorm, MaskedAutoregressive, Transformer
+from flowkit.transforms.base import Compose, Inverse, Permutation, Transform
+from flowkit.transforms.elementwise import Affine
+
+__all__ = [
+    "Affine",
+    "BatchNorm",
+    "Compose",
+    "Inverse",
+    "MaskedAutoregressive",
+    "Permutation",
+    "Transform",
+    "Transformer",
+]

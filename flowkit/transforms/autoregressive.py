@@ -1,0 +1,158 @@
+r"""Autoregressive flow layers: a MADE conditioner plus an elementwise transformer.
+
+With ``tau(.; theta)`` monotonic (see :mod:`flowkit.transforms.elementwise`), a layer maps data
+``x`` to noise ``z`` feature by feature, ``z_d = tau(x_d; theta_d)``. What the conditioner
+reads decides which direction is cheap:
+
+* **MAF** (Papamakarios et al. 2017): ``theta_d = MADE(x)_d`` reads the *data*.
+  ``forward`` (density) is one MADE pass; ``inverse`` (sampling) solves for ``x`` one feature
+  at a time, ``D`` passes with the reference solver.
+* **IAF** (Kingma et al. 2016): ``theta_d = MADE(z)_d`` reads the *noise*.
+  ``inverse`` (sampling) is one pass; ``forward`` (density of a point the flow did not sample)
+  solves for ``z`` one feature at a time.
+
+In both cases the Jacobian ``dz/dx`` is triangular in the ordering, so
+``log|det dz/dx| = sum_d log|tau'(x_d; theta_d)|``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from flowkit.nn.inversion import solve
+from flowkit.nn.made import MADE
+from flowkit.transforms.base import Transform
+
+Direction = Literal["maf", "iaf"]
+
+
+class Transformer(Protocol):
+    """Elementwise monotonic map with parameters from a conditioner, ``(..., D, P)``."""
+
+    params_per_feature: int
+
+    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def inverse(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def config(self) -> dict: ...
+
+
+class MaskedAutoregressive(Transform):
+    """An autoregressive layer in the MAF or IAF direction.
+
+    Args:
+        made: the conditioner; its ``params_per_feature`` must equal the transformer's.
+        transformer: e.g. :class:`flowkit.transforms.Affine` or
+            :class:`flowkit.transforms.RationalQuadraticSpline`.
+        direction: ``"maf"`` (cheap density) or ``"iaf"`` (cheap sampling).
+        identity_init: zero the conditioner's output layer so the layer starts as the identity.
+    """
+
+    def __init__(
+        self,
+        made: MADE,
+        transformer: Transformer,
+        direction: Direction = "maf",
+        identity_init: bool = True,
+    ):
+        super().__init__()
+        if made.params_per_feature != transformer.params_per_feature:
+            raise ValueError(
+                f"'made' gives {made.params_per_feature} parameters per feature but the "
+                f"transformer {transformer!r} needs {transformer.params_per_feature}"
+            )
+        if direction not in ("maf", "iaf"):
+            raise ValueError(f"'direction' should be 'maf' or 'iaf', got {direction!r}")
+        self.made = made
+        self.transformer = transformer
+        self.direction = direction
+        self.features = made.features
+        self.context_features = made.context_features
+        if identity_init:
+            with torch.no_grad():
+                made.output.weight.zero_()
+                made.output.bias.zero_()
+                if made.direct is not None:
+                    made.direct.weight.zero_()
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.direction == "maf":
+            params = self.made(x, context)
+        else:
+            z = solve(
+                self.made, lambda p, i: self.transformer.forward(x[:, i], p)[0], x, context
+            )
+            params = self.made(z, context)
+        z, log_det = self.transformer.forward(x, params)
+        return z, log_det.sum(-1)
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.direction == "iaf":
+            params = self.made(z, context)
+        else:
+            x = solve(
+                self.made, lambda p, i: self.transformer.inverse(z[:, i], p)[0], z, context
+            )
+            params = self.made(x, context)
+        x, log_det = self.transformer.inverse(z, params)
+        return x, log_det.sum(-1)
+
+    def extra_repr(self) -> str:
+        return f"direction={self.direction!r}, transformer={self.transformer!r}"
+
+
+class BatchNorm(Transform):
+    r"""Batch normalization as a bijection (MAF paper, section 3.4).
+
+    ``forward``: :math:`z = (x - \mu) / \sqrt{v + \epsilon} \cdot e^{\gamma} + \beta`, with
+    :math:`\log|\det dz/dx| = \sum_d \gamma_d - \tfrac12 \log(v_d + \epsilon)`.
+
+    In training mode ``forward`` uses the batch mean and (biased) variance and updates running
+    averages; in eval mode it uses the running averages. ``inverse`` always uses the running
+    averages (the batch statistics of noise have no meaning), so in training mode
+    ``inverse(forward(x))`` is only approximately ``x``; in eval mode the layer is an exact,
+    fixed bijection.
+
+    Args:
+        features: ``D``.
+        momentum: weight of the new batch in the running averages.
+        eps: added to the variance.
+    """
+
+    def __init__(self, features: int, momentum: float = 0.1, eps: float = 1e-5):
+        super().__init__()
+        self.momentum = momentum
+        self.eps = eps
+        self.log_gamma = nn.Parameter(torch.zeros(features))
+        self.beta = nn.Parameter(torch.zeros(features))
+        self.register_buffer("running_mean", torch.zeros(features))
+        self.register_buffer("running_var", torch.ones(features))
+
+    def _statistics(self, x: Tensor | None) -> tuple[Tensor, Tensor]:
+        if x is None or not self.training:
+            return self.running_mean, self.running_var
+        if x.shape[0] < 2:
+            raise ValueError(
+                f"BatchNorm in training mode needs a batch of at least 2 rows, got {x.shape[0]}"
+            )
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        with torch.no_grad():
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_var.lerp_(var, self.momentum)
+        return mean, var
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        mean, var = self._statistics(x)
+        z = (x - mean) * torch.rsqrt(var + self.eps) * self.log_gamma.exp() + self.beta
+        log_det = (self.log_gamma - 0.5 * torch.log(var + self.eps)).sum()
+        return z, log_det.expand(x.shape[0])
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        mean, var = self._statistics(None)
+        x = (z - self.beta) * (-self.log_gamma).exp() * torch.sqrt(var + self.eps) + mean
+        log_det = (0.5 * torch.log(var + self.eps) - self.log_gamma).sum()
+        return x, log_det.expand(z.shape[0])
