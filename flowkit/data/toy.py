@@ -96,17 +96,18 @@ def _moons(n: int, d: _Draw) -> Tensor:
     # sklearn's make_moons(noise=0.1), then FFJORD's 2 x + (-1, -0.2).
     t = math.pi * d.uniform(n)
     lower = d.integers(2, n)  # 1 for the lower moon
-    x = torch.stack((torch.cos(t), torch.sin(t)), dim=-1)
-    x = torch.where(lower[:, None] > 0, torch.tensor([1.0, 0.5], dtype=d.dtype, device=d.device) - x, x)
+    upper = torch.stack((torch.cos(t), torch.sin(t)), dim=-1)
+    x = torch.where(lower[:, None] > 0, upper.new_tensor([1.0, 0.5]) - upper, upper)
     x = x + 0.1 * d.normal(n, 2)
-    return 2.0 * x + torch.tensor([-1.0, -0.2], dtype=d.dtype, device=d.device)
+    return 2.0 * x + x.new_tensor([-1.0, -0.2])
 
 
 def _ring_mixture(name: str) -> Callable[[int, _Draw], Tensor]:
     radii, std = _RINGS[name]
 
     def sample(n: int, d: _Draw) -> Tensor:
-        radius = torch.tensor(radii, dtype=d.dtype, device=d.device)[d.integers(len(radii), n).long()]
+        which = d.integers(len(radii), n).long()
+        radius = torch.tensor(radii, dtype=d.dtype, device=d.device)[which]
         return _polar(radius, 2.0 * math.pi * d.uniform(n)) + std * d.normal(n, 2)
 
     return sample
@@ -129,7 +130,8 @@ def _pinwheel(n: int, d: _Draw) -> Tensor:
 
 def _two_spirals(n: int, d: _Draw) -> Tensor:
     s = torch.sqrt(d.uniform(n)) * (3.0 * math.pi)  # angle along the spiral, up to 540 degrees
-    x = torch.stack((-torch.cos(s) * s, torch.sin(s) * s), dim=-1) + 0.5 * d.uniform(2 * n).view(n, 2)
+    x = torch.stack((-torch.cos(s) * s, torch.sin(s) * s), dim=-1)
+    x = x + 0.5 * d.uniform(2 * n).view(n, 2)
     sign = 2.0 * d.integers(2, n) - 1.0  # which of the two spirals
     return sign[:, None] * x / 3.0 + 0.1 * d.normal(n, 2)
 
@@ -223,7 +225,7 @@ def _eight_gaussians_log_prob(x: Tensor) -> Tensor:
 def _checkerboard_log_prob(x: Tensor) -> Tensor:
     cell = torch.floor(x / 2.0)
     inside = ((x >= -4.0) & (x < 4.0)).all(dim=1) & (torch.remainder(cell.sum(1), 2.0) == 0)
-    return torch.where(inside, -math.log(32.0), -math.inf).to(x.dtype)
+    return torch.where(inside, x.new_tensor(-math.log(32.0)), x.new_tensor(-math.inf))
 
 
 def _ring_log_prob(name: str) -> Callable[[Tensor], Tensor]:
