@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -128,7 +129,7 @@ class MADE(nn.Module):
         self.activation = activation()
 
         widths = (features * inputs_per_feature + context_features, *hidden_features)
-        self.hidden = nn.ModuleList(MaskedLinear(a, b) for a, b in zip(widths, widths[1:]))
+        self.hidden = nn.ModuleList(MaskedLinear(a, b) for a, b in pairwise(widths))
         self.output = MaskedLinear(widths[-1], features * params_per_feature)
         self.direct = (
             MaskedLinear(widths[0], features * params_per_feature, bias=False)
@@ -199,7 +200,7 @@ class MADE(nn.Module):
         self.mask_index.fill_(index)
         self._active = index
         degrees = self.degrees()
-        for layer, d_in, d_out in zip(self.hidden, degrees, degrees[1:]):
+        for layer, (d_in, d_out) in zip(self.hidden, pairwise(degrees), strict=True):
             layer.set_mask(masks.hidden_mask(d_out, d_in))
         out_degrees = masks.input_degrees(self.order).repeat_interleave(self.params_per_feature)
         self.output.set_mask(masks.output_mask(out_degrees, degrees[-1]))

@@ -1,0 +1,200 @@
+"""MADE: masks follow degrees, the autoregressive property holds, mask sets behave."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowkit import MADE
+from flowkit.nn import masks
+from flowkit.testing import check_autoregressive
+
+
+@st.composite
+def made_configs(draw):
+    features = draw(st.integers(1, 6))
+    return dict(
+        features=features,
+        hidden_features=tuple(draw(st.lists(st.integers(1, 12), min_size=0, max_size=3))),
+        params_per_feature=draw(st.integers(1, 3)),
+        context_features=draw(st.integers(0, 3)),
+        order=draw(st.sampled_from(["natural", "reversed", "random"]))
+        if draw(st.booleans())
+        else draw(st.permutations(list(range(features)))),
+        hidden_degrees=draw(st.sampled_from(["random", "even"])),
+        direct_connection=draw(st.booleans()),
+        seed=draw(st.integers(0, 1000)),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(made_configs())
+def test_autoregressive_for_random_shapes_and_orderings(config):
+    made = MADE(**config)
+    torch.nn.init.normal_(made.output.weight)  # make every allowed path non-zero
+    check_autoregressive(made)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 6), st.integers(1, 3), st.integers(0, 100))
+def test_residual_made_is_autoregressive(features, depth, seed):
+    made = MADE(features, (10,) * depth, context_features=1, residual=True, seed=seed)
+    check_autoregressive(made)
+
+
+def test_every_mask_set_is_autoregressive_and_sets_differ():
+    made = MADE(5, (16, 16), num_masks=4, order="random", seed=3)
+    orders = set()
+    for k in range(4):
+        made.set_mask(k)
+        check_autoregressive(made)
+        orders.add(tuple(made.order.tolist()))
+    assert len(orders) > 1
+
+
+def test_check_autoregressive_catches_a_leak():
+    made = MADE(4, (8,))
+    made.output.mask.fill_(1.0)  # break the masks
+    torch.nn.init.normal_(made.output.weight)
+    with pytest.raises(AssertionError, match="depends on input"):
+        check_autoregressive(made)
+
+
+def test_first_output_depends_on_context_only_even_with_one_feature():
+    made = MADE(1, (8,), context_features=2)
+    torch.nn.init.normal_(made.output.weight)
+    c = torch.randn(5, 2)
+    out1 = made(torch.randn(5, 1), c)
+    out2 = made(torch.randn(5, 1), c)
+    assert torch.equal(out1, out2)
+    assert not torch.allclose(made(torch.randn(5, 1), torch.randn(5, 2)), out1)
+
+
+def test_context_reaches_every_output():
+    made = MADE(4, (16,), context_features=3, order="random", seed=1)
+    torch.nn.init.normal_(made.output.weight)
+    x = torch.randn(1, 4)
+    jac = torch.autograd.functional.jacobian(lambda c: made(x, c), torch.randn(1, 3))
+    assert (jac.abs().sum(dim=(0, 2, 3, 4)) > 0).all()
+
+
+def test_masks_follow_degrees():
+    degrees_in = torch.tensor([1, 2, 3])
+    degrees_hidden = torch.tensor([1, 2, 2])
+    assert masks.hidden_mask(degrees_hidden, degrees_in).tolist() == [
+        [True, False, False],
+        [True, True, False],
+        [True, True, False],
+    ]
+    assert masks.output_mask(degrees_in, degrees_hidden).tolist() == [
+        [False, False, False],
+        [True, False, False],
+        [True, True, True],
+    ]
+
+
+def test_hidden_degrees_have_no_dead_units():
+    generator = torch.Generator().manual_seed(0)
+    previous = torch.tensor([3, 4, 5, 6])
+    d = masks.hidden_degrees(1000, 6, previous, "random", generator)
+    assert d.min() >= 3 and d.max() <= 5
+    even = masks.hidden_degrees(10, 6, torch.arange(1, 7), "even")
+    assert even.tolist() == sorted(even.tolist()) and set(even.tolist()) == {1, 2, 3, 4, 5}
+
+
+def test_ordering_specs():
+    assert masks.ordering(3, "natural").tolist() == [0, 1, 2]
+    assert masks.ordering(3, "reversed").tolist() == [2, 1, 0]
+    assert masks.ordering(3, [2, 0, 1]).tolist() == [2, 0, 1]
+    assert masks.input_degrees(torch.tensor([2, 0, 1])).tolist() == [2, 3, 1]
+    with pytest.raises(ValueError, match="'order' should be a permutation"):
+        masks.ordering(3, [0, 0, 1])
+    with pytest.raises(ValueError, match="'order'"):
+        masks.ordering(3, "sideways")
+
+
+def test_given_order_is_respected():
+    made = MADE(4, (32, 32), order=[3, 1, 0, 2])
+    torch.nn.init.normal_(made.output.weight)
+    assert made.order.tolist() == [3, 1, 0, 2]
+    check_autoregressive(made)
+    out_first = made(torch.randn(2, 4))[:, 3]
+    # the first feature in the ordering (3) is unconditional: constant in x
+    assert torch.allclose(out_first, made(torch.randn(2, 4))[:, 3])
+
+
+def test_mask_sets_are_deterministic_per_seed_and_survive_state_dict():
+    a = MADE(6, (20,), num_masks=3, order="random", seed=7)
+    b = MADE(6, (20,), num_masks=3, order="random", seed=7)
+    assert torch.equal(a.orders, b.orders)
+    assert torch.equal(a.hidden_degree_sets, b.hidden_degree_sets)
+    a.next_mask()
+    a.next_mask()
+    c = MADE(6, (20,), num_masks=3, order="random", seed=8)
+    c.load_state_dict(a.state_dict())
+    assert c.mask_set_index == 2
+    assert torch.equal(c.order, a.order)
+    x = torch.randn(4, 6)
+    assert torch.equal(c(x), a(x))
+    assert a.next_mask() == 0
+
+
+def test_mask_set_context_manager_restores():
+    made = MADE(3, (8,), num_masks=2, order="random")
+    x = torch.randn(2, 3)
+    before = made(x)
+    with made.mask_set(1):
+        assert made.mask_set_index == 1
+    assert made.mask_set_index == 0
+    assert torch.equal(made(x), before)
+
+
+def test_masks_are_buffers_that_move_with_dtype():
+    made = MADE(3, (8,)).double()
+    assert made.hidden[0].mask.dtype == torch.float64
+    assert "hidden.0.mask" in made.state_dict()
+
+
+def test_output_layout_is_feature_by_param():
+    made = MADE(3, (8,), params_per_feature=4)
+    assert made(torch.randn(5, 3)).shape == (5, 3, 4)
+    assert made(torch.randn(7, 5, 3)).shape == (7, 5, 3, 4)
+
+
+def test_one_hot_inputs():
+    made = MADE(3, (16,), params_per_feature=5, inputs_per_feature=5, order="random", seed=2)
+    torch.nn.init.normal_(made.output.weight)
+    x = torch.nn.functional.one_hot(torch.randint(0, 5, (4, 3)), 5).float()
+    assert made(x).shape == (4, 3, 5)
+    order = made.order
+    # changing the last feature in the ordering changes no output
+    y = x.clone()
+    y[:, order[-1]] = torch.roll(y[:, order[-1]], 1, dims=-1)
+    assert torch.equal(made(x), made(y))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(features=0), "'features'"),
+        (dict(features=3, hidden_features=(0,)), "'hidden_features'"),
+        (dict(features=3, hidden_features=(4, 5), residual=True), "'residual'"),
+        (dict(features=3, num_masks=2, order="natural", hidden_degrees="even"), "'num_masks'"),
+        (dict(features=3, hidden_degrees="odd"), "'hidden_degrees'"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MADE(**kwargs)
+
+
+def test_bad_inputs():
+    made = MADE(3, (8,), context_features=2)
+    with pytest.raises(ValueError, match="'x' should have 3 features"):
+        made(torch.randn(4, 2), torch.randn(4, 2))
+    with pytest.raises(ValueError, match="'context'"):
+        made(torch.randn(4, 3))
+    with pytest.raises(ValueError, match="'context' should have shape"):
+        made(torch.randn(4, 3), torch.randn(4, 5))
+    with pytest.raises(ValueError, match="context_features=0"):
+        MADE(3, (8,))(torch.randn(4, 3), torch.randn(4, 2))
