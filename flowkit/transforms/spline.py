@@ -1,9 +1,10 @@
 r"""Monotonic rational-quadratic spline transformer with identity tails.
 
 References:
-    Durkan, Bekasov, Murray and Papamakarios, "Neural Spline Flows", NeurIPS 2019
-    (section 3.1 and appendix A). Gregory and Delbourgo, "Piecewise rational quadratic
-    interpolation to monotonic data", IMA Journal of Numerical Analysis 1982.
+    Durkan, Bekasov, Murray and Papamakarios, "Neural Spline Flows", NeurIPS 2019 (the
+    rational-quadratic transform, its derivative and its inverse).
+    Gregory and Delbourgo, "Piecewise rational quadratic interpolation to monotonic data",
+    IMA Journal of Numerical Analysis 1982.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class RationalQuadraticSpline:
         c = -s_k (z - y^{(k)}), \quad \theta = \delta_{k+1} + \delta_k - 2 s_k,
 
     computed without cancellation: :math:`\xi = 2c / (-b - \sqrt{b^2 - 4ac})` when
-    :math:`b \ge 0` (the form of the paper, eq. 29) and :math:`\xi = (-b + \sqrt{b^2 - 4ac}) /
+    :math:`b \ge 0` (the paper's form) and :math:`\xi = (-b + \sqrt{b^2 - 4ac}) /
     (2a)` when :math:`b < 0` (then :math:`a > 0`). Then :math:`x = x^{(k)} + \xi w_k` and
     :math:`\log|dx/dz| = -\log|dz/dx|` evaluated at :math:`x`.
 
@@ -148,7 +149,9 @@ class RationalQuadraticSpline:
         search = y_knots if along_y else x_knots
         # Number of interior knots <= value: the bin index in [0, K - 1]; a value on a knot
         # starts the bin to its right.
-        index = torch.searchsorted(search[..., 1:-1].contiguous(), value[..., None], right=True)
+        index = torch.searchsorted(
+            search[..., 1:-1].contiguous(), value[..., None].contiguous(), right=True
+        )
 
         def pick(t: Tensor, offset: int = 0) -> Tensor:
             return t.gather(-1, index + offset).squeeze(-1)

@@ -1,0 +1,273 @@
+"""Math checks for the rational-quadratic spline transformer (float64 unless stated)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowkit.transforms.spline import RationalQuadraticSpline
+
+FAST = settings(max_examples=15, deadline=None)
+
+
+def random_params(
+    spline: RationalQuadraticSpline,
+    shape: tuple[int, ...],
+    seed: int,
+    scale: float = 1.0,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    size = (*shape, spline.params_per_feature)
+    return scale * torch.randn(size, generator=generator, dtype=dtype)
+
+
+def probe_points(spline: RationalQuadraticSpline, params: torch.Tensor, seed: int) -> torch.Tensor:
+    """``(N, D)`` inputs for shared ``(D, P)`` params: random points inside and outside the
+    bound, every x knot (including ``-B`` and ``B``) and points just outside the bound."""
+    bound = spline.bound
+    generator = torch.Generator().manual_seed(seed)
+    features = params.shape[0]
+    uniform = torch.rand(64, features, generator=generator, dtype=params.dtype)
+    x_knots, _, _ = spline.knots(params)
+    edges = torch.tensor(
+        [-2 * bound, -bound * (1 + 1e-9), bound * (1 + 1e-9), 2 * bound], dtype=params.dtype
+    )
+    return torch.cat([(3 * uniform - 1.5) * bound, x_knots.T, edges[:, None].expand(-1, features)])
+
+
+@st.composite
+def cases(draw, max_scale: float = 2.0):
+    """A spline, shared params ``(D, P)`` and probe points ``(N, D)``."""
+    spline = RationalQuadraticSpline(
+        bins=draw(st.integers(2, 12)), bound=draw(st.sampled_from([0.5, 1.0, 3.0, 5.0]))
+    )
+    seed = draw(st.integers(0, 2**31 - 1))
+    scale = draw(st.floats(0.1, max_scale))
+    params = random_params(spline, (draw(st.integers(1, 3)),), seed, scale)
+    return spline, params, probe_points(spline, params, seed + 1)
+
+
+@FAST
+@given(cases())
+def test_round_trip_and_log_dets_cancel(case):
+    spline, params, x = case
+    z, log_det = spline.forward(x, params)
+    x_back, log_det_inverse = spline.inverse(z, params)
+    torch.testing.assert_close(x_back, x, atol=1e-10, rtol=0)
+    torch.testing.assert_close(log_det_inverse, -log_det, atol=1e-8, rtol=0)
+    z_back, _ = spline.forward(spline.inverse(x, params)[0], params)
+    torch.testing.assert_close(z_back, x, atol=1e-10, rtol=0)
+
+
+@FAST
+@given(cases())
+def test_log_det_matches_autograd(case):
+    spline, params, x = case
+    x = x.clone().requires_grad_()
+    z, log_det = spline.forward(x, params)
+    (derivative,) = torch.autograd.grad(z.sum(), x)
+    torch.testing.assert_close(log_det, derivative.log(), atol=1e-10, rtol=1e-10)
+
+    z = z.detach().requires_grad_()
+    x_back, log_det_inverse = spline.inverse(z, params)
+    (derivative,) = torch.autograd.grad(x_back.sum(), z)
+    torch.testing.assert_close(log_det_inverse, derivative.log(), atol=1e-8, rtol=1e-8)
+
+
+@FAST
+@given(cases())
+def test_interpolates_knots_with_their_derivatives(case):
+    spline, params, _ = case
+    x_knots, y_knots, derivatives = spline.knots(params)
+    ends = torch.tensor([-spline.bound, spline.bound], dtype=torch.float64)
+    assert torch.equal(x_knots[:, [0, -1]], ends.expand(len(params), 2))
+    assert torch.equal(y_knots[:, [0, -1]], ends.expand(len(params), 2))
+    assert torch.equal(derivatives[:, [0, -1]], torch.ones(len(params), 2, dtype=torch.float64))
+    assert (x_knots.diff() > 0).all() and (y_knots.diff() > 0).all() and (derivatives > 0).all()
+    z, log_det = spline.forward(x_knots.T, params)
+    torch.testing.assert_close(z, y_knots.T, atol=1e-12, rtol=0)
+    torch.testing.assert_close(log_det, derivatives.T.log(), atol=1e-10, rtol=0)
+
+
+@FAST
+@given(cases(max_scale=5.0))
+def test_strictly_monotonic(case):
+    spline, params, _ = case
+    grid = torch.linspace(-1.5 * spline.bound, 1.5 * spline.bound, 2001, dtype=torch.float64)
+    grid = grid[:, None].expand(-1, len(params))
+    z, log_det = spline.forward(grid, params)
+    assert (z.diff(dim=0) > 0).all()
+    assert log_det.isfinite().all()
+    x, _ = spline.inverse(grid, params)
+    assert (x.diff(dim=0) > 0).all()
+
+
+@FAST
+@given(
+    bins=st.integers(2, 12),
+    bound=st.floats(0.1, 10.0),
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+)
+def test_zero_params_are_the_identity(bins, bound, shape):
+    spline = RationalQuadraticSpline(bins=bins, bound=bound)
+    params = torch.zeros(*shape, spline.params_per_feature, dtype=torch.float64)
+    x_knots, y_knots, derivatives = spline.knots(params)
+    uniform = torch.linspace(-bound, bound, bins + 1, dtype=torch.float64).expand_as(x_knots)
+    torch.testing.assert_close(x_knots, uniform, atol=1e-14 * bound, rtol=0)
+    assert torch.equal(y_knots, x_knots)
+    torch.testing.assert_close(derivatives, torch.ones_like(derivatives), atol=1e-15, rtol=0)
+
+    generator = torch.Generator().manual_seed(bins)
+    x = 2 * bound * torch.randn(shape, generator=generator, dtype=torch.float64)
+    for direction in (spline.forward, spline.inverse):
+        z, log_det = direction(x, params)
+        torch.testing.assert_close(z, x, atol=1e-14 * bound, rtol=0)
+        torch.testing.assert_close(log_det, torch.zeros_like(x), atol=1e-14, rtol=0)
+
+
+def test_identity_outside_the_bound():
+    spline = RationalQuadraticSpline(bins=6, bound=2.0)
+    params = random_params(spline, (100, 3), seed=0, scale=3.0)
+    generator = torch.Generator().manual_seed(1)
+    magnitude = 2.0 + 5.0 * (1 - torch.rand(100, 3, generator=generator, dtype=torch.float64))
+    magnitude[0] = math.nextafter(2.0, math.inf)  # the first float past the bound
+    sign = torch.randint(0, 2, (100, 3), generator=generator, dtype=torch.float64) * 2 - 1
+    x = sign * magnitude
+    for direction in (spline.forward, spline.inverse):
+        z, log_det = direction(x, params)
+        assert torch.equal(z, x)
+        assert torch.equal(log_det, torch.zeros_like(x))
+
+
+def test_gradients_are_finite_everywhere():
+    spline = RationalQuadraticSpline(bins=5, bound=1.0)
+    raw = random_params(spline, (3,), seed=2, scale=10.0).requires_grad_()
+    # Huge inputs would overflow the spline formulas if they were not clamped first.
+    huge = torch.tensor([[-1e200], [1e200]], dtype=torch.float64).expand(-1, 3)
+    x = torch.cat([probe_points(spline, raw.detach(), seed=3), huge]).requires_grad_()
+    z, log_det = spline.forward(x, raw)
+    x_back, log_det_inverse = spline.inverse(x, raw)
+    loss = (z + log_det).sum() + (x_back + log_det_inverse).sum()
+    grad_params, grad_x = torch.autograd.grad(loss, (raw, x))
+    assert grad_params.isfinite().all() and grad_x.isfinite().all()
+
+    # Params used only by points outside the bound get exactly zero gradient.
+    far = torch.full((7, 3), 5.0, dtype=torch.float64, requires_grad=True)
+    params = random_params(spline, (7, 3), seed=4, scale=10.0).requires_grad_()
+    for direction in (spline.forward, spline.inverse):
+        out, log_det = direction(far, params)
+        (grad_params,) = torch.autograd.grad((out + log_det).sum(), params)
+        assert torch.equal(grad_params, torch.zeros_like(grad_params))
+
+
+def test_inverse_is_accurate_for_extreme_params():
+    """Steep and flat bins: the root formula must not cancel (the paper's form alone loses
+    about three digits here), so ``x`` is recovered as well as ``z`` determines it."""
+    spline = RationalQuadraticSpline(bins=8, bound=3.0)
+    params = random_params(spline, (2000, 4), seed=9, scale=10.0)
+    generator = torch.Generator().manual_seed(10)
+    x = 3 * (2 * torch.rand(2000, 4, generator=generator, dtype=torch.float64) - 1)
+    z, log_det = spline.forward(x, params)
+    x_back, _ = spline.inverse(z, params)
+    eps = torch.finfo(torch.float64).eps
+    assert ((x_back - x).abs() * log_det.exp()).max() < 64 * eps * spline.bound
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pushforward_density_integrates_to_one(seed):
+    """``x = inverse(z)`` with ``z ~ N(0, 1)`` has density ``N(forward(x)) |dz/dx|``."""
+    spline = RationalQuadraticSpline(bins=8, bound=3.0)
+    params = random_params(spline, (1,), seed=seed, scale=1.5)
+    x = torch.linspace(-12.0, 12.0, 48001, dtype=torch.float64)[:, None]
+    z, log_det = spline.forward(x, params)
+    log_density = -0.5 * z**2 - 0.5 * math.log(2 * math.pi) + log_det
+    total = torch.trapezoid(log_density.exp().squeeze(1), x.squeeze(1))
+    assert abs(total.item() - 1.0) < 1e-5
+
+
+def test_float32_round_trip_is_close_to_round_off():
+    spline = RationalQuadraticSpline(bins=8, bound=3.0)
+    params = random_params(spline, (2000, 4), seed=5, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(6)
+    x = 4 * torch.randn(2000, 4, generator=generator)
+    z, log_det = spline.forward(x, params)
+    x_back, log_det_inverse = spline.inverse(z, params)
+    assert z.dtype == log_det.dtype == x_back.dtype == log_det_inverse.dtype == torch.float32
+    eps = torch.finfo(torch.float32).eps
+    # x is recovered as well as z determines it: the error, in units of eps * B / (dz/dx).
+    assert ((x_back - x).abs() * log_det.exp()).max() < 32 * eps * spline.bound
+    z_back, _ = spline.forward(x_back, params)
+    assert (z_back - z).abs().max() < 32 * eps * spline.bound
+    torch.testing.assert_close(log_det_inverse, -log_det, atol=1e-2, rtol=0)
+
+
+@FAST
+@given(
+    batch=st.lists(st.integers(1, 3), min_size=0, max_size=3),
+    features=st.integers(1, 3),
+    bins=st.integers(2, 6),
+)
+def test_shapes_and_broadcasting(batch, features, bins):
+    spline = RationalQuadraticSpline(bins=bins, bound=2.0)
+    shape = (*batch, features)
+    params = random_params(spline, shape, seed=7)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    for direction in (spline.forward, spline.inverse):
+        out, log_det = direction(x, params)
+        assert out.shape == log_det.shape == shape
+        # Params shared over the batch broadcast like an explicit copy.
+        shared = params.reshape(-1, features, spline.params_per_feature)[0]
+        out, log_det = direction(x, shared)
+        expected = direction(x, shared.expand(*shape, -1))
+        assert torch.equal(out, expected[0]) and torch.equal(log_det, expected[1])
+
+
+def test_creates_no_tensor_on_another_device():
+    """On the ``meta`` device any tensor made on the CPU inside would raise."""
+    spline = RationalQuadraticSpline()
+    params = torch.empty(4, 3, spline.params_per_feature, device="meta")
+    x = torch.empty(4, 3, device="meta")
+    for direction in (spline.forward, spline.inverse):
+        out, log_det = direction(x, params)
+        assert out.device.type == log_det.device.type == "meta"
+
+
+def test_config_and_repr():
+    spline = RationalQuadraticSpline(bins=5, bound=2.5, min_derivative=1e-2)
+    config = spline.config()
+    assert json.loads(json.dumps(config)) == config
+    assert config["name"] == "spline" and spline.params_per_feature == 14
+    options = {k: v for k, v in config.items() if k != "name"}
+    assert RationalQuadraticSpline(**options).config() == config
+    assert repr(spline) == (
+        "RationalQuadraticSpline(bins=5, bound=2.5, min_bin_width=0.001, "
+        "min_bin_height=0.001, min_derivative=0.01)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bins": 1}, "'bins' should be an integer >= 2"),
+        ({"bins": 2.5}, "'bins' should be an integer >= 2"),
+        ({"bound": 0.0}, "'bound' should be positive"),
+        ({"bins": 10, "min_bin_width": 0.1}, r"'min_bin_width' should be in \(0, 1 / bins\)"),
+        ({"min_bin_height": 0.0}, r"'min_bin_height' should be in \(0, 1 / bins\)"),
+        ({"min_derivative": 1.0}, r"'min_derivative' should be in \(0, 1\)"),
+    ],
+)
+def test_invalid_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RationalQuadraticSpline(**kwargs)
+
+
+def test_wrong_number_of_params():
+    spline = RationalQuadraticSpline(bins=4)
+    with pytest.raises(ValueError, match=r"'params' should have 3 \* bins - 1 = 11 values"):
+        spline.forward(torch.zeros(2, 3), torch.zeros(2, 3, 12))
