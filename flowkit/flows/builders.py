@@ -15,18 +15,17 @@ from flowkit.nn.made import MADE
 from flowkit.transforms.autoregressive import BatchNorm, Direction, MaskedAutoregressive
 from flowkit.transforms.base import Compose, Permutation, Transform
 from flowkit.transforms.elementwise import Affine
+from flowkit.transforms.spline import RationalQuadraticSpline
 
 PermutationSpec = Literal["reverse", "random", "none"]
 
 
-def make_transformer(name: str, **kwargs: float):
+def make_transformer(name: str, **kwargs: float) -> Affine | RationalQuadraticSpline:
     """An elementwise transformer by name: ``"affine"`` (:class:`Affine`) or ``"spline"``
     (:class:`flowkit.transforms.RationalQuadraticSpline`), with its keyword arguments."""
     if name == "affine":
         return Affine(**kwargs)
     if name == "spline":
-        from flowkit.transforms.spline import RationalQuadraticSpline
-
         return RationalQuadraticSpline(**kwargs)
     raise ValueError(f"'transformer' should be 'affine' or 'spline', got {name!r}")
 

@@ -3,6 +3,7 @@
 from flowkit.transforms.autoregressive import BatchNorm, MaskedAutoregressive, Transformer
 from flowkit.transforms.base import Compose, Inverse, Permutation, Transform
 from flowkit.transforms.elementwise import Affine
+from flowkit.transforms.spline import RationalQuadraticSpline
 
 __all__ = [
     "Affine",
@@ -11,6 +12,7 @@ __all__ = [
     "Inverse",
     "MaskedAutoregressive",
     "Permutation",
+    "RationalQuadraticSpline",
     "Transform",
     "Transformer",
 ]
