@@ -1,0 +1,242 @@
+"""Safe, atomic checkpoint files.
+
+A flowkit checkpoint is a file written by :func:`torch.save` holding a ``dict`` with the marker
+key ``"flowkit_format"`` (currently ``1``). Two kinds exist:
+
+* a **model file** written by :func:`save_model`::
+
+      {"flowkit_format": 1, "kind": "model",
+       "model": {"config": {"type": "MAF", "kwargs": {...}}, "state_dict": {...}}}
+
+* a **training checkpoint** written by :func:`flowkit.train.fit`, which has the same ``"model"``
+  entry plus optimizer, scheduler, step, RNG states and history (``"kind": "training"``).
+
+:func:`load_model` reads either kind. Files are written atomically (temporary file in the same
+folder, ``fsync``, then :func:`os.replace`), so a crash mid-write leaves the previous file intact.
+Files are read with ``torch.load(..., weights_only=True)``: only tensors and plain containers
+are unpickled, never arbitrary objects, and the model is rebuilt from its JSON ``config`` by
+calling a public flowkit constructor.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import tempfile
+import typing
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["CheckpointError", "atomic_save", "safe_load", "save_model", "load_model"]
+
+FORMAT_KEY = "flowkit_format"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A file is missing, truncated, corrupt or not a flowkit checkpoint of the expected kind."""
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """Write ``obj`` with :func:`torch.save` to ``path`` so that ``path`` is never half-written.
+
+    The object goes to a temporary file in the same folder, which is flushed, ``fsync``-ed and
+    then renamed over ``path`` with :func:`os.replace` (atomic on POSIX and Windows). If anything
+    fails, the temporary file is removed and an existing file at ``path`` is left untouched.
+    Missing parent folders are created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Persist a rename on POSIX by syncing the folder entry (not possible on Windows)."""
+    if os.name != "posix":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def safe_load(path: str | os.PathLike, map_location: Any = None) -> dict[str, Any]:
+    """Read a flowkit checkpoint without unpickling arbitrary objects.
+
+    Args:
+        path: file written by :func:`save_model`, :func:`atomic_save` of a flowkit dict, or a
+            training run.
+        map_location: passed to :func:`torch.load` (e.g. ``"cpu"``).
+
+    Returns:
+        The checkpoint ``dict`` (it contains ``"flowkit_format"``).
+
+    Raises:
+        CheckpointError: the file is missing, truncated, not a torch file, holds objects other
+            than tensors and plain containers, or is not a flowkit checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint file at '{path}'")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... here
+        raise CheckpointError(
+            f"'{path}' could not be read as a flowkit checkpoint (expected a file written by "
+            f"flowkit.save_model or flowkit.train.fit; it may be truncated, corrupt or hold "
+            f"non-tensor objects): {type(e).__name__}: {_first_line(e)}"
+        ) from e
+    if not isinstance(obj, dict) or FORMAT_KEY not in obj:
+        got = (
+            f"a dict with keys {sorted(map(str, obj))[:6]}"
+            if isinstance(obj, dict)
+            else (type(obj).__name__)
+        )
+        raise CheckpointError(
+            f"'{path}' is not a flowkit checkpoint: expected a dict with the key "
+            f"'{FORMAT_KEY}', got {got}"
+        )
+    version = obj[FORMAT_KEY]
+    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise CheckpointError(
+            f"'{path}' has {FORMAT_KEY}={version!r}; this flowkit reads versions 1 to "
+            f"{FORMAT_VERSION} (upgrade flowkit to read newer files)"
+        )
+    return obj
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def model_entry(model: nn.Module) -> dict[str, Any]:
+    """The ``"model"`` entry of a checkpoint: ``{"config": dict | None, "state_dict": dict}``.
+
+    ``config`` is ``model.config`` when the model has one (checked to be JSON-serialisable and of
+    the form ``{"type": str, "kwargs": dict}``), else ``None``.
+    """
+    config = getattr(model, "config", None)
+    if config is not None:
+        _check_config(config, f"{type(model).__name__}.config")
+    return {"config": config, "state_dict": model.state_dict()}
+
+
+def _check_config(config: Any, where: str) -> None:
+    if (
+        not isinstance(config, dict)
+        or not isinstance(config.get("type"), str)
+        or not isinstance(config.get("kwargs"), dict)
+    ):
+        raise CheckpointError(
+            f"{where} should be a dict {{'type': str, 'kwargs': dict}}, got {config!r}"
+        )
+    try:
+        json.dumps(config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where} should be JSON-serialisable: {e}") from e
+
+
+def save_model(model: nn.Module, path: str | os.PathLike) -> None:
+    """Save a flowkit model (its ``config`` and ``state_dict``) atomically to ``path``.
+
+    Example:
+        >>> import flowkit, tempfile, os
+        >>> flow = flowkit.MAF(2, hidden_features=(8,), layers=2)
+        >>> path = os.path.join(tempfile.mkdtemp(), "maf.pt")
+        >>> flowkit.save_model(flow, path)
+        >>> x = torch.randn(4, 2)
+        >>> torch.equal(flowkit.load_model(path).log_prob(x), flow.eval().log_prob(x))
+        True
+
+    Raises:
+        CheckpointError: the model has no ``config`` attribute (only models built by a public
+            flowkit constructor can be rebuilt), or the config is malformed.
+    """
+    if getattr(model, "config", None) is None:
+        raise CheckpointError(
+            f"'model' ({type(model).__name__}) has no 'config' attribute, so it cannot be rebuilt "
+            "from a file; save model.state_dict() with flowkit.checkpoint.atomic_save instead"
+        )
+    atomic_save({FORMAT_KEY: FORMAT_VERSION, "kind": "model", "model": model_entry(model)}, path)
+
+
+def load_model(path: str | os.PathLike, map_location: Any = None) -> nn.Module:
+    """Rebuild a model from a file written by :func:`save_model` or by a training run.
+
+    The model is constructed as ``getattr(flowkit, config["type"])(**config["kwargs"])``, where
+    ``config["type"]`` must name a public flowkit class deriving from :class:`torch.nn.Module`,
+    or a public function annotated to return one (e.g. ``flowkit.MAF``); any other name is
+    refused before anything is called. The weights are then loaded strictly.
+
+    Args:
+        path: checkpoint file.
+        map_location: device for the weights; if it is a device or device string, the rebuilt
+            model is moved there too.
+
+    Returns:
+        The model, in evaluation mode (call ``.train()`` to keep training it).
+
+    Raises:
+        CheckpointError: unreadable file, a file without a model config (e.g. a training run of a
+            custom ``nn.Module``), an unknown model type, or weights that do not match.
+    """
+    ckpt = safe_load(path, map_location=map_location)
+    entry = ckpt.get("model")
+    if not isinstance(entry, dict) or "state_dict" not in entry:
+        raise CheckpointError(f"'{path}' holds no model (expected a 'model' entry)")
+    config = entry.get("config")
+    if config is None:
+        raise CheckpointError(
+            f"'{path}' holds weights of a model without a 'config', so it cannot be rebuilt "
+            "automatically; build the model yourself and call "
+            "model.load_state_dict(flowkit.checkpoint.safe_load(path)['model']['state_dict'])"
+        )
+    _check_config(config, f"the config in '{path}'")
+    model = _constructor(config["type"], path)(**config["kwargs"])
+    try:
+        model.load_state_dict(entry["state_dict"], strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(
+            f"'{path}': the stored weights do not fit a {config['type']} built from the stored "
+            f"config: {_first_line(e)}"
+        ) from e
+    if isinstance(map_location, str | torch.device):
+        model = model.to(map_location)
+    return model.eval()
+
+
+def _constructor(name: str, path: str | os.PathLike) -> typing.Callable[..., nn.Module]:
+    """``getattr(flowkit, name)`` if it is a public model constructor, else CheckpointError."""
+    import flowkit  # late import: flowkit/__init__ imports this module
+
+    obj = getattr(flowkit, name, None) if name.isidentifier() and not name.startswith("_") else None
+    if inspect.isclass(obj) and issubclass(obj, nn.Module):
+        return obj
+    if inspect.isfunction(obj):
+        try:
+            returns = typing.get_type_hints(obj).get("return")
+        except Exception:  # unresolvable annotations: treat as unannotated
+            returns = None
+        if inspect.isclass(returns) and issubclass(returns, nn.Module):
+            return obj
+    raise CheckpointError(
+        f"'{path}' holds a model of type {name!r}, which is not a model constructor in this "
+        "flowkit (expected the name of a public flowkit class or builder returning an nn.Module, "
+        "e.g. 'MAF')"
+    )
