@@ -1,0 +1,44 @@
+"""Datasets and target densities.
+
+* :mod:`flowkit.data.toy`: sampled 2-D datasets, with exact densities and entropies for some;
+* :mod:`flowkit.data.energy`: the energies U1--U4 of Rezende & Mohamed (2015) and their
+  normalizers;
+* :mod:`flowkit.data.mnist`: binarized MNIST with the standard fixed binarization.
+"""
+
+from flowkit.data.energy import (
+    ENERGIES,
+    ENERGY_BOXES,
+    energy_log_density,
+    energy_log_normalizer,
+)
+from flowkit.data.mnist import SPLITS, binarized_mnist, data_root, load_split_file
+from flowkit.data.toy import (
+    TOY_BOX,
+    TOY_DATASETS,
+    Box,
+    box_grid,
+    has_exact_density,
+    sample_toy,
+    toy_entropy,
+    toy_log_prob,
+)
+
+__all__ = [
+    "ENERGIES",
+    "ENERGY_BOXES",
+    "SPLITS",
+    "TOY_BOX",
+    "TOY_DATASETS",
+    "Box",
+    "binarized_mnist",
+    "box_grid",
+    "data_root",
+    "energy_log_density",
+    "energy_log_normalizer",
+    "has_exact_density",
+    "load_split_file",
+    "sample_toy",
+    "toy_entropy",
+    "toy_log_prob",
+]
