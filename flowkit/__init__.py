@@ -4,6 +4,7 @@ Direction convention: a transform's ``forward`` maps data to noise and returns
 ``log|det dz/dx|``; ``inverse`` maps noise to data. See ``docs/concepts.md``.
 """
 
+from flowkit.checkpoint import load_model, save_model
 from flowkit.distributions import DiagonalGaussian, StandardNormal
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.nn import MADE, MaskedLinear
@@ -18,4 +19,6 @@ __all__ = [
     "MAF",
     "MaskedLinear",
     "StandardNormal",
+    "load_model",
+    "save_model",
 ]
