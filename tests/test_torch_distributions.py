@@ -1,0 +1,220 @@
+"""FlowDistribution: torch.distributions semantics, batched contexts in one pass, composition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributions import Independent, TanhTransform, TransformedDistribution
+
+import flowkit
+from flowkit.distributions.flow_distribution import FlowDistribution
+from flowkit.nn import MADE
+
+D, C = 3, 4
+
+
+def _perturbed(flow: flowkit.Flow) -> flowkit.Flow:
+    """A float64 copy of ``flow`` moved away from its identity initialisation."""
+    flow = flow.double()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return flow
+
+
+def _flow(kind: str, context_features: int = C) -> flowkit.Flow:
+    build = {"maf": flowkit.MAF, "iaf": flowkit.IAF}[kind]
+    return _perturbed(build(D, layers=2, hidden_features=(16,), context_features=context_features))
+
+
+def _made_calls(flow: flowkit.Flow) -> list[int]:
+    """A counter of the forward passes of all the flow's MADEs (hooks stay for the test)."""
+    calls = [0]
+
+    def hook(*_):
+        calls[0] += 1
+
+    for m in flow.modules():
+        if isinstance(m, MADE):
+            m.register_forward_hook(hook)
+    return calls
+
+
+@pytest.fixture(params=["maf", "iaf"])
+def kind(request) -> str:
+    return request.param
+
+
+def test_shapes_unconditional(kind):
+    d = FlowDistribution(_flow(kind, 0))
+    assert d.batch_shape == () and d.event_shape == (D,)
+    assert d.has_rsample
+    assert d.rsample().shape == (D,)
+    assert d.sample((5, 2)).shape == (5, 2, D)
+    assert d.log_prob(torch.randn(7, D, dtype=torch.float64)).shape == (7,)
+
+
+def test_shapes_batched_context(kind):
+    context = torch.randn(2, 5, C, dtype=torch.float64)
+    d = FlowDistribution(_flow(kind), context)
+    assert d.batch_shape == (2, 5) and d.event_shape == (D,)
+    x = d.rsample((6,))
+    assert x.shape == (6, 2, 5, D)
+    assert d.log_prob(x).shape == (6, 2, 5)
+    x, log_p = d.rsample_and_log_prob((6,))
+    assert x.shape == (6, 2, 5, D) and log_p.shape == (6, 2, 5)
+    assert d.sample((0,)).shape == (0, 2, 5, D)
+    # torch's own argument validation cannot check an empty value; without it, it works.
+    d = FlowDistribution(d.flow, context, validate_args=False)
+    assert d.log_prob(torch.empty(0, 2, 5, D, dtype=torch.float64)).shape == (0, 2, 5)
+
+
+def test_log_prob_matches_flow_row_by_row(kind):
+    flow = _flow(kind)
+    context = torch.randn(2, 5, C, dtype=torch.float64)
+    x = torch.randn(3, 2, 5, D, dtype=torch.float64)
+    log_p = FlowDistribution(flow, context).log_prob(x)
+    for s in range(3):
+        for i in range(2):
+            expected = flow.log_prob(x[s, i], context[i])
+            torch.testing.assert_close(log_p[s, i], expected)
+
+
+def test_log_prob_broadcasts_like_torch():
+    flow = _flow("maf")
+    context = torch.randn(5, C, dtype=torch.float64)
+    d = FlowDistribution(flow, context)
+    x = torch.randn(D, dtype=torch.float64)  # one point scored under every context
+    torch.testing.assert_close(d.log_prob(x), flow.log_prob(x.expand(5, D), context))
+    x = torch.randn(4, 1, D, dtype=torch.float64)  # 4 points, each under every context
+    assert d.log_prob(x).shape == (4, 5)
+    torch.testing.assert_close(d.log_prob(x)[2], flow.log_prob(x[2].expand(5, D), context))
+    with pytest.raises(ValueError, match="broadcastable"):
+        d.log_prob(torch.randn(3, D, dtype=torch.float64))
+
+
+def test_rsample_and_log_prob_agree_with_log_prob(kind):
+    d = FlowDistribution(_flow(kind), torch.randn(4, C, dtype=torch.float64))
+    x, log_p = d.rsample_and_log_prob((3,))
+    torch.testing.assert_close(log_p, d.log_prob(x.clone()))  # clone: no cache, recomputed
+
+
+def test_batched_context_is_one_pass_per_layer(kind):
+    """A (2, 5) batch of contexts costs the same number of MADE passes as one row."""
+    flow = _flow(kind)
+    calls = _made_calls(flow)
+    d = FlowDistribution(flow, torch.randn(2, 5, C, dtype=torch.float64))
+    layers = 2
+    # One pass per layer in the cheap direction; D solver passes plus one in the other.
+    sampling, density = (D + 1, 1) if kind == "maf" else (1, D + 1)
+    x, _ = d.rsample_and_log_prob((3,))
+    assert calls[0] == layers * sampling
+    calls[0] = 0
+    d.log_prob(x.clone())
+    assert calls[0] == layers * density
+
+
+def test_rsample_is_reparameterized():
+    """rsample gives the flow's own samples, with gradients to the parameters and context."""
+    flow = _flow("iaf")
+    context = torch.randn(5, C, dtype=torch.float64, requires_grad=True)
+    d = FlowDistribution(flow, context)
+    torch.manual_seed(3)
+    x = d.rsample((2,))
+    torch.manual_seed(3)
+    torch.testing.assert_close(x, flow.rsample(2, context))
+    x.square().sum().backward()
+    assert context.grad is not None and context.grad.abs().sum() > 0
+    grads = [p.grad for p in flow.parameters()]
+    assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
+    assert not d.sample((2,)).requires_grad
+
+
+def test_cached_log_prob_of_own_sample(kind):
+    """log_prob of the tensor rsample returned costs no flow pass and keeps its gradient."""
+    flow = _flow(kind)
+    d = FlowDistribution(flow, torch.randn(5, C, dtype=torch.float64))
+    x = d.rsample((2,))
+    calls = _made_calls(flow)
+    log_p = d.log_prob(x)
+    assert calls[0] == 0 and log_p.requires_grad
+    torch.testing.assert_close(log_p, d.log_prob(x.clone()))
+    # A sample drawn without gradients is scored afresh, so its log-density has gradients.
+    y = d.sample()
+    calls[0] = 0
+    assert d.log_prob(y).requires_grad and calls[0] > 0
+
+
+def test_expand():
+    flow = _flow("maf")
+    context = torch.randn(5, C, dtype=torch.float64)
+    d = FlowDistribution(flow, context).expand((3, 5))
+    assert d.batch_shape == (3, 5) and d.context.shape == (3, 5, C)
+    x = d.rsample((2,))
+    assert x.shape == (2, 3, 5, D)
+    torch.testing.assert_close(d.log_prob(x)[1, 2], flow.log_prob(x[1, 2], context))
+    with pytest.raises(RuntimeError):
+        FlowDistribution(flow, context).expand((4,))
+    u = FlowDistribution(_flow("maf", 0)).expand((4,))  # i.i.d. copies of one density
+    assert u.batch_shape == (4,) and u.rsample((2,)).shape == (2, 4, D)
+    x = torch.randn(3, 1, D, dtype=torch.float64)
+    assert u.log_prob(x).shape == (3, 4)
+    torch.testing.assert_close(u.log_prob(x)[:, 1], u.flow.log_prob(x[:, 0]))
+
+
+def test_independent():
+    """Independent turns the context batch into part of the event: log-densities add up."""
+    flow = _flow("maf")
+    context = torch.randn(2, 5, C, dtype=torch.float64)
+    d = Independent(FlowDistribution(flow, context), 1)
+    assert d.batch_shape == (2,) and d.event_shape == (5, D) and d.has_rsample
+    x = d.rsample((3,))
+    assert x.shape == (3, 2, 5, D)
+    expected = FlowDistribution(flow, context).log_prob(x.clone()).sum(-1)
+    torch.testing.assert_close(d.log_prob(x), expected)
+
+
+def test_tanh_squash(kind):
+    """Bounded actions: log q(a) = log p(u) - sum_d log(1 - tanh(u_d)^2), a = tanh(u)."""
+    flow = _flow(kind)
+    base = FlowDistribution(flow, torch.randn(5, C, dtype=torch.float64))
+    policy = TransformedDistribution(base, [TanhTransform(cache_size=1)])
+    assert policy.batch_shape == (5,) and policy.event_shape == (D,)
+    a = policy.rsample((2,))
+    assert a.shape == (2, 5, D) and a.abs().max() < 1
+    u = torch.atanh(a.detach())
+    expected = base.log_prob(u) - torch.log1p(-a.detach().square()).sum(-1)
+    calls = _made_calls(flow)
+    log_q = policy.log_prob(a)  # the cached pre-squash sample and its log-density: no pass
+    assert calls[0] == 0
+    torch.testing.assert_close(log_q, expected)
+    (log_q.sum() + a.sum()).backward()
+    assert all(p.grad is not None for p in flow.parameters())
+    # An action it did not sample is scored through atanh and the flow.
+    b = torch.rand(4, 5, D, dtype=torch.float64) * 1.8 - 0.9
+    expected = base.log_prob(torch.atanh(b)) - torch.log1p(-b.square()).sum(-1)
+    torch.testing.assert_close(policy.log_prob(b), expected)
+
+
+def test_bad_input():
+    conditional, unconditional = _flow("maf"), _flow("maf", 0)
+    with pytest.raises(ValueError, match="'context' should be a tensor of shape"):
+        FlowDistribution(conditional)
+    with pytest.raises(ValueError, match=r"'context' should have shape \(\.\.\., 4\)"):
+        FlowDistribution(conditional, torch.randn(5, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="context_features=0"):
+        FlowDistribution(unconditional, torch.randn(5, C, dtype=torch.float64))
+    with pytest.raises(ValueError, match="Expected parameter context"):
+        FlowDistribution(conditional, torch.full((5, C), float("nan"), dtype=torch.float64))
+    d = FlowDistribution(conditional, torch.randn(5, C, dtype=torch.float64))
+    with pytest.raises(ValueError, match="event_shape"):
+        d.log_prob(torch.randn(5, D + 1, dtype=torch.float64))
+    d = FlowDistribution(conditional, torch.randn(5, C, dtype=torch.float64), validate_args=False)
+    with pytest.raises(ValueError, match=r"'value' should have shape \(\.\.\., 3\)"):
+        d.log_prob(torch.randn(5, D + 1, dtype=torch.float64))
+
+
+def test_repr():
+    d = FlowDistribution(_flow("maf"), torch.randn(2, 5, C, dtype=torch.float64))
+    assert repr(d) == "FlowDistribution(features=3, context_features=4, batch_shape=(2, 5))"
