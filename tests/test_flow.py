@@ -9,7 +9,7 @@ from flowkit import IAF, MAF
 BUILDERS = {"MAF": MAF, "IAF": IAF}
 
 
-def grid_integral(flow, half_width=7.0, points=351):
+def grid_integral(flow, half_width=6.0, points=241):
     """Trapezoidal integral of exp(log_prob) over [-w, w]^2 (float64)."""
     axis = torch.linspace(-half_width, half_width, points, dtype=torch.float64)
     xx, yy = torch.meshgrid(axis, axis, indexing="ij")
