@@ -1,0 +1,340 @@
+r"""Autoregressive models of discrete vectors: Bernoulli-MADE and categorical MADE.
+
+A MADE (:class:`flowkit.MADE`) gives, in one pass, the parameters of every conditional of an
+ordering ``o``, so the exact likelihood of a vector is one pass away:
+
+.. math::
+
+    \log p(x) = \sum_{i=1}^{D} \log p\big(x_{o_i} \mid x_{o_1}, \dots, x_{o_{i-1}}\big).
+
+:class:`BernoulliMADE` puts a Bernoulli on each conditional (binary data, e.g. binarized MNIST),
+:class:`CategoricalMADE` a softmax over ``K`` classes (inputs one-hot encoded).
+
+**Mask sets.** With ``num_masks = K > 1`` the MADE holds ``K`` mask sets (different orderings
+when ``order="random"``, different hidden connectivity when ``hidden_degrees="random"``). Order-
+and connectivity-agnostic training (Germain et al. 2015, sec. 4) moves to the next set after
+every optimizer step: call :meth:`next_mask` after ``optimizer.step()``, cycling
+``0, 1, ..., K-1, 0, ...``. Each set defines a valid model ``p_k``; at test time
+``log_prob(x, mask_ensemble=K)`` scores the uniform mixture of the first ``K`` of them,
+
+.. math::
+
+    \log \frac{1}{K} \sum_{k=1}^{K} p_k(x) = \operatorname{logsumexp}_k \log p_k(x) - \log K,
+
+which is a normalized distribution (an average of probabilities, not of logits).
+
+**Sampling** is exact ancestral sampling in the active set's ordering. All randomness is drawn
+up front (uniforms for the Bernoulli, Gumbel noise for the categorical), and the samples are
+the solution of ``x_d = step(made(x)_d, noise_d)``, found by :func:`flowkit.nn.inversion.solve`;
+so any exact solver gives the same samples from the same noise.
+
+References:
+    MADE: Masked Autoencoder for Distribution Estimation (Germain et al., 2015).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from flowkit.nn.inversion import solve
+from flowkit.nn.made import MADE
+from flowkit.nn.masks import HiddenDegrees, OrderSpec
+from flowkit.validation import check_features
+
+__all__ = ["BernoulliMADE", "CategoricalMADE"]
+
+
+class _DiscreteMADE(nn.Module):
+    """What the Bernoulli and categorical models share: the MADE, its mask sets, the config,
+    the mask ensemble and the checks. Subclasses define :meth:`_check` and :meth:`_log_prob`."""
+
+    made: MADE
+
+    def __init__(self, made: MADE, config: dict):
+        super().__init__()
+        self.made = made
+        self.features: int = made.features
+        self.config = config  # rebuilt by flowkit.load_model
+
+    @property
+    def num_masks(self) -> int:
+        """Number of mask sets."""
+        return self.made.num_masks
+
+    @property
+    def order(self) -> Tensor:
+        """Ordering of the active mask set: ``order[i]`` is the ``i``-th feature, ``(D,)``."""
+        return self.made.order
+
+    def set_mask(self, index: int) -> None:
+        """Activate mask set ``index`` (``0 <= index < num_masks``)."""
+        self.made.set_mask(index)
+
+    def next_mask(self) -> int:
+        """Move to the next mask set (``k -> (k + 1) mod num_masks``); returns its index.
+
+        The training schedule of order/connectivity-agnostic training: call it once after
+        every optimizer step. A no-op when ``num_masks == 1``.
+        """
+        return self.made.next_mask()
+
+    def _reference(self) -> Tensor:
+        return self.made.output.weight
+
+    def _check(self, x: object) -> Tensor:
+        raise NotImplementedError
+
+    def _log_prob(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def log_prob(self, x: Tensor, mask_ensemble: int | None = None) -> Tensor:
+        r"""Exact log-probability of each row of ``x``, shape ``(N,)``.
+
+        Args:
+            x: ``(N, D)`` data (see the class docstring for the accepted values).
+            mask_ensemble: ``None`` scores with the active mask set (one MADE pass). An integer
+                ``K`` scores the uniform mixture over mask sets ``0..K-1`` (``K`` passes):
+                :math:`\operatorname{logsumexp}_k \log p_k(x) - \log K`. The active set is
+                restored afterwards. This is an evaluation quantity: it is computed without
+                gradient tracking (switching masks between passes would invalidate the graph).
+        """
+        x = self._check(x)
+        if mask_ensemble is None:
+            return self._log_prob(x)
+        if isinstance(mask_ensemble, bool) or not isinstance(mask_ensemble, int) or not (
+            1 <= mask_ensemble <= self.num_masks
+        ):
+            raise ValueError(
+                f"'mask_ensemble' should be None or an int in [1, {self.num_masks}] "
+                f"(num_masks={self.num_masks}), got {mask_ensemble!r}"
+            )
+        per_mask = []
+        with torch.no_grad():
+            for k in range(mask_ensemble):
+                with self.made.mask_set(k):
+                    per_mask.append(self._log_prob(x))
+        return torch.logsumexp(torch.stack(per_mask), dim=0) - math.log(mask_ensemble)
+
+    def _check_n(self, n: object) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"'n' should be a positive number of samples, got {n!r}")
+        return n
+
+    def extra_repr(self) -> str:
+        return f"num_masks={self.num_masks}"
+
+
+def _config(name: str, **kwargs: object) -> dict:
+    """A JSON-able ``{"type": name, "kwargs": ...}`` (sizes and orderings become lists)."""
+    plain = dict(kwargs)
+    plain["hidden_features"] = [int(h) for h in plain["hidden_features"]]  # type: ignore[union-attr]
+    if not isinstance(plain["order"], str):
+        plain["order"] = [int(i) for i in torch.as_tensor(plain["order"]).flatten().tolist()]
+    return {"type": name, "kwargs": plain}
+
+
+class BernoulliMADE(_DiscreteMADE):
+    r"""A MADE with a Bernoulli output per feature, for binary vectors ``x in {0, 1}^D``.
+
+    .. math::
+
+        \log p(x) = \sum_d \big[x_d \log \sigma(\ell_d) + (1 - x_d) \log \sigma(-\ell_d)\big],
+        \qquad \ell = \mathrm{MADE}(x),
+
+    where ``\ell_d`` (:meth:`logits`) depends only on the features before ``d`` in the ordering.
+
+    ``x`` may be a float, integer or bool tensor of shape ``(N, D)`` on the model's device; its
+    values must be exactly 0 or 1 (anything else, NaN included, is an error, never rounded).
+    :meth:`sample` returns floats in the model's dtype.
+
+    Args:
+        features: ``D``.
+        hidden_features: hidden layer sizes of the MADE.
+        num_masks: number of mask sets (see the module docstring).
+        order: ``"natural"``, ``"reversed"``, ``"random"`` (a new one per mask set) or a
+            permutation, ``order[i]`` being the ``i``-th feature.
+        hidden_degrees: ``"random"`` (new connectivity per mask set) or ``"even"``.
+        residual: residual masked blocks after the first hidden layer (equal layer sizes).
+        direct_connection: add a masked linear map from the inputs to the logits.
+        seed: seed of the orderings and hidden degrees.
+
+    Example:
+        >>> model = BernoulliMADE(6, hidden_features=(32,), num_masks=4, order="random")
+        >>> x = model.sample(5, generator=torch.Generator().manual_seed(0))
+        >>> x.shape, model.log_prob(x).shape, model.log_prob(x, mask_ensemble=4).shape
+        (torch.Size([5, 6]), torch.Size([5]), torch.Size([5]))
+    """
+
+    def __init__(
+        self,
+        features: int,
+        hidden_features: Sequence[int] = (500,),
+        num_masks: int = 1,
+        order: OrderSpec = "natural",
+        hidden_degrees: HiddenDegrees = "random",
+        residual: bool = False,
+        direct_connection: bool = False,
+        seed: int = 0,
+    ):
+        config = _config(
+            "BernoulliMADE", features=features, hidden_features=hidden_features,
+            num_masks=num_masks, order=order, hidden_degrees=hidden_degrees,
+            residual=residual, direct_connection=direct_connection, seed=seed,
+        )
+        made = MADE(
+            features, hidden_features, params_per_feature=1, order=order,
+            hidden_degrees=hidden_degrees, num_masks=num_masks, seed=seed,
+            direct_connection=direct_connection, residual=residual,
+        )
+        super().__init__(made, config)
+
+    def _check(self, x: object) -> Tensor:
+        ref = self._reference()
+        x = check_features("x", x, self.features, ref, floating=False)
+        binary = (x == 0) | (x == 1)
+        if not binary.all():
+            bad = x[~binary][0].item()
+            raise ValueError(
+                f"'x' should hold binary values (0 or 1, as float, int or bool), found {bad}"
+            )
+        return x.to(ref.dtype)
+
+    def logits(self, x: Tensor) -> Tensor:
+        r"""Logits ``\ell`` of the conditionals, ``p(x_d = 1 | x_{<d}) = \sigma(\ell_d)``;
+        ``x`` ``(N, D)`` -> ``(N, D)``."""
+        return self.made(self._check(x)).squeeze(-1)
+
+    def _log_prob(self, x: Tensor) -> Tensor:
+        logits = self.made(x).squeeze(-1)
+        return -F.binary_cross_entropy_with_logits(logits, x, reduction="none").sum(-1)
+
+    @torch.no_grad()
+    def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        """``n`` exact samples ``(n, D)`` (floats 0/1) from the active mask set's model.
+
+        Uniforms ``u`` ``(n, D)`` are drawn first; feature ``d`` is then ``u_d < p(x_d = 1 |
+        x_{<d})``, solved in the model's ordering.
+
+        Args:
+            n: number of samples.
+            generator: a :class:`torch.Generator` on the model's device (default: the global
+                one).
+        """
+        n = self._check_n(n)
+        ref = self._reference()
+        u = torch.rand(n, self.features, generator=generator, device=ref.device, dtype=ref.dtype)
+
+        def step(params: Tensor, index: Tensor) -> Tensor:
+            return (u[:, index] < torch.sigmoid(params[..., 0])).to(ref.dtype)
+
+        return solve(self.made, step, u)
+
+    def extra_repr(self) -> str:
+        return f"features={self.features}, " + super().extra_repr()
+
+
+class CategoricalMADE(_DiscreteMADE):
+    r"""A MADE with a softmax over ``K`` classes per feature, for ``x in {0..K-1}^D``.
+
+    Inputs are one-hot encoded, ``(N, D, K)``; the ``K`` input units of a feature share its
+    degree, and the ``K`` logits of feature ``d`` see only the features before ``d``:
+
+    .. math::
+
+        \log p(x) = \sum_d \log \operatorname{softmax}(\ell_d)_{x_d},
+        \qquad \ell = \mathrm{MADE}(\mathrm{onehot}(x)) \in \mathbb{R}^{D \times K}.
+
+    ``x`` must be an integer tensor ``(N, D)`` with values in ``0..K-1``; :meth:`sample`
+    returns ``torch.long``. Arguments as :class:`BernoulliMADE`, plus ``classes`` (``K``).
+
+    Example:
+        >>> model = CategoricalMADE(2, classes=200, hidden_features=(64,))
+        >>> x = model.sample(3, generator=torch.Generator().manual_seed(0))
+        >>> x.dtype, model.log_prob(x).shape
+        (torch.int64, torch.Size([3]))
+    """
+
+    def __init__(
+        self,
+        features: int,
+        classes: int,
+        hidden_features: Sequence[int] = (500,),
+        num_masks: int = 1,
+        order: OrderSpec = "natural",
+        hidden_degrees: HiddenDegrees = "random",
+        residual: bool = False,
+        direct_connection: bool = False,
+        seed: int = 0,
+    ):
+        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
+            raise ValueError(f"'classes' should be an int >= 2, got {classes!r}")
+        config = _config(
+            "CategoricalMADE", features=features, classes=classes,
+            hidden_features=hidden_features, num_masks=num_masks, order=order,
+            hidden_degrees=hidden_degrees, residual=residual,
+            direct_connection=direct_connection, seed=seed,
+        )
+        made = MADE(
+            features, hidden_features, params_per_feature=classes, inputs_per_feature=classes,
+            order=order, hidden_degrees=hidden_degrees, num_masks=num_masks, seed=seed,
+            direct_connection=direct_connection, residual=residual,
+        )
+        super().__init__(made, config)
+        self.classes = classes
+
+    def _check(self, x: object) -> Tensor:
+        x = check_features("x", x, self.features, self._reference(), floating=False)
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(
+                f"'x' should be an integer tensor of class indices in 0..{self.classes - 1}, "
+                f"got dtype {x.dtype}"
+            )
+        inside = (x >= 0) & (x < self.classes)
+        if not inside.all():
+            bad = x[~inside][0].item()
+            raise ValueError(
+                f"'x' should hold class indices in 0..{self.classes - 1}, found {bad}"
+            )
+        return x.long()
+
+    def _one_hot(self, x: Tensor) -> Tensor:
+        return F.one_hot(x, self.classes).to(self._reference().dtype)
+
+    def logits(self, x: Tensor) -> Tensor:
+        r"""Unnormalized logits ``(N, D, K)`` of the conditionals ``p(x_d | x_{<d})``."""
+        return self.made(self._one_hot(self._check(x)))
+
+    def _log_prob(self, x: Tensor) -> Tensor:
+        log_p = torch.log_softmax(self.made(self._one_hot(x)), dim=-1)
+        return log_p.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+    @torch.no_grad()
+    def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        """``n`` exact samples ``(n, D)`` (``torch.long``) from the active mask set's model.
+
+        Gumbel noise ``g`` ``(n, D, K)`` is drawn first; feature ``d`` is then
+        ``argmax_k (logits_{d,k} + g_{d,k})`` (the Gumbel-max trick), solved in the ordering.
+
+        Args:
+            n: number of samples.
+            generator: a :class:`torch.Generator` on the model's device.
+        """
+        n = self._check_n(n)
+        ref = self._reference()
+        u = torch.rand(n, self.features, self.classes, generator=generator, device=ref.device,
+                       dtype=ref.dtype)
+        gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(ref.dtype).tiny)))
+
+        def step(params: Tensor, index: Tensor) -> Tensor:
+            return (params + gumbel[:, index]).argmax(-1)
+
+        like = torch.zeros(n, self.features, dtype=torch.long, device=ref.device)
+        return solve(self.made, step, like, encode=self._one_hot)
+
+    def extra_repr(self) -> str:
+        return f"features={self.features}, classes={self.classes}, " + super().extra_repr()
