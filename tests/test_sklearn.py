@@ -1,0 +1,158 @@
+"""FlowDensity: scikit-learn conventions, densities in the input space, reproducibility."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from flowkit.sklearn import FlowDensity
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These models are tiny: extra threads only add contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _small(**kwargs) -> FlowDensity:
+    settings = dict(layers=2, hidden_features=(16,), max_epochs=3, batch_size=64, random_state=0)
+    return FlowDensity(**{**settings, **kwargs})
+
+
+def _data(n: int = 300, seed: int = 0) -> np.ndarray:
+    """Correlated 2-D Gaussian rows with very different column scales and offsets."""
+    z = np.random.default_rng(seed).normal(size=(n, 2))
+    return np.column_stack([10.0 * z[:, 0] + 100.0, 0.5 * (z[:, 0] + z[:, 1]) - 3.0])
+
+
+@parametrize_with_checks([_small(layers=1, hidden_features=(8,), max_epochs=2, batch_size=16)])
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+def test_params_clone_and_not_fitted():
+    est = FlowDensity(layers=3, hidden_features=(32,), lr=3e-3)
+    assert est.get_params()["layers"] == 3 and est.get_params()["hidden_features"] == (32,)
+    assert est.set_params(layers=4) is est and est.layers == 4
+    fitted = _small().fit(_data())
+    copy = clone(fitted)
+    assert copy.get_params() == fitted.get_params() and not hasattr(copy, "flow_")
+    for method in (copy.score_samples, copy.score):
+        with pytest.raises(NotFittedError):
+            method(_data())
+    with pytest.raises(NotFittedError):
+        copy.sample(2)
+
+
+def test_scores_are_densities_of_the_raw_rows():
+    """score_samples = log q(u) - sum log s with u the standardized rows, and the density
+    integrates to 1 over the raw space."""
+    X = _data()
+    est = _small().fit(X)
+    u = torch.as_tensor((X - est.mean_) / est.scale_, dtype=torch.float32)
+    with torch.no_grad():
+        expected = est.flow_.log_prob(u).double().numpy() - np.log(est.scale_).sum()
+    np.testing.assert_allclose(est.score_samples(X), expected, rtol=1e-6)
+    assert est.score(X) == pytest.approx(est.score_samples(X).mean())
+    # Riemann sum over +-8 standard deviations of each column.
+    axes = [np.linspace(m - 8 * s, m + 8 * s, 241) for m, s in np.c_[est.mean_, est.scale_]]
+    grid = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 2)
+    cell = np.prod([a[1] - a[0] for a in axes])
+    assert np.exp(est.score_samples(grid)).sum() * cell == pytest.approx(1.0, abs=0.01)
+
+
+def test_affine_equivariance():
+    """Fitting c * X + b gives the same flow on the same standardized rows, so the scores
+    shift by exactly -D log c."""
+    X = _data()
+    a = _small(dtype="float64").fit(X)
+    b = _small(dtype="float64").fit(4.0 * X - 7.0)
+    np.testing.assert_allclose(
+        b.score_samples(4.0 * X - 7.0), a.score_samples(X) - 2 * np.log(4.0), atol=1e-6
+    )
+
+
+def test_sample():
+    X = _data(1000)
+    est = _small(max_epochs=20).fit(X)
+    s = est.sample(2000, random_state=1)
+    assert s.shape == (2000, 2) and s.dtype == np.float64
+    assert np.all(np.abs(s.mean(0) - X.mean(0)) < 0.2 * X.std(0))  # in the raw space
+    np.testing.assert_array_equal(est.sample(5, random_state=3), est.sample(5, random_state=3))
+    with pytest.raises(ValueError, match="'n_samples' should be a positive integer"):
+        est.sample(0)
+
+
+def test_reproducible_and_leaves_global_rng_alone():
+    X = _data()
+    state = torch.get_rng_state()
+    a, b = _small().fit(X), _small().fit(X)
+    est = _small().fit(X)
+    est.sample(3, random_state=0)
+    assert torch.equal(state, torch.get_rng_state())
+    np.testing.assert_array_equal(a.score_samples(X), b.score_samples(X))
+    c = _small(random_state=1).fit(X)
+    assert not np.array_equal(a.score_samples(X), c.score_samples(X))
+
+
+def test_input_dtypes():
+    X = _data()
+    est = _small().fit(X)
+    np.testing.assert_allclose(
+        est.score_samples(X.astype(np.float32)), est.score_samples(X), rtol=1e-4
+    )
+    assert est.score_samples(X).dtype == np.float64
+    fitted32 = _small().fit(X.astype(np.float32))
+    np.testing.assert_allclose(fitted32.score_samples(X), est.score_samples(X), rtol=1e-3)
+    ints = _small().fit(np.round(X).astype(np.int64))
+    assert np.isfinite(ints.score(X))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(validation_fraction=0.0), dict(n_iter_no_change=None), dict(weight_decay=1e-4),
+     dict(standardize=False), dict(batch_norm=True), dict(transformer="spline")],
+    ids=lambda o: next(iter(o)),
+)
+def test_options(options):
+    X = _data()
+    est = _small(**options).fit(X)
+    assert np.isfinite(est.score(X))
+
+
+def test_grid_search_and_pipeline():
+    X = _data()
+    search = GridSearchCV(_small(), {"hidden_features": [(8,), (16,)]}, cv=2).fit(X)
+    assert search.best_params_["hidden_features"] in [(8,), (16,)]
+    assert np.isfinite(search.score(X))
+    pipe = make_pipeline(StandardScaler(), _small()).fit(X)
+    assert pipe.score_samples(X).shape == (len(X),) and np.isfinite(pipe.score(X))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(max_epochs=0), "'max_epochs' should be a positive integer"),
+        (dict(batch_size=2.5), "'batch_size' should be a positive integer"),
+        (dict(n_iter_no_change=0), "'n_iter_no_change' should be None or a positive integer"),
+        (dict(lr=0.0), "'lr' should be a positive number"),
+        (dict(weight_decay=-1.0), "'weight_decay' should be >= 0"),
+        (dict(validation_fraction=1.0), r"'validation_fraction' should be in \[0, 1\)"),
+        (dict(dtype="float16"), "'dtype' should be 'float32' or 'float64'"),
+        (dict(transformer="planar"), "'transformer' should be 'affine' or 'spline'"),
+        (dict(layers=0), "'layers' should be >= 1"),
+    ],
+)
+def test_bad_parameters(options, message):
+    with pytest.raises(ValueError, match=message):
+        _small(**options).fit(_data(20))
