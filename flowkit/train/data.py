@@ -1,0 +1,226 @@
+"""Batch sources for the fit loop: in-memory arrays, DataLoaders and sampling functions.
+
+Each source hands out the batch of *this process* for a given step and can save and restore its
+position, so that a resumed run sees exactly the batches an uninterrupted run would have seen.
+
+* :class:`TensorSource`: the dataset lives on the training device. Epoch ``e`` visits the rows in
+  the order ``randperm(N)`` drawn from a generator seeded by ``(seed, e)``; step ``t`` of the
+  epoch takes the ``t``-th block of ``batch_size`` rows (the last ``N % batch_size`` rows of the
+  permutation are skipped). Under ``torchrun`` process ``r`` of ``W`` takes the ``r``-th
+  ``1/W`` of that block, so the global batch is the same for any number of processes. The
+  position is a function of the step, so there is no state to save.
+* :class:`LoaderSource`: a user's :class:`~torch.utils.data.DataLoader`. To resume mid-epoch it
+  records the random state at the start of each epoch, re-creates the epoch's iterator from it and
+  skips the batches already used.
+* :class:`SamplerSource`: a function ``sample(n, generator) -> x`` or ``-> (x, context)`` that
+  draws fresh data every step from a per-process :class:`torch.Generator` on the training device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from .distributed import Dist
+
+Batch = tuple[Tensor, Tensor | None]
+
+
+def derive_seed(*keys: int) -> int:
+    """A well-mixed 63-bit seed from integer keys (e.g. ``(seed, epoch)`` or ``(seed, rank)``)."""
+    return int(np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def local_batch_size(batch_size: int, dist: Dist) -> int:
+    """This process's share of the global ``batch_size``."""
+    if batch_size % dist.world_size:
+        raise ValueError(
+            f"'batch_size' ({batch_size}) should be divisible by the number of processes "
+            f"({dist.world_size})"
+        )
+    return batch_size // dist.world_size
+
+
+def as_tensor(name: str, value: Any, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``value`` (tensor or numpy array) as a ``dtype`` tensor on ``device``."""
+    if not isinstance(value, Tensor | np.ndarray):
+        raise TypeError(
+            f"'{name}' should be a torch.Tensor or numpy array, got {type(value).__name__}"
+        )
+    return torch.as_tensor(value).to(device=device, dtype=dtype)
+
+
+def split_pair(name: str, value: Any) -> tuple[Any, Any]:
+    """``(x, context)`` from a pair, ``(value, None)`` from anything else."""
+    if isinstance(value, tuple | list) and not isinstance(value, Tensor):
+        if len(value) == 2:
+            return value[0], value[1]
+        if len(value) == 1:
+            return value[0], None
+        raise ValueError(
+            f"'{name}' should be x or a pair (x, context), got a sequence of {len(value)} items"
+        )
+    return value, None
+
+
+def load_arrays(name: str, value: Any, device: torch.device, dtype: torch.dtype) -> Batch:
+    """Validate and move an in-memory dataset ``x`` or ``(x, context)`` to ``device`` once."""
+    x, c = split_pair(name, value)
+    x = as_tensor(name, x, device, dtype)
+    if x.dim() != 2:
+        raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"'{name}' should have at least one row, got shape {tuple(x.shape)}")
+    if c is not None:
+        c = as_tensor(f"{name} context", c, device, dtype)
+        if c.dim() != 2 or c.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"the context of '{name}' should have shape ({x.shape[0]}, context_features) "
+                f"to pair with x of shape {tuple(x.shape)}, got {tuple(c.shape)}"
+            )
+    for what, t in (("x", x), ("context", c)):
+        if t is not None and not torch.isfinite(t).all():
+            bad = int((~torch.isfinite(t)).any(dim=1).nonzero()[0])
+            raise ValueError(f"'{name}' {what} contains NaN or Inf values (first at row {bad})")
+    return x, c
+
+
+class TensorSource:
+    """Shuffled mini-batches of an in-memory dataset (see the module docstring)."""
+
+    def __init__(self, data: Batch, batch_size: int, seed: int, dist: Dist):
+        self.x, self.c = data
+        n = self.x.shape[0]
+        if batch_size > n:
+            raise ValueError(
+                f"'batch_size' ({batch_size}) exceeds the number of training rows ({n}); "
+                f"use batch_size <= {n}"
+            )
+        self.batch_size, self.seed, self.dist = batch_size, seed, dist
+        self.batches_per_epoch = n // batch_size
+        self.local = local_batch_size(batch_size, dist)
+        self._epoch, self._perm = -1, self.x.new_empty(0, dtype=torch.long)
+
+    def next_batch(self, step: int) -> Batch:
+        epoch, i = divmod(step, self.batches_per_epoch)
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
+            self._perm = torch.randperm(self.x.shape[0], generator=g).to(self.x.device)
+            self._epoch = epoch
+        start = i * self.batch_size + self.dist.rank * self.local
+        idx = self._perm[start : start + self.local]
+        return self.x[idx], None if self.c is None else self.c[idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        pass
+
+
+class SamplerSource:
+    """Fresh samples every step from ``sample(n, generator)`` (see the module docstring)."""
+
+    batches_per_epoch = None
+
+    def __init__(
+        self,
+        sample: Callable[[int, torch.Generator], Any],
+        batch_size: int,
+        seed: int,
+        dist: Dist,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.sample, self.device, self.dtype = sample, device, dtype
+        self.local = local_batch_size(batch_size, dist)
+        self.generator = torch.Generator(device=device).manual_seed(derive_seed(seed, dist.rank))
+
+    def next_batch(self, step: int) -> Batch:
+        x, c = split_pair("data", self.sample(self.local, self.generator))
+        x = as_tensor("data", x, self.device, self.dtype)
+        return x, None if c is None else as_tensor("data context", c, self.device, self.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def _generators(loader: DataLoader) -> list[torch.Generator]:
+    """The generators a DataLoader's iterator draws from, besides torch's global one."""
+    gens = [loader.generator, getattr(loader.sampler, "generator", None)]
+    return [g for i, g in enumerate(gens) if g is not None and g not in gens[:i]]
+
+
+class LoaderSource:
+    """Batches of a :class:`~torch.utils.data.DataLoader`, resumable mid-epoch.
+
+    Under ``torchrun`` the loader must use a :class:`~torch.utils.data.DistributedSampler`
+    (``set_epoch`` is called for you); its batch size is then per process.
+    """
+
+    def __init__(self, loader: DataLoader, dist: Dist, device: torch.device, dtype: torch.dtype):
+        sampler = getattr(loader, "sampler", None)
+        if dist.enabled and not isinstance(sampler, torch.utils.data.DistributedSampler):
+            raise ValueError(
+                "under torchrun a DataLoader passed as 'data' must use a DistributedSampler so "
+                "that each process sees its own shard (DataLoader(ds, batch_size=b, "
+                "sampler=DistributedSampler(ds))), or pass the data as a tensor"
+            )
+        self.loader, self.device, self.dtype = loader, device, dtype
+        try:
+            self.batches_per_epoch: int | None = len(loader)
+        except TypeError:  # IterableDataset without __len__
+            self.batches_per_epoch = None
+        self._iter: Iterator[Any] | None = None
+        self._epoch, self._position, self._epoch_rng = -1, 0, {}
+
+    def _start_epoch(self, epoch: int) -> None:
+        self._epoch, self._position = epoch, 0
+        self._epoch_rng = {
+            "torch": torch.get_rng_state(),
+            "generators": [g.get_state() for g in _generators(self.loader)],
+        }
+        if hasattr(self.loader.sampler, "set_epoch"):
+            self.loader.sampler.set_epoch(epoch)
+        self._iter = iter(self.loader)
+
+    def next_batch(self, step: int) -> Batch:
+        if self._iter is None:
+            self._start_epoch(0)
+        assert self._iter is not None
+        try:
+            batch = next(self._iter)
+        except StopIteration:
+            if self._position == 0:
+                raise ValueError("the DataLoader passed as 'data' yields no batches") from None
+            self._start_epoch(self._epoch + 1)
+            batch = next(self._iter)
+        self._position += 1
+        x, c = split_pair("data", batch)
+        x = as_tensor("data", x, self.device, self.dtype)
+        return x, None if c is None else as_tensor("data context", c, self.device, self.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self._epoch, "position": self._position, "epoch_rng": self._epoch_rng}
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        """Re-create the saved epoch's iterator from its starting random state and skip the
+        batches already used. The caller restores the current random state afterwards."""
+        if state["epoch"] < 0:
+            return
+        torch.set_rng_state(state["epoch_rng"]["torch"])
+        for g, s in zip(_generators(self.loader), state["epoch_rng"]["generators"], strict=True):
+            g.set_state(s)
+        self._start_epoch(state["epoch"])
+        assert self._iter is not None
+        for _ in range(state["position"]):
+            next(self._iter)
+        self._position = state["position"]

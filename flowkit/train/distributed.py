@@ -1,0 +1,131 @@
+"""Device choice and the thin layer over :mod:`torch.distributed` that the fit loop uses.
+
+Under ``torchrun`` every process gets the environment variables ``WORLD_SIZE``, ``RANK`` and
+``LOCAL_RANK``; :func:`setup` reads them and joins the process group (``nccl`` on CUDA, ``gloo``
+on CPU). Outside ``torchrun`` everything here is a no-op and training is single-process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def is_main_process() -> bool:
+    """Whether this process is rank 0 of a ``torchrun`` job, or not under ``torchrun`` at all."""
+    return _env_int("RANK", 0) == 0
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """Turn a device request into a :class:`torch.device`.
+
+    ``"auto"`` means CUDA when available, else CPU. A bare ``"cuda"`` (or ``"auto"`` resolving to
+    CUDA) becomes ``cuda:LOCAL_RANK`` under ``torchrun``, so each process drives its own GPU.
+
+    Raises:
+        ValueError: CUDA was requested but is not available.
+    """
+    if isinstance(device, str) and device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"'device' is {str(device)!r} but CUDA is not available; use 'cpu'")
+        if device.index is None:
+            device = torch.device("cuda", _env_int("LOCAL_RANK", 0))
+    return device
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Who this process is in a (possibly trivial) process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    owns_group: bool = False  # True when flowkit called init_process_group and must tear down
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_mean(self, t: Tensor) -> Tensor:
+        """Average ``t`` over processes (returns ``t`` itself when single-process)."""
+        if self.enabled:
+            t = t.clone()
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            t /= self.world_size
+        return t
+
+    def all_sum(self, t: Tensor) -> Tensor:
+        """Sum ``t`` over processes (returns ``t`` itself when single-process)."""
+        if self.enabled:
+            t = t.clone()
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every process's ``obj``, indexed by rank (a collective: all ranks must call it)."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every process (a collective)."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def wrap(self, module: nn.Module, device: torch.device) -> nn.Module:
+        """Wrap ``module`` in :class:`DistributedDataParallel` when running distributed.
+
+        DDP broadcasts rank 0's parameters and buffers at construction, and during
+        ``backward()`` averages gradients over processes. Its hooks are tied to ``forward``, so
+        ``module.forward`` must compute the whole loss (see ``loop._Objective``).
+        """
+        if not self.enabled:
+            return module
+        return DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == "cuda" else None
+        )
+
+    def teardown(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def setup(device: torch.device) -> Dist:
+    """Join the ``torchrun`` process group if there is one (``WORLD_SIZE`` > 1).
+
+    Uses an existing default group if the caller already initialised one; otherwise initialises
+    it with ``nccl`` for CUDA devices and ``gloo`` for CPU, reading the rendezvous address from
+    the environment as ``torchrun`` sets it.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return Dist(dist.get_rank(), dist.get_world_size(), owns_group=False)
+    world_size = _env_int("WORLD_SIZE", 1)
+    if world_size <= 1:
+        return Dist()
+    if not dist.is_available():
+        raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), owns_group=True)

@@ -1,0 +1,416 @@
+r"""Maximum likelihood (:func:`fit`) and reverse KL (:func:`fit_reverse_kl`).
+
+Each function checks its inputs, builds the loss as a module (:class:`_Objective`) and a batch
+source, and hands them to the shared engine in :mod:`flowkit.train.loop`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from os import PathLike
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader
+
+from .data import (
+    LoaderSource,
+    SamplerSource,
+    TensorSource,
+    load_arrays,
+    local_batch_size,
+    split_pair,
+)
+from .history import History
+from .loop import Options, Session, check_positive, session, train
+
+
+def fit(
+    model: nn.Module,
+    data: Any,
+    *,
+    valid: Any = None,
+    steps: int | None = None,
+    epochs: int | None = None,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    optimizer: str | Callable[..., Optimizer] = "adam",
+    lr_schedule: str | Callable[[Optimizer, int], LRScheduler] | None = None,
+    clip_grad_norm: float | None = None,
+    valid_every: int | None = None,
+    early_stopping_patience: int | None = None,
+    seed: int | None = None,
+    device: str | torch.device = "auto",
+    checkpoint_dir: str | PathLike | None = None,
+    checkpoint_every: int = 1000,
+    resume: bool = False,
+    progress: bool = True,
+    log_every: int = 100,
+) -> History:
+    r"""Fit ``model`` to data by maximum likelihood.
+
+    Minimises the mean negative log-likelihood of mini-batches,
+    :math:`\mathcal{L}(\theta) = -\frac{1}{B}\sum_{i=1}^{B} \log p_\theta(x_i \mid c_i)`, in nats
+    per sample. ``model`` is moved to ``device``, trained in place and left in evaluation mode.
+
+    Args:
+        model: any ``nn.Module`` with ``log_prob(x) -> (N,)`` or ``log_prob(x, context) -> (N,)``
+            (flows, discrete MADE models, your own).
+        data: the training data, one of
+
+            * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` with
+              ``context`` of shape ``(N, C)``; copied to ``device`` once, cast to the model's
+              floating dtype, reshuffled every epoch;
+            * a :class:`~torch.utils.data.DataLoader` yielding ``x`` or ``(x, context)`` batches
+              (under ``torchrun`` it must use a ``DistributedSampler``);
+            * a function ``sample(n, generator) -> x`` or ``-> (x, context)`` drawing ``n`` fresh
+              samples from a :class:`torch.Generator` on ``device`` at every step.
+        valid: validation data as a tensor, array, pair or DataLoader; its mean negative
+            log-likelihood is computed every ``valid_every`` steps and at the end.
+        steps: number of optimizer steps. Exactly one of ``steps`` and ``epochs`` is required.
+        epochs: number of passes over finite ``data`` (``len(data) // batch_size`` steps each for
+            arrays, ``len(loader)`` for DataLoaders).
+        batch_size: global batch size (split evenly over ``torchrun`` processes, so results do
+            not depend on the number of processes). Ignored for DataLoaders, which batch
+            themselves.
+        lr: learning rate.
+        optimizer: ``"adam"``, ``"adamw"``, ``"sgd"``, or a callable ``(params, lr=lr) ->
+            Optimizer`` such as ``torch.optim.RMSprop`` or
+            ``functools.partial(torch.optim.AdamW, weight_decay=1e-4)``.
+        lr_schedule: ``None`` (constant), ``"cosine"`` (cosine decay to 0 over the run),
+            ``"linear"`` (linear decay to 0), or a callable ``(optimizer, steps) ->
+            LRScheduler``; stepped once per optimizer step.
+        clip_grad_norm: if given, clip the global gradient norm to this value.
+        valid_every: steps between validations; default once per epoch for arrays and
+            DataLoaders with a length, else every 100 steps.
+        early_stopping_patience: stop after this many validations without a new best validation
+            loss, and in any case end with the best weights restored. Needs ``valid``.
+        seed: seeds data order, the per-step sampling functions and torch's global generator
+            (per process, for dropout and model sampling). ``None`` draws one, recorded in
+            ``History.seed``.
+        device: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
+        checkpoint_dir: folder for ``checkpoint.pt``, written atomically every
+            ``checkpoint_every`` steps and at the end. ``flowkit.load_model`` reads it.
+        checkpoint_every: steps between checkpoints.
+        resume: continue from ``checkpoint_dir/checkpoint.pt`` if it exists (else start fresh).
+            The resumed run ends with the same weights as an uninterrupted one. Pass the same
+            settings; a different ``lr`` rescales the learning-rate schedule from there on.
+        progress: show a tqdm progress bar (step, train loss, valid loss, steps/s).
+        log_every: steps between host copies of the loss (bar update, NaN check).
+
+    Returns:
+        The :class:`~flowkit.train.History` of the run (including resumed segments).
+
+    Raises:
+        TypeError: ``model`` has no ``log_prob``, or ``data`` is of an unsupported kind.
+        ValueError: bad settings or data that does not fit the model (checked before training).
+        NonFiniteLossError: the loss became NaN/Inf; the last checkpoint is kept.
+
+    Example:
+        >>> import torch, flowkit
+        >>> flow = flowkit.MAF(2, hidden_features=(16,), layers=2)
+        >>> x = torch.randn(512, 2) * torch.tensor([2.0, 0.5])
+        >>> history = fit(flow, x, steps=50, batch_size=128, seed=0, progress=False)
+        >>> len(history.train_loss)
+        50
+    """
+    _require(model, "log_prob", "fit")
+    if (steps is None) == (epochs is None):
+        raise ValueError(f"pass exactly one of 'steps' and 'epochs', got {steps=} and {epochs=}")
+    check_positive(batch_size=batch_size, epochs=epochs)
+    if early_stopping_patience is not None and valid is None:
+        raise ValueError("'early_stopping_patience' needs validation data: pass 'valid'")
+    with session(model, device, seed, checkpoint_dir, resume, "nll") as s:
+        dtype = _float_dtype(model)
+        source = _make_source(data, batch_size, s, dtype)
+        if epochs is not None:
+            if source.batches_per_epoch is None:
+                raise ValueError(
+                    "'epochs' needs data of known length (an array or a DataLoader with len()); "
+                    "pass 'steps' instead"
+                )
+            steps = epochs * source.batches_per_epoch
+        assert steps is not None
+        validate = None
+        if valid is not None:
+            validate = _make_validation(model, valid, batch_size, s, dtype)
+            valid_every = valid_every or source.batches_per_epoch or 100
+        return train(
+            s,
+            model,
+            _Objective(model, _nll),
+            source,
+            lambda args: _check_first_batch(model, *args),
+            Options(
+                steps=steps,
+                lr=lr,
+                optimizer=optimizer,
+                lr_schedule=lr_schedule,
+                clip_grad_norm=clip_grad_norm,
+                valid_every=valid_every,
+                patience=early_stopping_patience,
+                checkpoint_every=checkpoint_every,
+                progress=progress,
+                log_every=log_every,
+            ),
+            validate,
+        )
+
+
+def fit_reverse_kl(
+    flow: nn.Module,
+    target_log_density: Callable[[Tensor], Tensor],
+    *,
+    steps: int,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    optimizer: str | Callable[..., Optimizer] = "adam",
+    lr_schedule: str | Callable[[Optimizer, int], LRScheduler] | None = None,
+    clip_grad_norm: float | None = None,
+    seed: int | None = None,
+    device: str | torch.device = "auto",
+    checkpoint_dir: str | PathLike | None = None,
+    checkpoint_every: int = 1000,
+    resume: bool = False,
+    progress: bool = True,
+    log_every: int = 100,
+) -> History:
+    r"""Fit ``flow`` to an unnormalised density by reverse KL (variational inference).
+
+    Maximises the evidence lower bound with reparameterised samples
+    :math:`x_i = f_\theta^{-1}(z_i)` from ``flow.sample_and_log_prob``:
+
+    .. math::
+        \mathrm{ELBO}(\theta) = \mathbb{E}_{q_\theta}[\log \tilde p(x) - \log q_\theta(x)]
+        = \log Z - \mathrm{KL}(q_\theta \,\|\, p) \le \log Z,
+
+    where :math:`\tilde p = Z p`. The loss is :math:`-\mathrm{ELBO}` estimated on ``batch_size``
+    samples; ``History.elbo`` gives the per-step estimates. An IAF is the natural choice (one
+    pass for sampling and log-density); a MAF works but samples in ``D`` passes.
+
+    Args:
+        flow: unconditional model with ``sample_and_log_prob(n) -> (x, log_q)`` whose ``x`` is
+            differentiable in the parameters.
+        target_log_density: ``x: (N, D) -> log p~(x): (N,)``, differentiable in ``x``, accepting
+            tensors on the training device.
+        steps, batch_size, lr, optimizer, lr_schedule, clip_grad_norm, seed, device,
+        checkpoint_dir, checkpoint_every, resume, progress, log_every: as in :func:`fit`.
+            Under ``torchrun`` each process draws ``batch_size / world_size`` samples with its
+            own seed.
+
+    Returns:
+        The :class:`~flowkit.train.History` (``objective="neg_elbo"``).
+
+    Example:
+        >>> import torch, flowkit
+        >>> flow = flowkit.IAF(2, hidden_features=(16,), layers=2)
+        >>> target = lambda x: -0.5 * ((x - 3.0) ** 2).sum(-1)  # N((3, 3), I), unnormalised
+        >>> h = fit_reverse_kl(flow, target, steps=20, batch_size=64, seed=0, progress=False)
+        >>> h.objective, len(h.elbo)
+        ('neg_elbo', 20)
+    """
+    _require(flow, "sample_and_log_prob", "fit_reverse_kl")
+    if getattr(flow, "context_features", 0):
+        raise ValueError(
+            f"fit_reverse_kl fits unconditional flows; 'flow' has "
+            f"context_features={flow.context_features}"
+        )
+    if not callable(target_log_density):
+        raise TypeError("'target_log_density' should be a callable x -> log p~(x) of shape (N,)")
+    check_positive(batch_size=batch_size)
+    with session(flow, device, seed, checkpoint_dir, resume, "neg_elbo") as s:
+        return train(
+            s,
+            flow,
+            _Objective(flow, _NegElbo(target_log_density)),
+            _Draws(local_batch_size(batch_size, s.dist)),
+            lambda args: _check_target(flow, target_log_density),
+            Options(
+                steps=steps,
+                lr=lr,
+                optimizer=optimizer,
+                lr_schedule=lr_schedule,
+                clip_grad_norm=clip_grad_norm,
+                valid_every=None,
+                patience=None,
+                checkpoint_every=checkpoint_every,
+                progress=progress,
+                log_every=log_every,
+            ),
+            None,
+        )
+
+
+class _Objective(nn.Module):
+    """The training loss as a module whose ``forward`` computes it.
+
+    Why a wrapper: :class:`~torch.nn.parallel.DistributedDataParallel` prepares its gradient
+    all-reduce when the wrapped module's ``forward`` runs. Flows are evaluated through
+    ``log_prob`` / ``sample_and_log_prob``, which are not ``forward``, so wrapping the model
+    itself in DDP and calling ``ddp.module.log_prob`` would silently skip the averaging. Making
+    the whole loss the ``forward`` of this wrapper keeps PyTorch's own engine in charge (bucketed
+    all-reduce overlapped with backward, parameter broadcast at start) instead of a hand-written
+    all-reduce over parameters. The wrapped ``model`` is a submodule, so its parameters are the
+    wrapper's parameters.
+    """
+
+    def __init__(self, model: nn.Module, loss: Callable[..., Tensor]):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, *args: Any) -> Tensor:
+        return self.loss(self.model, *args)
+
+
+def _log_prob(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
+    return model.log_prob(x) if context is None else model.log_prob(x, context=context)
+
+
+def _nll(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
+    return -_log_prob(model, x, context).mean()
+
+
+class _NegElbo:
+    def __init__(self, target_log_density: Callable[[Tensor], Tensor]):
+        self.target = target_log_density
+
+    def __call__(self, flow: nn.Module, n: int) -> Tensor:
+        x, log_q = flow.sample_and_log_prob(n)
+        return (log_q - self.target(x)).mean()
+
+
+class _Draws:
+    """The "data" of reverse KL: each step the flow draws ``n`` samples itself."""
+
+    batches_per_epoch = None
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def next_batch(self, step: int) -> tuple[int]:
+        return (self.n,)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        pass
+
+
+def _require(model: Any, method: str, fn: str) -> None:
+    if not isinstance(model, nn.Module) or not callable(getattr(model, method, None)):
+        raise TypeError(
+            f"{fn}() needs a torch.nn.Module with a '{method}' method as 'model', got "
+            f"{type(model).__name__}"
+        )
+
+
+def _float_dtype(model: nn.Module) -> torch.dtype:
+    for t in (*model.parameters(), *model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return torch.get_default_dtype()
+
+
+def _make_source(
+    data: Any, batch_size: int, s: Session, dtype: torch.dtype
+) -> TensorSource | LoaderSource | SamplerSource:
+    if isinstance(data, DataLoader):
+        return LoaderSource(data, s.dist, s.device, dtype)
+    if callable(data) and not isinstance(data, Tensor | np.ndarray):
+        return SamplerSource(data, batch_size, s.seed, s.dist, s.device, dtype)
+    if isinstance(data, Tensor | np.ndarray | tuple):
+        return TensorSource(load_arrays("data", data, s.device, dtype), batch_size, s.seed, s.dist)
+    raise TypeError(
+        "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
+        f"function sample(n, generator); got {type(data).__name__}"
+    )
+
+
+def _check_first_batch(
+    model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data"
+) -> None:
+    """Fail before the first optimizer step if the data does not fit the model."""
+    if x.dim() != 2 or x.shape[0] == 0:
+        raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
+    features = getattr(model, "features", None)
+    if features is not None and x.shape[1] != features:
+        raise ValueError(
+            f"'{name}' should have {features} features to match the model "
+            f"(model.features={features}), got shape {tuple(x.shape)}"
+        )
+    width = getattr(model, "context_features", None)
+    if width and context is None:
+        raise ValueError(
+            f"the model is conditional (context_features={width}) but '{name}' has no context; "
+            f"pass {name}=(x, context)"
+        )
+    if width == 0 and context is not None:
+        raise ValueError(f"'{name}' carries a context but the model has context_features=0")
+    if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
+        raise ValueError(
+            f"context batches should have shape ({x.shape[0]}, context_features), "
+            f"got {tuple(context.shape)}"
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = _log_prob(model, x[:2], None if context is None else context[:2])
+    finally:
+        model.train(was_training)
+    if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
+
+
+def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:
+    with torch.no_grad():
+        x, log_q = flow.sample_and_log_prob(2)
+        log_p = target(x)
+    for name, t in (("flow.sample_and_log_prob", log_q), ("target_log_density", log_p)):
+        if not isinstance(t, Tensor) or t.shape != (2,):
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} should return log-densities of shape (N,), got {got} for N=2")
+
+
+def _make_validation(
+    model: nn.Module, valid: Any, batch_size: int, s: Session, dtype: torch.dtype
+) -> Callable[[], float]:
+    """A function returning the mean NLL over the whole validation set (all processes)."""
+    if isinstance(valid, DataLoader):
+
+        def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
+            for b in valid:
+                x, c = split_pair("valid", b)
+                yield x.to(s.device, dtype), None if c is None else c.to(s.device, dtype)
+    else:
+        x, c = load_arrays("valid", valid, s.device, dtype)
+        _check_first_batch(model, x, c, "valid")
+        # each process evaluates every world_size-th row; the sums are then added up
+        r, w = s.dist.rank, s.dist.world_size
+        x, c = x[r::w], None if c is None else c[r::w]
+        chunk = max(batch_size, 1024)
+
+        def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
+            for i in range(0, x.shape[0], chunk):
+                yield x[i : i + chunk], None if c is None else c[i : i + chunk]
+
+    def validate() -> float:
+        was_training = model.training
+        model.eval()
+        total = torch.zeros(2, device=s.device, dtype=torch.float64)
+        with torch.no_grad():
+            for xb, cb in batches():
+                total[0] -= _log_prob(model, xb, cb).sum()
+                total[1] += xb.shape[0]
+        model.train(was_training)
+        total = s.dist.all_sum(total)
+        return (total[0] / total[1]).item()
+
+    return validate
