@@ -1,0 +1,147 @@
+"""The ``flowkit`` command (also ``python -m flowkit``): one subcommand per experiment.
+
+Usage::
+
+    flowkit --help
+    flowkit fit --data moons --steps 2000 --out runs/moons
+    torchrun --standalone --nproc_per_node 2 -m flowkit fit --data moons --out runs/moons
+
+Every subcommand gets the common options ``--device {auto,cpu,cuda}``, ``--seed``, ``--out``
+(output folder, default ``runs/<command>-<date>-<time>``) and ``--quiet`` (no progress bars).
+After the subcommand returns, the CLI writes ``<out>/metrics.json`` with the command, its
+arguments and the metrics it returned. Errors in the user's input (``ValueError``,
+``FileNotFoundError``, ``FloatingPointError``) are printed as one line, exit status 2.
+
+Adding a subcommand
+-------------------
+1. Write a module with two functions (see :mod:`flowkit.train.command` for a complete one)::
+
+       def add_arguments(parser: argparse.ArgumentParser) -> None:
+           parser.add_argument("--energy", default="U1", help="...")
+
+       def run(args: argparse.Namespace) -> dict:
+           # args.device, args.seed, args.out (a Path that exists), args.quiet are set
+           ...  # write figures and checkpoints into args.out
+           return {"elbo": 1.23}  # JSON-serialisable metrics
+
+   The module docstring is the description shown by ``flowkit <name> --help``.
+2. Add one ``(name, module path, one-line summary)`` line to :data:`COMMANDS`. Nothing else
+   changes. Modules are imported only when their subcommand is used, so ``flowkit --help`` stays
+   fast and a module with a missing optional dependency cannot break the other subcommands.
+
+Under ``torchrun`` only rank 0 creates ``--out`` and writes ``metrics.json``; pass the same
+explicit ``--out`` to all ranks (the default is time-stamped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from flowkit import __version__
+from flowkit.train.distributed import is_main_process
+
+COMMANDS: list[tuple[str, str, str]] = [
+    (
+        "fit",
+        "flowkit.train.command",
+        "fit a MAF or IAF to a 2-D toy dataset or to samples in a .npy/.npz file",
+    ),
+    ("vae", "flowkit.experiments.vae", "VAE on binarized MNIST: Gaussian vs IAF posterior"),
+    ("rl", "flowkit.experiments.rl", "SAC on Pendulum-v1: conditional IAF vs Gaussian policy"),
+]
+"""Subcommands as ``(name, module, one-line summary)``; see "Adding a subcommand" above."""
+
+USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError)
+
+
+def _load(module_path: str) -> ModuleType:
+    module = importlib.import_module(module_path)
+    for name in ("add_arguments", "run"):
+        if not callable(getattr(module, name, None)):
+            raise TypeError(f"subcommand module {module_path} has no function {name}()")
+    return module
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """The options every subcommand has."""
+    common = parser.add_argument_group("common options")
+    common.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where to compute; auto = cuda if available (default: %(default)s)",
+    )
+    common.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    common.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output folder for figures, checkpoint and metrics.json "
+        f"(default: runs/{command}-<date>-<time>)",
+    )
+    common.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser. Only ``command``'s module is imported and asked for its arguments."""
+    parser = argparse.ArgumentParser(
+        prog="flowkit",
+        description="Normalizing flows built on MADE: experiments and training from the shell.",
+        epilog="Run 'flowkit <command> --help' for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"flowkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
+    for name, module_path, summary in COMMANDS:
+        if name != command:
+            sub.add_parser(name, help=summary)
+            continue
+        module = _load(module_path)
+        p = sub.add_parser(
+            name,
+            help=summary,
+            description=(module.__doc__ or summary).strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(p)
+        add_common_arguments(p, name)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the top level has no options that take values)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flowkit`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_in(argv)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if args.out is None:
+        args.out = Path("runs") / f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if is_main_process():
+        args.out.mkdir(parents=True, exist_ok=True)
+    module = args.__dict__.pop("_module")
+    try:
+        metrics = module.run(args)
+    except USER_ERRORS as e:
+        print(f"flowkit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    if is_main_process():
+        record = {"command": args.command, "args": vars(args), "metrics": metrics}
+        path = args.out / "metrics.json"
+        path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        print(f"flowkit {args.command}: wrote {path}")
+    return 0
