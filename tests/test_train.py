@@ -1,0 +1,566 @@
+"""The fit loops: learning, data kinds, validation and early stopping, resume equality, bad input,
+progress output; and the ``flowkit`` command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import flowkit
+from flowkit import cli
+from flowkit.checkpoint import load_model, safe_load
+from flowkit.train import (
+    CHECKPOINT_NAME,
+    History,
+    NonFiniteLossError,
+    fit,
+    fit_reverse_kl,
+    resolve_device,
+)
+
+SCALE, SHIFT = torch.tensor([2.0, 0.5]), torch.tensor([1.0, -1.0])
+# differential entropy of N(SHIFT, diag(SCALE^2)): the best achievable mean NLL
+ENTROPY = float(0.5 * 2 * math.log(2 * math.pi * math.e) + SCALE.log().sum())
+QUIET = {"progress": False, "device": "cpu"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These models are tiny: a second intra-op thread only adds synchronisation, which costs
+    several times the compute on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def gaussian(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    return torch.randn(n, 2, generator=generator) * SCALE + SHIFT
+
+
+def small_maf(**kwargs) -> flowkit.Flow:
+    return flowkit.MAF(2, hidden_features=(16,), layers=2, **kwargs)
+
+
+def weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+# ------------------------------------------------------------------------------------- learning
+
+
+def test_fit_reaches_the_entropy_of_a_gaussian():
+    """A one-layer affine MAF can represent N(SHIFT, diag(SCALE^2)) exactly, and the mean NLL
+    of the exact density is the entropy (the per-point NLL has standard deviation 1 here, so a
+    4096-point mean is within 0.05 of it with probability > 0.999)."""
+    flow = flowkit.MAF(2, hidden_features=(8,), layers=1)
+    valid = gaussian(4096)
+    h = fit(flow, gaussian(4096), valid=valid, steps=100, batch_size=256, lr=5e-2, **QUIET)
+    assert isinstance(h, History) and h.objective == "nll"
+    assert len(h.train_loss) == 100 and h.steps[-1] == 100
+    assert h.valid_steps[-1] == 100 and not flow.training
+    assert h.valid_loss[-1] == pytest.approx(ENTROPY, abs=0.08)
+    with torch.no_grad():
+        assert -flow.log_prob(valid).mean().item() == pytest.approx(h.valid_loss[-1], abs=1e-5)
+
+
+def test_reverse_kl_elbo_reaches_log_normalizer():
+    """For p~(x) = exp(-|x - m|^2 / 2) the ELBO is bounded by log Z = log(2 pi) (D = 2), with
+    equality when q = p; an IAF can represent p exactly."""
+    flow = flowkit.IAF(2, hidden_features=(8,), layers=1)
+    mean = torch.tensor([2.0, -1.0])
+    h = fit_reverse_kl(
+        flow,
+        lambda x: -0.5 * (x - mean).square().sum(-1),
+        steps=100,
+        batch_size=256,
+        lr=5e-2,
+        seed=0,
+        **QUIET,
+    )
+    assert h.objective == "neg_elbo" and h.elbo == [-v for v in h.train_loss]
+    assert np.mean(h.elbo[-50:]) == pytest.approx(math.log(2 * math.pi), abs=0.02)
+    assert all(v <= math.log(2 * math.pi) + 0.05 for v in h.elbo[-50:])  # a bound, up to noise
+    assert flow.sample(2000).mean(0) == pytest.approx(mean, abs=0.1)
+
+
+def test_numpy_float64_is_cast_to_the_model_dtype():
+    flow = small_maf()
+    h = fit(flow, gaussian(300).double().numpy(), steps=5, batch_size=100, seed=0, **QUIET)
+    assert len(h.train_loss) == 5 and all(p.dtype == torch.float32 for p in flow.parameters())
+
+
+def test_conditional_dataloader_and_epochs():
+    flow = small_maf(context_features=1)
+    c = torch.randn(200, 1)
+    x = gaussian(200) + 3 * c
+    loader = DataLoader(TensorDataset(x, c), batch_size=50, shuffle=True)
+    h = fit(flow, loader, valid=(x[:64], c[:64]), epochs=3, seed=0, **QUIET)
+    assert len(h.train_loss) == 3 * len(loader) == 12
+    assert h.valid_steps == [4, 8, 12]  # default: one validation per epoch
+
+
+def test_epochs_of_an_array_drop_the_last_partial_batch():
+    h = fit(small_maf(), gaussian(250), epochs=2, batch_size=100, seed=0, **QUIET)
+    assert len(h.train_loss) == 4
+
+
+def test_sampling_function_is_seeded():
+    runs = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(0)
+        flow = small_maf()
+        fit(flow, gaussian, steps=10, batch_size=64, seed=seed, **QUIET)
+        runs.append(weights(flow))
+    assert_same_weights(runs[0], runs[1])
+    assert any(not torch.equal(runs[0][k], runs[2][k]) for k in runs[0])
+
+
+def test_custom_optimizer_schedule_and_clipping():
+    seen = []
+
+    def schedule(opt, steps):
+        seen.append(steps)
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=5)
+
+    h = fit(
+        small_maf(),
+        gaussian(256),
+        steps=12,
+        batch_size=64,
+        optimizer=torch.optim.SGD,
+        lr_schedule=schedule,
+        clip_grad_norm=1.0,
+        seed=0,
+        **QUIET,
+    )
+    assert seen == [12] and len(h.train_loss) == 12
+
+
+def test_early_stopping_restores_the_best_weights():
+    """Training on N(SHIFT, SCALE) moves the flow away from a validation set drawn from the
+    initial flow's own density N(0, I): the first validation is the best."""
+    flow = small_maf()
+    valid = torch.randn(512, 2) * 0.1
+    h = fit(
+        flow,
+        gaussian(1024) + 5,
+        valid=valid,
+        steps=500,
+        batch_size=128,
+        lr=1e-2,
+        valid_every=10,
+        early_stopping_patience=3,
+        seed=0,
+        **QUIET,
+    )
+    assert h.stopped_early and h.best_step == 10
+    assert h.valid_steps == [10, 20, 30, 40] and len(h.train_loss) == 40
+    with torch.no_grad():
+        assert -flow.log_prob(valid).mean().item() == pytest.approx(h.best_valid_loss, abs=1e-5)
+
+
+# ------------------------------------------------------------------------------- checkpoints
+
+
+class Interrupted(Exception):
+    """Stands in for a killed process."""
+
+
+def interrupt_after(fn, steps: int):
+    """Wrap a per-step function so that the call of step ``steps + 1`` raises. Only calls with
+    gradients enabled count (the loop's checks and validation run under no_grad)."""
+    calls = 0
+
+    def wrapped(*args, **kwargs):
+        nonlocal calls
+        if torch.is_grad_enabled():
+            calls += 1
+            if calls > steps:
+                raise Interrupted
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def _resume_case(kind: str):
+    """(model factory, fit function, data, extra settings, which callable to interrupt)."""
+    x = gaussian(200, torch.Generator().manual_seed(5))
+    if kind == "tensor":
+        extra = {"valid": x[:50], "valid_every": 10, "early_stopping_patience": 100}
+        return small_maf(batch_norm=True), fit, x, extra, "log_prob"
+    if kind == "loader":
+        loader = DataLoader(TensorDataset(x), batch_size=32, shuffle=True)
+        return small_maf(batch_norm=True), fit, loader, {}, "log_prob"
+    if kind == "sampler":
+        return small_maf(batch_norm=True), fit, gaussian, {}, "data"
+    target = lambda x: -0.5 * ((x - 1.0) / 0.5).square().sum(-1)  # noqa: E731
+    return flowkit.IAF(2, hidden_features=(16,), layers=2), fit_reverse_kl, target, {}, "data"
+
+
+@pytest.mark.parametrize("kind", ["tensor", "loader", "sampler", "reverse_kl"])
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(kind, tmp_path):
+    settings = dict(
+        steps=40,
+        batch_size=32,
+        lr=5e-3,
+        lr_schedule="cosine",
+        clip_grad_norm=5.0,
+        seed=3,
+        checkpoint_every=10,
+        log_every=5,
+        **QUIET,
+    )
+
+    def run(folder, interrupt=None, resume=False, init_seed=0):
+        torch.manual_seed(init_seed)
+        model, fn, data, extra, hook = _resume_case(kind)
+        if interrupt is not None and hook == "log_prob":
+            model.log_prob = interrupt_after(model.log_prob, interrupt)
+        elif interrupt is not None:
+            data = interrupt_after(data, interrupt)
+        h = fn(model, data, checkpoint_dir=folder, resume=resume, **extra, **settings)
+        return model, h
+
+    full, h_full = run(tmp_path / "full")
+    with pytest.raises(Interrupted):
+        run(tmp_path / "cut", interrupt=25)
+    assert safe_load(tmp_path / "cut" / CHECKPOINT_NAME)["step"] == 20
+    resumed, h_resumed = run(tmp_path / "cut", resume=True, init_seed=99)
+    assert_same_weights(weights(resumed), weights(full))
+    assert h_resumed.train_loss == h_full.train_loss
+    assert h_resumed.valid_loss == h_full.valid_loss
+
+
+def test_resume_without_checkpoint_starts_fresh_and_finished_run_is_a_no_op(tmp_path):
+    flow = small_maf()
+    fit(
+        flow,
+        gaussian(256),
+        steps=6,
+        batch_size=64,
+        seed=0,
+        checkpoint_dir=tmp_path,
+        resume=True,
+        **QUIET,
+    )
+    done = weights(flow)
+    again = small_maf()
+    h = fit(
+        again, gaussian(256), steps=6, batch_size=64, checkpoint_dir=tmp_path, resume=True, **QUIET
+    )
+    assert_same_weights(weights(again), done)
+    assert len(h.train_loss) == 6 and h.seed == 0
+
+
+def test_checkpoint_is_a_loadable_model(tmp_path):
+    flow = small_maf()
+    fit(flow, gaussian(256), steps=5, batch_size=64, seed=0, checkpoint_dir=tmp_path, **QUIET)
+    x = gaussian(8)
+    assert torch.equal(load_model(tmp_path / CHECKPOINT_NAME).log_prob(x), flow.log_prob(x))
+
+
+def test_resume_checks(tmp_path):
+    fit(
+        small_maf(), gaussian(256), steps=5, batch_size=64, seed=0, checkpoint_dir=tmp_path, **QUIET
+    )
+    with pytest.raises(ValueError, match="'seed' is 1 but .* was written with seed 0"):
+        fit(
+            small_maf(),
+            gaussian(256),
+            steps=9,
+            batch_size=64,
+            seed=1,
+            checkpoint_dir=tmp_path,
+            resume=True,
+            **QUIET,
+        )
+    with pytest.raises(ValueError, match="minimising 'nll', cannot resume it as 'neg_elbo'"):
+        fit_reverse_kl(
+            small_maf(),
+            lambda x: -x.square().sum(-1),
+            steps=9,
+            checkpoint_dir=tmp_path,
+            resume=True,
+            **QUIET,
+        )
+    with pytest.raises(ValueError, match="'resume=True' needs 'checkpoint_dir'"):
+        fit(small_maf(), gaussian(256), steps=5, resume=True, **QUIET)
+
+
+def test_nonfinite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    def poisoned(n, generator):
+        poisoned.calls += 1
+        x = gaussian(n, generator)
+        return x * float("nan") if poisoned.calls == 15 else x
+
+    poisoned.calls = 0
+    flow = small_maf()
+    with pytest.raises(NonFiniteLossError, match=r"nan at step 15\. Usual fixes: lower") as info:
+        fit(
+            flow,
+            poisoned,
+            steps=40,
+            batch_size=32,
+            seed=0,
+            checkpoint_dir=tmp_path,
+            checkpoint_every=10,
+            log_every=5,
+            **QUIET,
+        )
+    assert isinstance(info.value, FloatingPointError) and info.value.step == 15
+    assert f"'{tmp_path / CHECKPOINT_NAME}' (step 10), was kept" in str(info.value)
+    kept = safe_load(tmp_path / CHECKPOINT_NAME)
+    assert kept["step"] == 10
+    assert all(torch.isfinite(v).all() for v in kept["model"]["state_dict"].values())
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+BAD_CALLS = {
+    "wrong-feature-count": (
+        lambda m: fit(m, torch.randn(100, 3), steps=5, batch_size=10, **QUIET),
+        ValueError,
+        r"'data' should have 2 features to match the model.*\(10, 3\)",
+    ),
+    "wrong-valid-features": (
+        lambda m: fit(m, gaussian(100), valid=torch.randn(10, 5), steps=5, batch_size=10, **QUIET),
+        ValueError,
+        r"'valid' should have 2 features",
+    ),
+    "no-log-prob": (
+        lambda m: fit(nn.Linear(2, 2), gaussian(100), steps=5, **QUIET),
+        TypeError,
+        r"fit\(\) needs a torch.nn.Module with a 'log_prob' method.*Linear",
+    ),
+    "no-sample-and-log-prob": (
+        lambda m: fit_reverse_kl(nn.Linear(2, 2), lambda x: x.sum(-1), steps=5, **QUIET),
+        TypeError,
+        r"'sample_and_log_prob' method",
+    ),
+    "steps-and-epochs": (
+        lambda m: fit(m, gaussian(100), steps=5, epochs=1, **QUIET),
+        ValueError,
+        r"exactly one of 'steps' and 'epochs'",
+    ),
+    "batch-larger-than-data": (
+        lambda m: fit(m, gaussian(100), steps=5, batch_size=256, **QUIET),
+        ValueError,
+        r"'batch_size' \(256\) exceeds the number of training rows \(100\)",
+    ),
+    "nan-in-data": (
+        lambda m: fit(
+            m, torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), steps=1, batch_size=1, **QUIET
+        ),
+        ValueError,
+        r"'data' x contains NaN or Inf values \(first at row 1\)",
+    ),
+    "missing-context": (
+        lambda m: fit(
+            small_maf(context_features=2), gaussian(100), steps=5, batch_size=10, **QUIET
+        ),
+        ValueError,
+        r"conditional \(context_features=2\) but 'data' has no context",
+    ),
+    "context-mismatch": (
+        lambda m: fit(m, (gaussian(100), torch.randn(99, 1)), steps=5, batch_size=10, **QUIET),
+        ValueError,
+        r"should have shape \(100, context_features\)",
+    ),
+    "patience-without-valid": (
+        lambda m: fit(m, gaussian(100), steps=5, early_stopping_patience=2, **QUIET),
+        ValueError,
+        r"needs validation data",
+    ),
+    "unknown-optimizer": (
+        lambda m: fit(m, gaussian(100), steps=5, batch_size=10, optimizer="lbfgs", **QUIET),
+        ValueError,
+        r"'optimizer' should be one of \['adam', 'adamw', 'sgd'\]",
+    ),
+    "unknown-schedule": (
+        lambda m: fit(m, gaussian(100), steps=5, batch_size=10, lr_schedule="cos", **QUIET),
+        ValueError,
+        r"'lr_schedule' should be None, 'cosine', 'linear'",
+    ),
+    "unsupported-data": (
+        lambda m: fit(m, [[0.0, 1.0]], steps=5, **QUIET),
+        TypeError,
+        r"'data' should be a tensor, a numpy array, a pair",
+    ),
+    "zero-steps": (
+        lambda m: fit(m, gaussian(100), steps=0, batch_size=10, **QUIET),
+        ValueError,
+        r"'steps' should be a positive integer, got 0",
+    ),
+    "log-prob-shape": (
+        lambda m: fit(_BadShape(), gaussian(100), steps=5, batch_size=10, **QUIET),
+        ValueError,
+        r"model.log_prob should return shape \(N,\), got \(2, 2\)",
+    ),
+}
+
+
+class _BadShape(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(2))
+
+    def log_prob(self, x):
+        return x * self.w
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_input_fails_before_training(case):
+    call, error, message = BAD_CALLS[case]
+    flow = small_maf()
+    before = weights(flow)
+    with pytest.raises(error, match=message):
+        call(flow)
+    assert_same_weights(weights(flow), before)
+
+
+# --------------------------------------------------------------------------- progress, history
+
+
+def test_progress_bar_shows_step_loss_valid_and_rate(capsys):
+    fit(
+        small_maf(),
+        gaussian(256),
+        valid=gaussian(64),
+        steps=20,
+        batch_size=64,
+        log_every=5,
+        seed=0,
+        device="cpu",
+    )
+    err = capsys.readouterr().err
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith("nll: 100%") and "20/20" in final
+    assert "step/s" in final and "loss=" in final and "valid=" in final
+    fit(small_maf(), gaussian(256), steps=5, batch_size=64, **QUIET)
+    assert capsys.readouterr().err == ""
+
+
+def test_history_round_trips_through_json():
+    h = fit(small_maf(), gaussian(256), valid=gaussian(64), steps=8, batch_size=64, seed=4, **QUIET)
+    d = json.loads(json.dumps(h.to_dict()))
+    assert History.from_dict(d) == h
+    assert d["seed"] == 4 and len(d["train_loss"]) == 8 and d["valid_steps"] == [4, 8]
+
+
+class _DenormalProbe(nn.Module):
+    """Records whether subnormal floats are flushed to zero while the loss is computed."""
+
+    features = 2
+
+    def __init__(self):
+        super().__init__()
+        self.loc = nn.Parameter(torch.zeros(2))
+        self.flushed: list[bool] = []
+
+    def log_prob(self, x):
+        self.flushed.append(bool(torch.tensor([1e-39]).mul(1.0).item() == 0.0))
+        return -(x - self.loc).square().sum(-1)
+
+
+def test_denormals_are_flushed_during_training_on_cpu_only():
+    probe = _DenormalProbe()
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush denormals")
+    fit(probe, gaussian(64), steps=3, batch_size=32, **QUIET)
+    assert probe.flushed[-1] is True
+    assert torch.tensor([1e-39]).mul(1.0).item() != 0.0  # switched back off afterwards
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="'device' is 'cuda' but CUDA is not available"):
+            resolve_device("cuda")
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_help_lists_subcommands_and_common_options(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "fit" in out and "flowkit <command> --help" in out
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--device {auto,cpu,cuda}", "--seed", "--out", "--data", "--steps"):
+        assert option in out
+
+
+def test_cli_fit_on_a_npy_file_writes_checkpoint_metrics_and_figure(tmp_path):
+    np.save(tmp_path / "samples.npy", gaussian(600).numpy())
+    out = tmp_path / "run"
+    code = cli.main(
+        [
+            "fit",
+            "--data",
+            str(tmp_path / "samples.npy"),
+            "--steps",
+            "30",
+            "--batch-size",
+            "64",
+            "--hidden",
+            "16",
+            "--layers",
+            "2",
+            "--quiet",
+            "--device",
+            "cpu",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["command"] == "fit" and metrics["args"]["seed"] == 1
+    assert metrics["metrics"]["steps"] == 30 and "valid_nll" in metrics["metrics"]
+    assert (out / "loss.png").stat().st_size > 0
+    assert load_model(out / CHECKPOINT_NAME).features == 2
+    assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 30
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    np.save(tmp_path / "bad.npy", np.zeros((10, 2, 2)))
+    code = cli.main(["fit", "--data", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flowkit fit: error: ") and "shape (N, D), got (10, 2, 2)" in err
+
+
+def test_python_dash_m_flowkit_runs():
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "flowkit", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "usage: flowkit" in done.stdout
