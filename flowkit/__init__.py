@@ -5,15 +5,24 @@ Direction convention: a transform's ``forward`` maps data to noise and returns
 """
 
 from flowkit.checkpoint import load_model, save_model
-from flowkit.distributions import DiagonalGaussian, StandardNormal
+from flowkit.distributions import (
+    BernoulliMADE,
+    CategoricalMADE,
+    DiagonalGaussian,
+    FlowDistribution,
+    StandardNormal,
+)
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.nn import MADE, MaskedLinear
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BernoulliMADE",
+    "CategoricalMADE",
     "DiagonalGaussian",
     "Flow",
+    "FlowDistribution",
     "IAF",
     "MADE",
     "MAF",
