@@ -1,0 +1,96 @@
+"""The RL experiment: the tanh squash and its log-determinant, the two policies' densities and
+gradients, and ``flowkit rl --quick`` on Pendulum (needs gymnasium)."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch.distributions import (
+    AffineTransform,
+    Independent,
+    Normal,
+    TanhTransform,
+    TransformedDistribution,
+)
+
+from flowkit.experiments.rl import FlowPolicy, GaussianPolicy, squash
+
+LOW = torch.tensor([-2.0, 0.0], dtype=torch.float64)
+HIGH = torch.tensor([2.0, 1.0], dtype=torch.float64)
+
+
+def test_squash_matches_torch_distributions():
+    base = Independent(Normal(torch.zeros(2, dtype=torch.float64), 1.5), 1)
+    centre, half = (HIGH + LOW) / 2, (HIGH - LOW) / 2
+    squashed = TransformedDistribution(
+        base, [TanhTransform(cache_size=1), AffineTransform(centre, half)]
+    )
+    u = 2 * torch.randn(50, 2, dtype=torch.float64)
+    a, log_prob = squash(u, base.log_prob(u), LOW, HIGH)
+    assert ((a > LOW) & (a < HIGH)).all()
+    torch.testing.assert_close(log_prob, squashed.log_prob(a))
+
+
+def test_squash_log_det_is_minus_the_log_jacobian():
+    u = torch.randn(4, 2, dtype=torch.float64)
+    _, log_prob = squash(u, torch.zeros(4, dtype=torch.float64), LOW, HIGH)
+    for i in range(4):
+        jacobian = torch.autograd.functional.jacobian(
+            lambda v: squash(v[None], torch.zeros(1, dtype=torch.float64), LOW, HIGH)[0][0], u[i]
+        )
+        torch.testing.assert_close(log_prob[i], -torch.linalg.slogdet(jacobian).logabsdet)
+
+
+def test_squash_is_finite_where_the_naive_formula_is_not():
+    # 1 - tanh(±30)^2 rounds to 0 in float64; log(1 - tanh(u)^2) = log 4 - 2|u| + O(e^{-2|u|})
+    u = torch.tensor([[-30.0, 0.3]], dtype=torch.float64)
+    _, log_prob = squash(u, torch.zeros(1, dtype=torch.float64), LOW, HIGH)
+    expected = -(math.log(2) + math.log(4) - 60) - (
+        math.log(0.5) + math.log(1 - math.tanh(0.3) ** 2)
+    )
+    torch.testing.assert_close(log_prob, torch.tensor([expected], dtype=torch.float64))
+
+
+def test_gaussian_policy_density_and_gradients():
+    policy = GaussianPolicy(3, 2, (16,)).double()
+    obs = torch.randn(7, 3, dtype=torch.float64)
+    u, log_prob = policy.sample_and_log_prob(obs)
+    mu, log_sigma = policy._params(obs)
+    torch.testing.assert_close(log_prob, Normal(mu, log_sigma.exp()).log_prob(u).sum(-1))
+    assert torch.equal(policy.deterministic(obs), mu)
+    (u.sum() + log_prob.sum()).backward()
+    assert all(p.grad is not None for p in policy.parameters())
+
+
+@pytest.mark.parametrize("transformer", ["spline", "affine"])
+def test_flow_policy_log_prob_of_its_samples_is_exact(transformer):
+    torch.manual_seed(1)
+    policy = FlowPolicy(3, 2, (16, 16), layers=2, transformer=transformer).double()
+    for p in policy.parameters():  # leave the identity initialisation
+        p.data.normal_(0, 0.2)
+    obs = torch.randn(6, 3, dtype=torch.float64)
+    u, log_prob = policy.sample_and_log_prob(obs)
+    assert u.shape == (6, 2) and log_prob.shape == (6,)
+    # the density of the same points through the flow's slow (data-to-noise) direction
+    torch.testing.assert_close(log_prob, policy.flow.log_prob(u, context=obs))
+    (u.sum() + log_prob.sum()).backward()  # reparameterized: gradients reach every layer
+    assert all(p.grad is not None for p in policy.parameters())
+    assert policy.deterministic(obs).shape == (6, 2)
+
+
+def test_quick_command_on_pendulum(tmp_path):
+    pytest.importorskip("gymnasium")
+    from flowkit.cli import main
+
+    args = ["rl", "--quick", "--out", str(tmp_path), "--quiet"]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary) == {"gaussian", "iaf"}
+    for s in summary.values():
+        assert s["eval_steps"] == [150] and math.isfinite(s["final_return_mean"])
+        assert -2000 < s["final_return_mean"] <= 0  # Pendulum's rewards are in [-16.3, 0]
+    run = json.loads((tmp_path / "iaf-seed0.json").read_text())
+    assert run["config"]["flow_transformer"] == "spline" and run["config"]["steps"] == 150
+    assert main([*args, "--resume"]) == 0  # finished runs are read back, not rerun
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
