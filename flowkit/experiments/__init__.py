@@ -1,0 +1,1 @@
+"""Experiments behind the ``flowkit`` CLI subcommands."""

@@ -1,0 +1,422 @@
+"""Binarized MNIST with a :class:`~flowkit.distributions.discrete.BernoulliMADE`.
+
+The code of two CLI subcommands lives here:
+
+* ``flowkit mnist`` (:func:`add_arguments`, :func:`run`) trains a model and writes to
+  ``--out``: ``checkpoint.pt`` (every epoch, atomically; ``--resume`` continues from it),
+  ``model.pt`` (best weights, readable by :func:`flowkit.load_model`), ``samples.png`` (100
+  samples), ``curves.png`` (learning curves) and ``log.txt``; the CLI adds ``metrics.json``.
+* ``flowkit mnist-eval`` (:func:`add_eval_arguments`, :func:`run_eval`, registered through
+  :mod:`flowkit.experiments.mnist_eval`) scores a saved model on a split and prints the mean
+  NLL with its standard error, for mask set 0 and for a mask ensemble.
+
+The CLI adds ``--device``, ``--seed``, ``--out`` and ``--quiet`` to both.
+
+NLLs are in nats per image: the mean over the split of ``-log p(x)``, with standard error
+``std / sqrt(n)``.
+
+Training schedule: Adam on mini-batches, one optimizer step per batch, then
+``model.next_mask()`` (order/connectivity-agnostic training cycles the mask sets
+``0, 1, ..., K-1, 0, ...``, one per step); after each epoch the validation NLL of mask set 0
+decides the best weights (and early stopping with ``--patience``). Epoch ``e`` visits the
+training images in an order drawn from a generator seeded by ``(seed, e)``, so a run resumed
+from an epoch's checkpoint continues exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from flowkit.checkpoint import (
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    atomic_save,
+    load_model,
+    model_entry,
+    safe_load,
+    save_model,
+)
+from flowkit.data.mnist import binarized_mnist, load_split_file
+from flowkit.distributions.discrete import BernoulliMADE
+
+__all__ = ["add_arguments", "run", "add_eval_arguments", "run_eval", "evaluate", "nll_stats"]
+
+CHECKPOINT = "checkpoint.pt"
+
+# Settings that a resumed run must share with the run it continues.
+_FIXED_ON_RESUME = (
+    "hidden", "masks", "order", "residual", "direct", "seed", "batch_size", "lr", "schedule",
+    "weight_decay", "subset", "data",
+)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(
+    model: BernoulliMADE, x: Tensor, mask_ensemble: int | None = None, batch_size: int = 1000
+) -> Tensor:
+    """Per-image NLL ``-log p(x)`` in nats, ``(N,)`` float64, computed in batches.
+
+    Args:
+        model: the model (scored with its active mask set when ``mask_ensemble`` is None).
+        x: ``(N, 784)`` images of 0s and 1s (any dtype ``log_prob`` accepts).
+        mask_ensemble: ``None`` or ``K``: see :meth:`BernoulliMADE.log_prob`.
+        batch_size: images per pass.
+    """
+    device = next(model.parameters()).device
+    return torch.cat([
+        -model.log_prob(x[i : i + batch_size].to(device), mask_ensemble).double().cpu()
+        for i in range(0, x.shape[0], batch_size)
+    ])
+
+
+def nll_stats(nll: Tensor) -> tuple[float, float]:
+    """Mean and standard error ``std / sqrt(n)`` of per-image NLLs."""
+    n = nll.numel()
+    se = nll.std().item() / math.sqrt(n) if n > 1 else float("nan")
+    return nll.mean().item(), se
+
+
+def _score(
+    model: BernoulliMADE, x: Tensor, ensemble: int, batch_size: int = 1000
+) -> dict[str, Any]:
+    """Single-mask (set 0) and, if ``ensemble > 1``, ensemble NLL of ``x``."""
+    result: dict[str, Any] = {"images": int(x.shape[0])}
+    with model.made.mask_set(0):
+        result["nll"], result["nll_se"] = nll_stats(evaluate(model, x, None, batch_size))
+    if ensemble > 1:
+        nll = evaluate(model, x, ensemble, batch_size)
+        result["ensemble"] = ensemble
+        result["ensemble_nll"], result["ensemble_nll_se"] = nll_stats(nll)
+    return result
+
+
+def _describe(name: str, r: dict[str, Any]) -> str:
+    text = f"{name} ({r['images']} images): NLL {r['nll']:.2f} ± {r['nll_se']:.2f} nats (mask 0)"
+    if "ensemble" in r:
+        text += (
+            f", {r['ensemble_nll']:.2f} ± {r['ensemble_nll_se']:.2f} nats "
+            f"(ensemble of {r['ensemble']} masks)"
+        )
+    return text
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def save_sample_grid(x: Tensor, path: str | Path, rows: int = 10) -> None:
+    """Save images ``(rows * cols, 784)`` as a grid PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = x.shape[0] // rows
+    grid = x[: rows * cols].reshape(rows, cols, 28, 28).permute(0, 2, 1, 3).reshape(
+        rows * 28, cols * 28
+    )
+    fig, ax = plt.subplots(figsize=(cols * 0.6, rows * 0.6))
+    ax.imshow(grid.cpu().float().numpy(), cmap="gray_r", interpolation="nearest")
+    ax.set_axis_off()
+    fig.savefig(path, bbox_inches="tight", dpi=100)
+    plt.close(fig)
+
+
+def save_learning_curves(history: dict[str, list], path: str | Path, title: str = "") -> None:
+    """Save train and validation NLL per epoch as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(history["epoch"], history["train_nll"], label="train (mean over epoch)")
+    ax.plot(history["epoch"], history["valid_nll"], label="valid (mask 0)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("NLL (nats per image)")
+    if history["valid_nll"]:
+        best = min(history["valid_nll"])
+        ax.set_ylim(best - 5, best + 25)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, bbox_inches="tight", dpi=100)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flowkit mnist`` (train a Bernoulli-MADE on binarized MNIST)."""
+    data = parser.add_argument_group("data")
+    data.add_argument("--root", default=None,
+                      help="data directory for flowkit.data.binarized_mnist (default: "
+                           "$FLOWKIT_DATA, else ~/.cache/flowkit)")
+    data.add_argument("--data", default=None,
+                      help="an .npz file with arrays 'train' and 'valid' (instead of --root)")
+    data.add_argument("--no-download", action="store_true", help="never download the data")
+    data.add_argument("--subset", type=int, default=None,
+                      help="use only the first N training and validation images (quick runs)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--hidden", type=int, nargs="+", default=[500],
+                       help="hidden layer sizes (default: 500)")
+    model.add_argument("--masks", type=int, default=1,
+                       help="number of mask sets, cycled one per training step (default: 1)")
+    model.add_argument("--order", choices=["natural", "random"], default="natural",
+                       help="'random': a new ordering per mask set (default: natural)")
+    model.add_argument("--residual", action="store_true", help="residual masked blocks")
+    model.add_argument("--direct", action="store_true",
+                       help="direct masked connections from the inputs to the logits")
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=int, default=100)
+    train.add_argument("--batch-size", type=int, default=100)
+    train.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    train.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                       help="learning-rate schedule over the steps of the run")
+    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    train.add_argument("--patience", type=int, default=None,
+                       help="stop after this many epochs without a better validation NLL")
+    train.add_argument("--ensemble", type=int, default=None,
+                       help="mask sets in the final ensemble score (default: --masks)")
+    run_ = parser.add_argument_group("run")
+    run_.add_argument("--resume", action="store_true",
+                      help=f"continue from OUT/{CHECKPOINT} (same settings; --epochs may grow "
+                           "with the constant schedule)")
+    run_.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _load_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
+    if args.data is not None:
+        x_train, x_valid = load_split_file(args.data, "train"), load_split_file(args.data, "valid")
+    else:
+        download = not args.no_download
+        x_train = binarized_mnist("train", root=args.root, download=download)
+        x_valid = binarized_mnist("valid", root=args.root, download=download)
+    if args.subset is not None:
+        x_train, x_valid = x_train[: args.subset], x_valid[: args.subset]
+    return x_train, x_valid
+
+
+def _build(args: argparse.Namespace) -> BernoulliMADE:
+    return BernoulliMADE(
+        784, hidden_features=args.hidden, num_masks=args.masks, order=args.order,
+        residual=args.residual, direct_connection=args.direct, seed=args.seed,
+    )
+
+
+def _optimizer(model: BernoulliMADE, args: argparse.Namespace, steps: int):
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    sched = (
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+        if args.schedule == "cosine" else None
+    )
+    return opt, sched
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON-able options of the run (what the CLI adds besides them is left out)."""
+    plain = (str, int, float, bool, list, type(None))
+    return {k: v for k, v in vars(args).items() if isinstance(v, plain)}
+
+
+def _check_resume(saved: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
+    now = _settings(args)
+    fixed = _FIXED_ON_RESUME + (("epochs",) if args.schedule != "constant" else ())
+    for key in fixed:
+        if saved.get(key) != now.get(key):
+            raise ValueError(
+                f"--resume: '{key}' is {now.get(key)!r} but the run in '{path}' used "
+                f"{saved.get(key)!r}; pass the same settings or pick another --out"
+            )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Train a Bernoulli-MADE on binarized MNIST (see the module docstring).
+
+    ``args`` holds the options of :func:`add_arguments` and the CLI's common ``device``,
+    ``seed``, ``out`` and ``quiet``. Returns the metrics (validation NLLs, times, settings).
+    """
+    from tqdm.auto import tqdm
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # masked-out weights decay into denormals, slow on x86
+    device = _device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / CHECKPOINT
+    if ckpt_path.exists() and not args.resume:
+        raise ValueError(
+            f"'{ckpt_path}' exists: pass --resume to continue that run, or pick another --out"
+        )
+    x_train, x_valid = _load_data(args)
+    x_train, x_valid = x_train.to(device), x_valid.to(device)
+    torch.manual_seed(args.seed)  # the weight initialization
+    model = _build(args).to(device)
+    steps_per_epoch = x_train.shape[0] // args.batch_size
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"'--batch-size' ({args.batch_size}) is larger than the training set "
+            f"({x_train.shape[0]} images)"
+        )
+    opt, sched = _optimizer(model, args, args.epochs * steps_per_epoch)
+    history: dict[str, list] = {
+        "epoch": [], "train_nll": [], "valid_nll": [], "train_seconds": [], "valid_seconds": []
+    }
+    best: dict[str, Any] = {"epoch": 0, "nll": math.inf, "state_dict": None}
+    start = 0
+    if args.resume and ckpt_path.exists():
+        ckpt = safe_load(ckpt_path, map_location=device)
+        _check_resume(ckpt["settings"], args, ckpt_path)
+        model.load_state_dict(ckpt["model"]["state_dict"])
+        opt.load_state_dict(ckpt["optimizer"])
+        if sched is not None:
+            sched.load_state_dict(ckpt["scheduler"])
+        history, best, start = ckpt["history"], ckpt["best"], ckpt["epoch"]
+    log = open(out / "log.txt", "a")  # noqa: SIM115 (closed in finally)
+
+    def say(text: str) -> None:
+        tqdm.write(text)
+        log.write(text + "\n")
+        log.flush()
+
+    say(f"{'resuming at' if start else 'starting'} epoch {start + 1}/{args.epochs}: "
+        f"{x_train.shape[0]} train / {x_valid.shape[0]} valid images on {device}, "
+        f"{torch.get_num_threads()} threads; {model.config['kwargs']}")
+    try:
+        for epoch in range(start + 1, args.epochs + 1):
+            if args.patience is not None and epoch - best["epoch"] > args.patience:
+                say(f"early stop: no better validation NLL since epoch {best['epoch']}")
+                break
+            model.train()
+            generator = torch.Generator().manual_seed(args.seed * 100_003 + epoch)
+            perm = torch.randperm(x_train.shape[0], generator=generator).to(device)
+            total = torch.zeros((), device=device, dtype=torch.float64)
+            t0 = time.perf_counter()
+            bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{args.epochs}",
+                       disable=args.quiet, leave=False, dynamic_ncols=True)
+            for i in bar:
+                batch = x_train[perm[i * args.batch_size : (i + 1) * args.batch_size]]
+                loss = -model.log_prob(batch).mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if sched is not None:
+                    sched.step()
+                model.next_mask()
+                total += loss.detach()
+                if i % 50 == 0:
+                    bar.set_postfix(nll=f"{loss.item():.2f}", refresh=False)
+            train_nll = (total / steps_per_epoch).item()
+            if not math.isfinite(train_nll):
+                raise FloatingPointError(
+                    f"the training NLL is {train_nll} in epoch {epoch}; lower --lr (now "
+                    f"{args.lr:g}) and --resume from the last checkpoint"
+                )
+            t1 = time.perf_counter()
+            model.eval()
+            with model.made.mask_set(0):
+                valid_nll = evaluate(model, x_valid).mean().item()
+            t2 = time.perf_counter()
+            for key, value in zip(history, (epoch, train_nll, valid_nll, t1 - t0, t2 - t1),
+                                  strict=True):
+                history[key].append(value)
+            if valid_nll < best["nll"]:
+                best = {"epoch": epoch, "nll": valid_nll,
+                        "state_dict": copy.deepcopy(model.state_dict())}
+            say(f"epoch {epoch}: train {train_nll:.3f}, valid {valid_nll:.3f} nats "
+                f"(best {best['nll']:.3f} at {best['epoch']}); {t1 - t0:.1f} s train, "
+                f"{t2 - t1:.1f} s valid")
+            atomic_save({
+                FORMAT_KEY: FORMAT_VERSION, "kind": "training", "model": model_entry(model),
+                "optimizer": opt.state_dict(),
+                "scheduler": None if sched is None else sched.state_dict(),
+                "epoch": epoch, "history": history, "best": best, "settings": _settings(args),
+            }, ckpt_path)
+            save_learning_curves(history, out / "curves.png", title=str(model.config["kwargs"]))
+
+        if best["state_dict"] is not None:
+            model.load_state_dict(best["state_dict"])
+        model.set_mask(0)
+        model.eval()
+        save_model(model, out / "model.pt")
+        ensemble = args.ensemble or args.masks
+        t0 = time.perf_counter()
+        valid = _score(model, x_valid, ensemble)
+        eval_seconds = time.perf_counter() - t0
+        say(_describe("valid", valid) + f"; best epoch {best['epoch']}")
+        samples = model.sample(100, generator=torch.Generator(device).manual_seed(args.seed))
+        save_sample_grid(samples, out / "samples.png")
+        train_times = history["train_seconds"]
+        return {
+            "config": model.config,
+            "settings": _settings(args),
+            "epochs_run": len(history["epoch"]),
+            "best_epoch": best["epoch"],
+            "valid": valid,
+            "seconds_per_epoch": sum(train_times) / max(len(train_times), 1),
+            "train_seconds": sum(train_times),
+            "total_seconds": sum(train_times) + sum(history["valid_seconds"]) + eval_seconds,
+            "threads": torch.get_num_threads(),
+            "device": str(device),
+        }
+    finally:
+        log.close()
+
+
+# ----------------------------------------------------------------------------- evaluation CLI
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flowkit mnist-eval`` (score a saved model on a split file)."""
+    parser.add_argument("model", help="model.pt or checkpoint.pt written by 'flowkit mnist'")
+    parser.add_argument("--file", default=None,
+                        help="an .npz (with --key) or .amat split file; default: --split")
+    parser.add_argument("--key", default=None, help="array name in an .npz --file")
+    parser.add_argument("--split", choices=["train", "valid", "test"], default="valid",
+                        help="standard split via flowkit.data.binarized_mnist (default: valid)")
+    parser.add_argument("--root", default=None, help="data directory for --split")
+    parser.add_argument("--no-download", action="store_true", help="never download the data")
+    parser.add_argument("--ensemble", type=int, default=None,
+                        help="mask sets in the ensemble score (default: all of the model's)")
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+
+
+def run_eval(args: argparse.Namespace) -> dict[str, Any]:
+    """Print (and return) the mean NLL ± standard error of a saved model on a split."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    model = load_model(args.model, map_location=_device(args.device))
+    if not isinstance(model, BernoulliMADE):
+        raise ValueError(f"'{args.model}' holds a {type(model).__name__}, not a BernoulliMADE")
+    if args.file is not None:
+        x, name = load_split_file(args.file, args.key), f"{args.file}" + (
+            f"[{args.key}]" if args.key else "")
+    else:
+        x = binarized_mnist(args.split, root=args.root, download=not args.no_download)
+        name = args.split
+    ensemble = args.ensemble or model.num_masks
+    t0 = time.perf_counter()
+    result = _score(model, x, ensemble, args.batch_size)
+    result["seconds"] = time.perf_counter() - t0
+    print(_describe(name, result))
+    return result
