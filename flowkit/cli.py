@@ -55,6 +55,11 @@ COMMANDS: list[tuple[str, str, str]] = [
     ),
     ("vae", "flowkit.experiments.vae", "VAE on binarized MNIST: Gaussian vs IAF posterior"),
     ("rl", "flowkit.experiments.rl", "SAC on Pendulum-v1: conditional IAF vs Gaussian policy"),
+    (
+        "sklearn-compare",
+        "flowkit.experiments.sklearn_compare",
+        "test log-likelihood of a MAF vs GaussianMixture and KernelDensity (toy, digits)",
+    ),
 ]
 """Subcommands as ``(name, module, one-line summary)``; see "Adding a subcommand" above."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+from flowkit.cli import main
+from flowkit.experiments.sklearn_compare import load_dataset
 from flowkit.sklearn import FlowDensity
 
 
@@ -156,3 +160,25 @@ def test_grid_search_and_pipeline():
 def test_bad_parameters(options, message):
     with pytest.raises(ValueError, match=message):
         _small(**options).fit(_data(20))
+
+
+def test_load_dataset():
+    train, test, exact = load_dataset("digits", 0, 0, digits_test=500, seed=0)
+    assert train.shape == (1297, 64) and test.shape == (500, 64)
+    assert np.all(train >= 0) and np.all(train < 17) and len(np.unique(train)) > 1000
+    train, test, exact = load_dataset("8gaussians", 100, 50, digits_test=500, seed=0)
+    assert train.shape == (100, 2) and test.shape == (50, 2) and np.isfinite(exact)
+    assert load_dataset("moons", 100, 50, digits_test=500, seed=0)[2] is None
+
+
+def test_compare_command(tmp_path):
+    argv = ["sklearn-compare", "--datasets", "moons", "--n-train", "200", "--n-test", "100",
+            "--epochs", "2", "--hidden", "16", "--layers", "2", "--out", str(tmp_path), "--quiet"]
+    assert main(argv) == 0
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    moons = record["metrics"]["results"]["moons"]
+    for model in ("gmm", "kde", "maf"):
+        assert np.isfinite(moons[model]["test_log_likelihood"]) and moons[model]["stderr"] > 0
+    table = (tmp_path / "table.md").read_text()
+    assert table.startswith("| dataset | D | gmm | kde | maf | exact |")
+    assert "| moons | 2 |" in table
