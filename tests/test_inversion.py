@@ -1,0 +1,285 @@
+"""The incremental solver equals the naive D-pass solver; MaskedLinear's cache stays correct."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowkit import IAF, MADE, MAF
+from flowkit.nn import inversion
+from flowkit.nn.inversion import OneHot, solve, solve_naive, solve_with_params
+from flowkit.transforms import autoregressive
+from flowkit.validation import validate_values
+
+torch_f64 = dict(dtype=torch.float64)
+
+
+@st.composite
+def made_configs(draw):
+    features = draw(st.integers(1, 7))
+    residual = draw(st.booleans())
+    if residual:
+        hidden = (draw(st.integers(1, 24)),) * draw(st.integers(1, 3))
+    else:
+        hidden = tuple(draw(st.lists(st.integers(1, 24), min_size=0, max_size=3)))
+    num_masks = draw(st.integers(1, 3))
+    return dict(
+        features=features,
+        hidden_features=hidden,
+        params_per_feature=draw(st.integers(1, 3)),
+        context_features=draw(st.integers(0, 2)),
+        order="random" if num_masks > 1 else draw(st.sampled_from(["natural", "reversed",
+                                                                    "random"])),
+        hidden_degrees=draw(st.sampled_from(["random", "even"])),
+        num_masks=num_masks,
+        direct_connection=draw(st.booleans()),
+        residual=residual,
+        seed=draw(st.integers(0, 1000)),
+    ), draw(st.integers(0, num_masks - 1))
+
+
+def _made(config: dict, mask: int = 0) -> MADE:
+    made = MADE(**config).double()
+    made.set_mask(mask)
+    with torch.no_grad():
+        for layer in [*made.hidden, made.output]:
+            layer.bias.normal_(0, 0.5)
+        made.output.weight.normal_(0, 0.5)  # make every allowed path non-zero
+    return made
+
+
+def _problem(made: MADE, n: int = 5, seed: int = 0):
+    """Noise, context and an affine-like step (bounded scale, so values stay O(1))."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, made.features, generator=g, **torch_f64)
+    c = made.context_features
+    context = torch.randn(n, c, generator=g, **torch_f64) if c else None
+
+    def step(params, index):
+        return z[:, index] * torch.exp(torch.tanh(params[..., -1])) + params[..., 0]
+
+    return z, context, step
+
+
+@settings(max_examples=50, deadline=None)
+@given(made_configs(), st.booleans())
+def test_equals_naive_for_random_shapes_orderings_and_mask_sets(config, tracked):
+    config, mask = config
+    made = _made(config, mask)
+    z, context, step = _problem(made)
+    with torch.set_grad_enabled(tracked):
+        expected = solve_naive(made, step, z, context)
+        y, params = solve_with_params(made, step, z, context)
+        torch.testing.assert_close(y, expected, rtol=0, atol=1e-10)
+        torch.testing.assert_close(params, made(y, context), rtol=0, atol=1e-10)
+
+
+@settings(max_examples=10, deadline=None)
+@given(made_configs())
+def test_gradients_equal_the_naive_solvers(config):
+    config, mask = config
+    made = _made(config, mask)
+    z, context, step = _problem(made)
+    z.requires_grad_()
+    if context is not None:
+        context.requires_grad_()
+    inputs = [z, *made.parameters(), *([] if context is None else [context])]
+
+    def grads(solver):
+        loss = solver(made, step, z, context).sin().sum()
+        return torch.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True)
+
+    for got, expected in zip(grads(solve), grads(solve_naive), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "hidden, per, pushes",
+    [((64, 64), 1, {1}), ((48, 4), 1, {0}), ((8, 8), 3, set()), ((40, 40, 40), 1, {2})],
+    ids=["push-to-output", "push-to-narrow-layer", "pull-only", "deep"],
+)
+def test_pull_and_push_connections_are_both_exact(hidden, per, pushes):
+    made = _made(dict(features=6, hidden_features=hidden, params_per_feature=per, seed=3))
+    z, _, step = _problem(made)
+    program = inversion._program(made, inversion._layout(made), one_hot=False)
+    assert {s for s in range(len(hidden)) if s + 1 in program.accumulated} == pushes
+    torch.testing.assert_close(solve(made, step, z), solve_naive(made, step, z), rtol=0,
+                               atol=1e-10)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("hidden", [(), (12,), (10, 10)])
+def test_one_hot_inputs_gather_one_weight_row_per_feature(hidden, direct):
+    classes = 4
+    made = MADE(5, hidden, params_per_feature=classes, inputs_per_feature=classes,
+                context_features=2, order="random", direct_connection=direct, seed=1).double()
+    torch.nn.init.normal_(made.output.weight)
+    g = torch.Generator().manual_seed(0)
+    gumbel = -torch.log(-torch.log(torch.rand(6, 5, classes, generator=g, **torch_f64)))
+    context = torch.randn(6, 2, generator=g, **torch_f64)
+
+    def step(params, index):
+        return (params + gumbel[:, index]).argmax(-1)
+
+    like = torch.zeros(6, 5, dtype=torch.long)
+    expected = solve_naive(made, step, like, context, OneHot(classes, torch.float64))
+    for encode in [OneHot(classes, torch.float64),
+                   lambda y: torch.nn.functional.one_hot(y, classes).double()]:
+        with torch.no_grad():
+            assert torch.equal(solve(made, step, like, context, encode), expected)
+        assert torch.equal(solve(made, step, like, context, encode), expected)
+
+
+def test_bernoulli_samples_are_identical_in_float32():
+    made = MADE(30, (64, 64), params_per_feature=1, order="random", seed=2)
+    torch.nn.init.normal_(made.output.weight)
+    u = torch.rand(20, 30, generator=torch.Generator().manual_seed(0))
+
+    def step(params, index):
+        return (u[:, index] < torch.sigmoid(params[..., 0])).float()
+
+    with torch.no_grad():
+        assert torch.equal(solve(made, step, u), solve_naive(made, step, u))
+
+
+def test_frozen_made_under_autograd_differentiates_the_noise():
+    made = _made(dict(features=4, hidden_features=(16, 16), params_per_feature=2))
+    made.requires_grad_(False)
+    z, _, step = _problem(made)
+    z.requires_grad_()
+    (got,) = torch.autograd.grad(solve(made, step, z).sum(), z)
+    (expected,) = torch.autograd.grad(solve_naive(made, step, z).sum(), z)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+@pytest.fixture
+def naive_layers(monkeypatch):
+    """Make the flow layers use the reference solver."""
+
+    def use_naive():
+        monkeypatch.setattr(autoregressive, "solve", solve_naive)
+
+    return use_naive
+
+
+@pytest.mark.parametrize("transformer", ["affine", "spline"])
+@pytest.mark.parametrize("builder", [MAF, IAF])
+def test_flow_layers_match_the_naive_solver(builder, transformer, naive_layers):
+    flow = builder(3, layers=2, hidden_features=(8, 8), context_features=2,
+                   transformer=transformer, residual=True, seed=1).double()
+    for layer in flow.transform.transforms[::2]:
+        torch.nn.init.normal_(layer.made.output.weight, std=0.3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, generator=g, **torch_f64)
+    context = torch.randn(4, 2, generator=g, **torch_f64)
+
+    def run():
+        torch.manual_seed(0)
+        sample = flow.rsample(context=context)
+        loss = sample.square().sum() + flow.log_prob(x, context).sum()
+        return loss, torch.autograd.grad(loss, list(flow.parameters()), allow_unused=True,
+                                         materialize_grads=True)
+
+    loss, grads = run()
+    naive_layers()
+    expected_loss, expected_grads = run()
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-10)
+    for got, expected in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_maf_sample_round_trips_in_float32():
+    flow = MAF(6, layers=2, hidden_features=(16, 16), transformer="spline")
+    for layer in flow.transform.transforms[::2]:
+        torch.nn.init.normal_(layer.made.output.weight, std=0.1)
+    with torch.no_grad(), validate_values(False):
+        x = flow.sample(16)
+        z, _ = flow.transform(x)
+        torch.testing.assert_close(flow.transform.inverse(z)[0], x, rtol=1e-4, atol=1e-4)
+
+
+def test_cached_program_follows_optimizer_steps_and_mask_changes():
+    made = MADE(5, (16, 16), params_per_feature=2, num_masks=2, order="random", seed=4)
+    z = torch.randn(3, 5)
+
+    def step(params, index):
+        return z[:, index] * torch.exp(torch.tanh(params[..., 1])) + params[..., 0]
+
+    def check():
+        with torch.no_grad():
+            torch.testing.assert_close(solve(made, step, z), solve_naive(made, step, z))
+
+    check()
+    optimizer = torch.optim.Adam(made.parameters(), lr=0.1, fused=True)
+    made(z).square().sum().backward()
+    optimizer.step()  # fused: updates the weights without bumping their version counters
+    check()
+    made.set_mask(1)
+    check()
+    other = MADE(5, (16, 16), params_per_feature=2, num_masks=2, order="random", seed=5)
+    made.load_state_dict(other.state_dict())
+    check()
+
+
+class TestMaskedLinearCache:
+    def layer(self):
+        made = MADE(4, (8,), params_per_feature=1)
+        return made.hidden[0], torch.randn(3, 4)
+
+    def test_reused_without_gradients_and_dropped_with_them(self):
+        layer, x = self.layer()
+        with torch.no_grad():
+            first = layer.masked_weight()
+            assert layer.masked_weight() is first
+        assert layer.masked_weight().requires_grad and layer._cache is None
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            lambda layer: torch.nn.init.normal_(layer.weight),
+            lambda layer: layer.set_mask(torch.ones_like(layer.mask)),
+            lambda layer: layer.load_state_dict(
+                {k: v + 1 for k, v in layer.state_dict().items()}),
+            lambda layer: torch.optim.SGD(layer.parameters(), lr=1.0).step(),
+            lambda layer: torch.optim.Adam(layer.parameters(), fused=True).step(),
+        ],
+        ids=["init", "set_mask", "load_state_dict", "sgd", "fused-adam"],
+    )
+    def test_any_change_invalidates_it(self, change):
+        layer, x = self.layer()
+        for p in layer.parameters():
+            p.grad = torch.ones_like(p)
+        with torch.no_grad():
+            layer(x)
+            change(layer)
+            torch.testing.assert_close(layer(x), x @ (layer.weight * layer.mask).T + layer.bias)
+
+    def test_moves_with_dtype_and_stays_out_of_copies(self):
+        layer, x = self.layer()
+        with torch.no_grad():
+            layer(x)
+            assert layer._cache is not None
+            assert copy.deepcopy(layer)._cache is None
+            assert pickle.loads(pickle.dumps(layer))._cache is None
+            layer.double()
+            assert layer(x.double()).dtype == torch.float64
+
+    def test_writes_through_data_need_clear_cache(self):
+        layer, x = self.layer()
+        with torch.no_grad():
+            layer(x)
+            layer.weight.data.mul_(2)
+            layer.clear_cache()
+            torch.testing.assert_close(layer(x), x @ (layer.weight * layer.mask).T + layer.bias)
+
+    def test_inference_mode_product_is_not_used_under_autograd(self):
+        layer, x = self.layer()
+        layer.requires_grad_(False)
+        with torch.inference_mode():
+            layer(x)
+        x.requires_grad_()
+        layer(x).sum().backward()  # would fail on an inference tensor saved for backward
+        assert x.grad is not None
