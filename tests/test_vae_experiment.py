@@ -92,13 +92,13 @@ def test_bad_arguments_are_named():
 
 
 def test_quick_command_runs_and_resumes(tmp_path, monkeypatch):
-    import flowkit.data.mnist
+    import flowkit.experiments.vae
     from flowkit.cli import main
 
     g = torch.Generator().manual_seed(0)
     fake = {s: torch.randint(0, 2, (n, 784), generator=g, dtype=torch.uint8)
             for s, n in [("train", 400), ("valid", 150)]}
-    monkeypatch.setattr(flowkit.data.mnist, "binarized_mnist", lambda split, **kw: fake[split])
+    monkeypatch.setattr(flowkit.experiments.vae, "binarized_mnist", lambda split, **kw: fake[split])
     args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
             "--hidden", "32", "--flow-hidden", "32", "--context", "8", "--latent", "4"]
     assert main(args) == 0

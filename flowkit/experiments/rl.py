@@ -47,8 +47,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from flowkit.flows.builders import IAF
+from flowkit.train import resolve_device
 
 __all__ = [
     "FlowPolicy",
@@ -289,10 +291,7 @@ def train_sac(
         ``{"eval_steps": [...], "eval_returns": [...], "episode_returns": [...],
         "final_return": float, "wall_seconds": float, "config": dict, "seed": int}``.
     """
-    import gymnasium as gym
-    from tqdm.auto import tqdm
-
-    from flowkit.train import resolve_device
+    import gymnasium as gym  # the optional 'rl' extra
 
     device = resolve_device(device)
     torch.manual_seed(seed)

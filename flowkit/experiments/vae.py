@@ -50,8 +50,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from flowkit.checkpoint import FORMAT_KEY, FORMAT_VERSION, atomic_save, safe_load
+from flowkit.data.mnist import binarized_mnist
 from flowkit.distributions.normal import StandardNormal
 from flowkit.flows.builders import IAF, MAF
+from flowkit.train import History, fit, resolve_device
 
 __all__ = ["VAE", "VARIANTS", "add_arguments", "evaluate", "run", "train"]
 
@@ -221,11 +224,9 @@ def train(
     checkpoint_dir: str | Path | None = None,
     resume: bool = False,
     progress: bool = True,
-) -> Any:
+) -> History:
     """Maximise the ELBO with :func:`flowkit.train.fit` (Adam); returns its ``History``, whose
     losses are ``-ELBO`` in nats per image. A checkpoint is written after every epoch."""
-    from flowkit.train import fit
-
     steps_per_epoch = max(x_train.shape[0] // batch_size, 1)
     return fit(
         _ElboAsLogProb(vae),
@@ -293,8 +294,6 @@ def _scores(
 ) -> tuple[dict[str, Tensor], float]:
     """:func:`evaluate` with a cache: per-image scores and their run time are kept in ``path``
     and reused while the model weights, ``k`` and the images are the same."""
-    from flowkit.checkpoint import FORMAT_KEY, FORMAT_VERSION, atomic_save, safe_load
-
     key = {
         "k": k, "seed": seed, "images": int(x.shape[0]),
         "data": _fingerprint([x]), "weights": _fingerprint(vae.state_dict().values()),
@@ -357,8 +356,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
-    from flowkit.data.mnist import binarized_mnist
-
     x_train = binarized_mnist("train", root=args.root, download=False)
     x_valid = binarized_mnist("valid", root=args.root, download=False)
     if args.quick:
@@ -389,8 +386,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ``OUT/results.json`` and ``OUT/results.md``; returns ``{variant: metrics}`` (nats per
     image; ``nll`` is the ``L_k`` estimate of ``-log p(x)``, ``log_px_gain`` the paired mean
     improvement over the first variant on the same images)."""
-    from flowkit.train import resolve_device
-
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     epochs, k = (2, 20) if args.quick else (args.epochs, args.iw_samples)
