@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import tempfile
+import secrets
 import typing
 from pathlib import Path
 from typing import Any
@@ -51,15 +51,17 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # a fresh name in the same folder (os.replace is only atomic within a file system); "xb"
+    # refuses to reuse an existing file and, unlike mkstemp, gives the umask's permissions
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 

@@ -9,6 +9,7 @@ batch.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -100,9 +101,22 @@ def test_two_gloo_processes_match_one_process(tmp_path):
         __file__,
         str(tmp_path),
     ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    # own session, so that a hang can be ended with the workers and not only torchrun
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
     stderr = {p.parent.name: p.read_text() for p in logs.rglob("stderr.log")}
-    assert done.returncode == 0, done.stderr[-3000:] + "\n".join(stderr.values())[-3000:]
+    assert proc.returncode == 0, output[-3000:] + "\n".join(stderr.values())[-3000:]
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
 
     # every process sees its own half of the global batch

@@ -268,6 +268,16 @@ def test_resume_without_checkpoint_starts_fresh_and_finished_run_is_a_no_op(tmp_
     assert len(h.train_loss) == 6 and h.seed == 0
 
 
+def test_extending_a_run_needs_a_constant_learning_rate(tmp_path):
+    common = dict(batch_size=64, seed=0, checkpoint_dir=tmp_path, **QUIET)
+    fit(small_maf(), gaussian(256), steps=4, lr_schedule="cosine", **common)
+    with pytest.raises(ValueError, match="'steps' is 8 but .* run of 4 steps"):
+        fit(small_maf(), gaussian(256), steps=8, lr_schedule="cosine", resume=True, **common)
+    fit(small_maf(), gaussian(256), steps=4, **common)  # overwrites the checkpoint
+    h = fit(small_maf(), gaussian(256), steps=8, resume=True, **common)
+    assert len(h.train_loss) == 8
+
+
 def test_checkpoint_is_a_loadable_model(tmp_path):
     flow = small_maf()
     fit(flow, gaussian(256), steps=5, batch_size=64, seed=0, checkpoint_dir=tmp_path, **QUIET)
@@ -295,6 +305,16 @@ def test_resume_checks(tmp_path):
             small_maf(),
             lambda x: -x.square().sum(-1),
             steps=9,
+            checkpoint_dir=tmp_path,
+            resume=True,
+            **QUIET,
+        )
+    with pytest.raises(ValueError, match="weights that do not fit this model"):
+        fit(
+            flowkit.MAF(2, hidden_features=(8,), layers=2),
+            gaussian(256),
+            steps=9,
+            batch_size=64,
             checkpoint_dir=tmp_path,
             resume=True,
             **QUIET,
@@ -544,6 +564,33 @@ def test_cli_fit_on_a_npy_file_writes_checkpoint_metrics_and_figure(tmp_path):
     assert (out / "loss.png").stat().st_size > 0
     assert load_model(out / CHECKPOINT_NAME).features == 2
     assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 30
+
+
+def test_cli_fit_on_a_toy_dataset_reports_the_kl_estimate(tmp_path):
+    out = tmp_path / "toy"
+    code = cli.main(
+        [
+            "fit",
+            "--data",
+            "8gaussians",
+            "--steps",
+            "10",
+            "--valid-size",
+            "256",
+            "--hidden",
+            "8",
+            "--layers",
+            "1",
+            "--quiet",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert code == 0 and metrics["steps"] == 10
+    assert metrics["kl_estimate"] == pytest.approx(metrics["valid_nll"] - metrics["entropy"])
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):

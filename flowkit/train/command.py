@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics["kl_estimate"] = history.valid_loss[-1] - metrics["entropy"]
     if is_main_process():
         (args.out / "history.json").write_text(json.dumps(history.to_dict()) + "\n")
-        plot_losses(history, args.out / "loss.png")
+        plot_losses(history, args.out / "loss.png", entropy=metrics.get("entropy"))
     return metrics
 
 
@@ -187,8 +187,9 @@ def _file(path: Path, valid_fraction: float, seed: int) -> tuple[Any, Any, int]:
     return loaded[rows[n_valid:]], valid, loaded.shape[1]
 
 
-def plot_losses(history: History, path: Path) -> None:
-    """Training loss per step (faint) with its running mean, and validation losses."""
+def plot_losses(history: History, path: Path, entropy: float | None = None) -> None:
+    """Training loss per step (faint) with its running mean, validation losses and, when
+    known, the entropy of the data: the lowest reachable NLL, below the loss by KL(p || q)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 4), layout="constrained")
@@ -201,6 +202,8 @@ def plot_losses(history: History, path: Path) -> None:
         ax.plot(steps[window - 1 :], smooth, color="C0", label=f"train ({window}-step mean)")
     if history.valid_loss:
         ax.plot(history.valid_steps, history.valid_loss, "o-", color="C1", ms=3, label="valid")
+    if entropy is not None:
+        ax.axhline(entropy, color="k", ls="--", lw=1, label=f"entropy H(p) = {entropy:.3f}")
     ax.set_xlabel("step")
     ax.set_ylabel("negative log-likelihood (nats)" if history.objective == "nll" else "-ELBO")
     ax.legend()

@@ -72,7 +72,7 @@ def load_arrays(name: str, value: Any, device: torch.device, dtype: torch.dtype)
     """Validate and move an in-memory dataset ``x`` or ``(x, context)`` to ``device`` once."""
     x, c = split_pair(name, value)
     x = as_tensor(name, x, device, dtype)
-    if x.dim() != 2:
+    if x.dim() < 2:
         raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
     if x.shape[0] == 0:
         raise ValueError(f"'{name}' should have at least one row, got shape {tuple(x.shape)}")

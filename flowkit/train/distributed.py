@@ -3,10 +3,15 @@
 Under ``torchrun`` every process gets the environment variables ``WORLD_SIZE``, ``RANK`` and
 ``LOCAL_RANK``; :func:`setup` reads them and joins the process group (``nccl`` on CUDA, ``gloo``
 on CPU). Outside ``torchrun`` everything here is a no-op and training is single-process.
+
+The group is created once per process and kept for later ``fit`` calls; it is destroyed at
+exit. Destroying and re-creating it on ``torchrun``'s rendezvous store between two calls can
+race (a process may pick up the previous group's addresses) and hang.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +57,6 @@ class Dist:
 
     rank: int = 0
     world_size: int = 1
-    owns_group: bool = False  # True when flowkit called init_process_group and must tear down
 
     @property
     def enabled(self) -> bool:
@@ -106,20 +110,16 @@ class Dist:
             module, device_ids=[device.index] if device.type == "cuda" else None
         )
 
-    def teardown(self) -> None:
-        if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-
 
 def setup(device: torch.device) -> Dist:
     """Join the ``torchrun`` process group if there is one (``WORLD_SIZE`` > 1).
 
-    Uses an existing default group if the caller already initialised one; otherwise initialises
-    it with ``nccl`` for CUDA devices and ``gloo`` for CPU, reading the rendezvous address from
-    the environment as ``torchrun`` sets it.
+    Uses the default group if there is one (created by the caller or by an earlier call);
+    otherwise initialises it with ``nccl`` for CUDA devices and ``gloo`` for CPU, reading the
+    rendezvous address from the environment as ``torchrun`` sets it, and destroys it at exit.
     """
     if dist.is_available() and dist.is_initialized():
-        return Dist(dist.get_rank(), dist.get_world_size(), owns_group=False)
+        return Dist(dist.get_rank(), dist.get_world_size())
     world_size = _env_int("WORLD_SIZE", 1)
     if world_size <= 1:
         return Dist()
@@ -128,4 +128,10 @@ def setup(device: torch.device) -> Dist:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Dist(dist.get_rank(), dist.get_world_size(), owns_group=True)
+    atexit.register(_destroy_group)
+    return Dist(dist.get_rank(), dist.get_world_size())
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -10,11 +10,13 @@ Implementation notes:
   names the first bad step, and a checkpoint is only written after the losses since the previous
   one were checked, so the last checkpoint on disk is always a good one.
 * **Denormals.** On the CPU, :func:`session` calls ``torch.set_flush_denormal(True)`` (and sets it
-  back to ``False`` on exit). In a MADE the masked-out weights get no gradient from the loss but
-  keep being shrunk (Adam's moment decay, weight decay), so they drift into the subnormal range
-  (below ``1.2e-38`` in float32), where x86 arithmetic takes a slow microcode path; a reference
-  MADE trained 2.5x slower for this reason alone. Flushing subnormals to zero changes nothing
-  that matters: those weights are multiplied by zero masks.
+  back to ``False`` on exit). A weight that the current MADE mask hides gets a zero gradient. If it
+  had gradients before (another mask set in order- or connectivity-agnostic training), Adam's first
+  moment for it decays by ``beta1 = 0.9`` per step and enters the subnormal range (below
+  ``1.2e-38`` in float32) within several hundred steps; weight decay shrinks hidden weights the
+  same way. On many x86 CPUs arithmetic on subnormals takes a slow microcode path (the project's
+  reference MADE trained 2.5x slower). Flushing them to zero changes nothing that matters: these
+  values only ever meet zero masks.
 * **Resume.** A checkpoint holds everything the next step depends on: weights, optimizer and
   scheduler state, the step, every process's random state (torch CPU and GPU, numpy's global
   generator) and data position, the history and the early-stopping state. Restoring all of it
@@ -128,7 +130,6 @@ def session(
     finally:
         if flushing:
             torch.set_flush_denormal(False)
-        dist.teardown()
 
 
 def _check_resumable(ckpt: dict[str, Any], path: Path, dist: Dist, objective: str) -> None:
@@ -286,9 +287,21 @@ def train(
     history = History(objective=s.objective, seed=s.seed)
     if s.ckpt is not None:
         c = s.ckpt
-        model.load_state_dict(c["model"]["state_dict"])
+        try:
+            model.load_state_dict(c["model"]["state_dict"])
+        except RuntimeError as e:
+            raise CheckpointError(
+                f"'{s.path}' holds weights that do not fit this model (resume with the model it "
+                f"was written for): {str(e).splitlines()[0]}"
+            ) from e
         opt.load_state_dict(c["optimizer"])
         if sched is not None:
+            if c["total_steps"] != o.steps:
+                raise ValueError(
+                    f"'steps' is {o.steps} but '{s.path}' belongs to a run of {c['total_steps']} "
+                    "steps, and its learning-rate schedule was built for that length; resume "
+                    "with the same 'steps' (runs without lr_schedule can be extended)"
+                )
             sched.load_state_dict(c["scheduler"])
         if o.lr != c["lr"]:
             _rescale_lr(opt, sched, o.lr / c["lr"])
@@ -312,6 +325,7 @@ def train(
                     "optimizer": opt.state_dict(),
                     "scheduler": None if sched is None else sched.state_dict(),
                     "step": step,
+                    "total_steps": o.steps,
                     "seed": s.seed,
                     "lr": o.lr,
                     "world_size": s.dist.world_size,

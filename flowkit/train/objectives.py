@@ -59,7 +59,8 @@ def fit(
 
     Args:
         model: any ``nn.Module`` with ``log_prob(x) -> (N,)`` or ``log_prob(x, context) -> (N,)``
-            (flows, discrete MADE models, your own).
+            (flows, discrete MADE models, your own). If it has a ``features`` attribute, data must
+            have shape ``(N, features)``; otherwise any ``(N, ...)`` its ``log_prob`` accepts.
         data: the training data, one of
 
             * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` with
@@ -336,10 +337,10 @@ def _check_first_batch(
     model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data"
 ) -> None:
     """Fail before the first optimizer step if the data does not fit the model."""
-    if x.dim() != 2 or x.shape[0] == 0:
+    if x.dim() < 2 or x.shape[0] == 0:
         raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
     features = getattr(model, "features", None)
-    if features is not None and x.shape[1] != features:
+    if features is not None and (x.dim() != 2 or x.shape[1] != features):
         raise ValueError(
             f"'{name}' should have {features} features to match the model "
             f"(model.features={features}), got shape {tuple(x.shape)}"
