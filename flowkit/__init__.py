@@ -4,7 +4,7 @@ Direction convention: a transform's ``forward`` maps data to noise and returns
 ``log|det dz/dx|``; ``inverse`` maps noise to data. See ``docs/concepts.md``.
 """
 
-from flowkit.checkpoint import load_model, save_model
+from flowkit.checkpoint import CheckpointError, load_model, save_model
 from flowkit.distributions import (
     BernoulliMADE,
     CategoricalMADE,
@@ -14,20 +14,25 @@ from flowkit.distributions import (
 )
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.nn import MADE, MaskedLinear
+from flowkit.train import History, fit, fit_reverse_kl
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BernoulliMADE",
     "CategoricalMADE",
+    "CheckpointError",
     "DiagonalGaussian",
     "Flow",
     "FlowDistribution",
+    "History",
     "IAF",
     "MADE",
     "MAF",
     "MaskedLinear",
     "StandardNormal",
+    "fit",
+    "fit_reverse_kl",
     "load_model",
     "save_model",
 ]
