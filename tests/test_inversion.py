@@ -105,7 +105,7 @@ def test_pull_and_push_connections_are_both_exact(hidden, per, pushes):
     made = _made(dict(features=6, hidden_features=hidden, params_per_feature=per, seed=3))
     z, _, step = _problem(made)
     program = inversion._program(made, inversion._layout(made), one_hot=False)
-    assert {s for s in range(len(hidden)) if s + 1 in program.accumulated} == pushes
+    assert {b.stage for blocks in program.hidden for b in blocks if b.pushes} == pushes
     torch.testing.assert_close(solve(made, step, z), solve_naive(made, step, z), rtol=0,
                                atol=1e-10)
 
@@ -283,3 +283,4 @@ class TestMaskedLinearCache:
         x.requires_grad_()
         layer(x).sum().backward()  # would fail on an inference tensor saved for backward
         assert x.grad is not None
+

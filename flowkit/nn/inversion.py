@@ -37,8 +37,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
-from itertools import accumulate
-from typing import NamedTuple
+from itertools import accumulate, pairwise
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -151,46 +151,54 @@ def solve_with_params(
     # anything reads it), which autograd cannot know, so our own operations save tensors
     # through identity hooks, which skip its version check. The user's step runs outside.
     hooks = saved_tensors_hooks(_identity, _identity) if tracked else nullcontext()
-    rows = _Rows(tracked)
+    view = _Views(tracked)
 
-    # The state is stored units x batch, so that a block of units is a block of rows.
     # acc[stage]: pre-activations, started at the bias plus the context's contribution (the
-    # context reaches every unit), and summed into by pushes. buf[source]: values pulled from.
+    # context reaches every unit), summed into by pushes; buf[source]: values pulled from.
+    # Everything is used units x batch: a block of units is a block of rows and every product
+    # is (units x units) @ (units x batch). The inputs and the outputs are stored batch x units,
+    # as the user's step reads and writes them, and used through transposed views.
+    last = len(layout.hidden_counts)  # the output stage
     perms = [*layout.hidden_perms, layout.output_perm]
     acc = []
     for stage, layer in enumerate([*made.hidden, made.output]):
         a = layer.bias.index_select(0, perms[stage])[:, None]
         if context is not None and program.context[stage] is not None:
             a = torch.addmm(a, program.context[stage], context.t())
-        acc.append(a.expand(-1, n).contiguous() if stage in program.accumulated else a)
-    buf = {source: acc[-1].new_zeros(width, n) for source, width in program.sources}
-
-    def pre_activation(block: _Block) -> Tensor:
-        out = rows(acc[block.stage], block.start, block.end)
-        for source, length, weight in block.pulls:
-            out = torch.addmm(out, weight, rows(buf[source], 0, length))
-        return out
+        acc.append(a.expand(-1, n).contiguous() if stage < last else a.t().expand(n, -1))
+    outputs = acc[last].contiguous()  # batch x units
+    acc[last] = outputs.t()
+    buf = {s: acc[-1].new_zeros(w, n) for s, w in program.sources}
+    if not one_hot:
+        inputs = acc[-1].new_zeros(n, features * m)
+        buf[-1] = inputs.t()
+    input_starts = list(range(0, features * m + 1, m))
 
     def hidden_units(k: int) -> None:
         h = None
         for block in program.hidden[k]:
-            pre = pre_activation(block)
+            pre = view.block(acc[block.stage], program.starts[block.stage], k)
+            for source, length, weight in block.pulls:
+                pre = torch.addmm(pre, weight, view.rows(buf[source], length))
             h = pre + h if made.residual and block.stage > 0 else pre
             value = made.activation(h)
             if block.stage in buf:
-                rows(buf[block.stage], block.start, block.end).copy_(value)
+                view.block(buf[block.stage], program.starts[block.stage], k).copy_(value)
             for target, start, weight in block.pushes:
-                rows(acc[target], start, None).addmm_(weight, value)
+                view.rows(acc[target], start, after=True).addmm_(weight, value)
 
-    index = made.order.split(1)
     values, params = [], []
     with hooks:
         hidden_units(0)
     for k in range(1, features + 1):
         with hooks:
-            p = pre_activation(program.output[k - 1]).t().unsqueeze(1)
-            p = p.clone(memory_format=torch.contiguous_format)
-        y = step(p, index[k - 1])
+            block = program.output[k - 1]
+            p = view.block(acc[last], program.starts[last], k)
+            for source, length, weight in block.pulls:
+                p = torch.addmm(p, weight, view.rows(buf[source], length))
+            p = p.t() if block.pulls else view.block(outputs, program.starts[last], k, dim=1)
+            p = (p.clone() if tracked else p).unsqueeze(1)
+        y = step(p, layout.index[k - 1])
         values.append(y)
         params.append(p)
         if k == features:
@@ -200,9 +208,10 @@ def solve_with_params(
             if one_hot:
                 classes = y.reshape(-1).long()
                 for target, start, weight in program.inputs[k - 1]:
-                    rows(acc[target], start, None).add_(weight.index_select(0, classes).t())
+                    rows = weight.index_select(0, classes).t()
+                    view.rows(acc[target], start, after=True).add_(rows)
             else:
-                rows(buf[-1], (k - 1) * m, k * m).copy_(x.t())
+                view.block(inputs, input_starts, k - 1, dim=1).copy_(x)
             hidden_units(k)
     y = torch.cat(values, dim=1).index_select(1, layout.position)
     return y, torch.cat(params, dim=1).index_select(1, layout.position)
@@ -212,22 +221,34 @@ def _identity(t: Tensor) -> Tensor:
     return t
 
 
-class _Rows:
-    """``rows(t, start, end)`` is ``t[start:end]``. Without autograd each slice is made once
-    per call and reused; under autograd it is made anew at every use, since autograd forbids
-    writing through a view made before an in-place write to its base."""
+class _Views:
+    """Slices of the solver's state. Without autograd each is made once per call (the blocks
+    of a tensor by one ``split``) and reused; under autograd each is made anew at every use,
+    since autograd forbids writing through a view made before an in-place write to its base
+    (and through ``split``'s views at all)."""
 
     def __init__(self, tracked: bool):
-        self.cache: dict[tuple[int, int, int | None], Tensor] | None = None if tracked else {}
+        self.cache: dict[tuple, Any] | None = None if tracked else {}
 
-    def __call__(self, t: Tensor, start: int, end: int | None) -> Tensor:
+    def block(self, t: Tensor, starts: list[int], k: int, dim: int = 0) -> Tensor:
+        """``t[starts[k]:starts[k + 1]]`` along ``dim``; ``starts`` spans all of ``t``."""
         if self.cache is None:
-            return t[start:end]
-        key = (id(t), start, end)
-        view = self.cache.get(key)
-        if view is None:
-            view = self.cache[key] = t[start:end]
-        return view
+            return t.narrow(dim, starts[k], starts[k + 1] - starts[k])
+        blocks = self.cache.get((id(t), dim))
+        if blocks is None:
+            sizes = [b - a for a, b in pairwise(starts)]
+            blocks = self.cache[id(t), dim] = t.split(sizes, dim)
+        return blocks[k]
+
+    def rows(self, t: Tensor, index: int, after: bool = False) -> Tensor:
+        """``t[index:]`` if ``after`` else ``t[:index]``."""
+        if self.cache is None:
+            return t[index:] if after else t[:index]
+        key = (id(t), index, after)
+        v = self.cache.get(key)
+        if v is None:
+            v = self.cache[key] = t[index:] if after else t[:index]
+        return v
 
 
 class _Layout(NamedTuple):
@@ -238,6 +259,7 @@ class _Layout(NamedTuple):
     input_perm: Tensor  # (D m,): input columns, feature by feature in the ordering
     output_perm: Tensor  # (D P,): output rows, likewise
     position: Tensor  # (D,): position of each feature in the ordering
+    index: tuple[Tensor, ...]  # (1,) each: the feature at each position, as step gets it
     hidden_perms: list[Tensor]  # per hidden layer, its units sorted by degree
     hidden_counts: list[list[int]]  # per hidden layer, units of degree 0..D-1, then >= D
 
@@ -265,6 +287,7 @@ def _layout(made: MADE) -> _Layout:
         input_perm=_expand(order, made.inputs_per_feature),
         output_perm=_expand(order, made.params_per_feature),
         position=masks.input_degrees(order).to(order.device) - 1,
+        index=order.split(1),
         hidden_perms=[torch.argsort(d, stable=True) for d in degrees],
         hidden_counts=[
             torch.bincount(d.clamp_max(features), minlength=features + 1).tolist()
@@ -281,20 +304,19 @@ def _expand(order: Tensor, width: int) -> Tensor:
 
 
 Pull = tuple[int, int, Tensor]
-"""``(source, length, weight)``: add ``weight @ buf[source][:length]``; source ``-1`` is the
-inputs (in the ordering), ``l >= 0`` hidden layer ``l`` (sorted by degree)."""
+"""``(source, length, weight)``: add ``weight`` times the first ``length`` units of source
+``-1`` (the inputs, in the ordering) or ``l >= 0`` (hidden layer ``l``, sorted by degree)."""
 
 Push = tuple[int, int, Tensor]
-"""``(target, start, weight)``: add ``weight @ value`` to ``acc[target][start:]``."""
+"""``(target, start, weight)``: add ``weight`` times the block's values to the units of stage
+``target`` from ``start`` on."""
 
 
 class _Block(NamedTuple):
-    """The units of one stage that become final at one step: rows ``start:end`` of the stage
-    (hidden layers, then the output), computed from ``pulls`` and sent on by ``pushes``."""
+    """The units of one degree of one stage (hidden layers, then the output), which become
+    final together: computed from ``pulls`` and sent on by ``pushes``."""
 
     stage: int
-    start: int
-    end: int
     pulls: list[Pull]
     pushes: list[Push]
 
@@ -306,11 +328,11 @@ class _Program(NamedTuple):
     key: tuple
     products: list[Tensor]  # the masked weights it was built from
     context: list[Tensor | None]  # per stage, (out, C) weights of the context
-    accumulated: set[int]  # stages whose pre-activations receive pushes
-    sources: list[tuple[int, int]]  # (source, width) of the buffers that pulls read
+    starts: list[list[int]]  # per stage, its first unit of degree k = 0..D+1
+    sources: list[tuple[int, int]]  # (layer, width) of the hidden layers that pulls read
     hidden: list[list[_Block]]  # per degree k < D, the hidden units of degree k
     output: list[_Block]  # per position k = 1..D, the outputs of the k-th feature
-    inputs: list[list[Push]]  # one-hot inputs, per position: weights (K, out - start) pushed
+    inputs: list[list[Push]]  # one-hot inputs, per position k = 1..D-1: weights (K, out - start)
 
 
 _programs: weakref.WeakKeyDictionary[MADE, _Program] = weakref.WeakKeyDictionary()
@@ -381,16 +403,19 @@ def _program(made: MADE, layout: _Layout, one_hot: bool) -> _Program:
             pulls: list[Pull] = []
             if not one_hot:
                 length = (k if stage < stages else k - 1) * m  # inputs of degree <= k or < k
-                pulls += [(-1, length, w[start:end, :length]) for r, w in from_inputs if r == stage]
+                pulls += [(-1, length, w[start:end, :length])
+                          for r, w in from_inputs if r == stage]
             if stage and stage - 1 not in pushing:
                 length = seen(stage - 1, k)
-                pulls.insert(0, (stage - 1, length, ordered[stage][start:end, :length]))
+                w = ordered[stage][start:end, :length]
+                pulls.insert(0, (stage - 1, length, w))
             pushes: list[Push] = []
             if stage in pushing:
                 first = starts[stage + 1][k + (stage + 1 == stages)]  # the units above that see k
                 if first < sum(counts[stage + 1]):
-                    pushes.append((stage + 1, first, ordered[stage + 1][first:, start:end]))
-            blocks[k].append(_Block(stage, start, end, pulls, pushes))
+                    w = ordered[stage + 1][first:, start:end]
+                    pushes.append((stage + 1, first, w))
+            blocks[k].append(_Block(stage, pulls, pushes))
     output = [b[-1] for b in blocks[1:]]
     hidden = [[b for b in bs if b.stage < stages] for bs in blocks[:features]]
 
@@ -402,12 +427,9 @@ def _program(made: MADE, layout: _Layout, one_hot: bool) -> _Program:
                 first = starts[stage][k + (stage == stages)]
                 if first < w.shape[0]:
                     inputs_pushed[k - 1].append((stage, first, rows[k - 1][:, first:]))
-    accumulated = {source + 1 for source in pushing} | (set(readers) if one_hot else set())
     sources = [(s, made.hidden_features[s]) for s in range(stages) if s not in pushing]
-    if not one_hot:
-        sources.append((-1, inputs))
     program = _Program(
-        key, products, context, accumulated, sources, hidden, output, inputs_pushed
+        key, products, context, starts, sources, hidden, output, inputs_pushed
     )
     if not any(p.requires_grad for p in products):
         _programs[made] = program
