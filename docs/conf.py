@@ -10,6 +10,7 @@ napoleon for the Google style). Nothing is downloaded at build time.
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -121,7 +122,40 @@ def _drop_missing_pages(app, docname, source) -> None:
         logging.getLogger(__name__).info("pages not written yet, left out: %s", ", ".join(missing))
 
 
+def _resolve_subpackage_path(app, env, node, contnode):
+    """Resolve ``flowkit.train.fit`` (or ``flowkit.flows.Flow.log_prob``) to the top-level
+    entry it is documented under (``flowkit.fit``, ``flowkit.Flow.log_prob``)."""
+    if node.get("refdomain") != "py" or not node["reftarget"].startswith("flowkit."):
+        return None
+    parts = node["reftarget"].split(".")
+    for i in range(len(parts), 1, -1):
+        obj = _lookup(parts[:i])
+        top = None if obj is None else _top_level_name(obj)
+        if top is not None:
+            target = ".".join(["flowkit", top, *parts[i:]])
+            return env.get_domain("py").resolve_xref(
+                env, node["refdoc"], app.builder, node["reftype"], target, node, contnode
+            )
+    return None
+
+
+def _lookup(parts: list[str]) -> object | None:
+    """The object at a dotted path such as ``flowkit.train.fit``, or None."""
+    obj: object = importlib.import_module(parts[0])
+    for i, name in enumerate(parts[1:], start=1):
+        if not hasattr(obj, name):
+            try:  # a submodule not imported by its package
+                importlib.import_module(".".join(parts[: i + 1]))
+            except ImportError:
+                return None
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
 def setup(app) -> None:
+    app.connect("missing-reference", _resolve_subpackage_path)
     app.connect("source-read", _drop_missing_pages)
     app.connect("autodoc-process-docstring", _link_top_level)
     app.connect("autodoc-skip-member", _skip_top_level)
