@@ -1,0 +1,276 @@
+r"""Plotting helpers for 2-D densities: heat maps on a grid, samples, loss curves, galleries.
+
+Figures are built with matplotlib's object API (:class:`matplotlib.figure.Figure`) and written by
+its Agg renderer, so nothing here needs a display or touches :mod:`matplotlib.pyplot`'s global
+state: the helpers work the same on a headless server, in a test and in a notebook.
+
+A typical density-estimation figure has one row per dataset::
+
+    truth (or data histogram) | model density | model samples
+
+built from :class:`Panel` objects by :func:`panel_figure`; :func:`grid_log_density` evaluates a
+model on the grid that a density panel shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from flowkit.data.toy import Box, box_grid
+
+if TYPE_CHECKING:
+    from flowkit.train import History
+
+DENSITY_CMAP = "magma"
+SAMPLE_COLOR = "#1f4e79"
+
+ArrayLike = np.ndarray | Tensor
+
+
+def _numpy(values: ArrayLike) -> np.ndarray:
+    if isinstance(values, Tensor):
+        return values.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+@torch.no_grad()
+def grid_log_density(
+    log_prob: Callable[[Tensor], Tensor],
+    box: Box,
+    resolution: int = 200,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    chunk: int = 65536,
+) -> Tensor:
+    """Evaluate a log-density at the midpoints of a ``resolution x resolution`` grid on ``box``.
+
+    The points are made on ``device`` and evaluated in chunks of ``chunk`` rows, without
+    gradients; the result stays on ``device``.
+
+    Args:
+        log_prob: ``x: (N, 2) -> log p(x): (N,)``, e.g. ``flow.log_prob``.
+        box: ``(xmin, xmax, ymin, ymax)``.
+        resolution: cells per side.
+
+    Returns:
+        ``log p`` of shape ``(resolution, resolution)`` with ``y`` along the rows, ready for
+        :class:`Panel` (``imshow(..., origin="lower", extent=box)``).
+    """
+    points, _ = box_grid(box, resolution, dtype=dtype, device=device)
+    values = torch.cat([log_prob(p) for p in points.split(chunk)])
+    return values.view(resolution, resolution)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One square panel of a :func:`panel_figure`: a density heat map or a set of points.
+
+    Attributes:
+        title: shown above the panel (keep it to two short lines).
+        box: ``(xmin, xmax, ymin, ymax)``, the visible region.
+        log_density: ``(R, R)`` log-density on the grid of :func:`grid_log_density`, shown as
+            ``exp(log_density)`` with a linear colour scale from 0 to its maximum; ``-inf`` and
+            NaN show as 0.
+        samples: ``(N, 2)`` points, used when ``log_density`` is None.
+        histogram: draw ``samples`` as a 2-D histogram in the density colours (for data, so
+            that it reads like a density) instead of a scatter plot (for model samples).
+    """
+
+    title: str
+    box: Box
+    log_density: ArrayLike | None = None
+    samples: ArrayLike | None = None
+    histogram: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.log_density is None) == (self.samples is None):
+            raise ValueError("a Panel needs exactly one of 'log_density' and 'samples'")
+
+
+def draw_density(ax: Axes, log_density: ArrayLike, box: Box) -> None:
+    """Heat map of ``exp(log_density)`` (``(R, R)``, ``y`` along rows) over ``box``."""
+    log_p = _numpy(log_density)
+    if log_p.ndim != 2:
+        raise ValueError(f"'log_density' should have shape (R, R), got {log_p.shape}")
+    density = np.exp(np.nan_to_num(log_p, nan=-np.inf, posinf=np.inf))
+    vmax = np.max(density[np.isfinite(density)], initial=0.0)
+    ax.imshow(
+        density,
+        origin="lower",
+        extent=box,
+        cmap=DENSITY_CMAP,
+        vmin=0.0,
+        vmax=vmax if vmax > 0 else 1.0,
+        interpolation="nearest",
+        aspect="auto",
+    )
+
+
+def draw_samples(
+    ax: Axes, samples: ArrayLike, box: Box, *, histogram: bool = False, bins: int = 150
+) -> None:
+    """Points ``(N, 2)`` over ``box``: a scatter plot, or a 2-D histogram in density colours."""
+    x = _numpy(samples)
+    if x.ndim != 2 or x.shape[1] != 2:
+        raise ValueError(f"'samples' should have shape (N, 2), got {x.shape}")
+    xmin, xmax, ymin, ymax = box
+    if histogram:
+        counts, _, _ = np.histogram2d(x[:, 0], x[:, 1], bins=bins, range=(box[:2], box[2:]))
+        ax.imshow(counts.T, origin="lower", extent=box, cmap=DENSITY_CMAP, interpolation="nearest")
+    else:
+        ax.scatter(
+            x[:, 0], x[:, 1], s=2.0, alpha=0.5, color=SAMPLE_COLOR, linewidths=0, rasterized=True
+        )
+    ax.set_xlim(xmin, xmax)
+    ax.set_ylim(ymin, ymax)
+
+
+def _draw_panel(ax: Axes, panel: Panel) -> None:
+    if panel.log_density is not None:
+        draw_density(ax, panel.log_density, panel.box)
+    else:
+        assert panel.samples is not None
+        draw_samples(ax, panel.samples, panel.box, histogram=panel.histogram)
+    ax.set_title(panel.title, fontsize=8.5)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_aspect("equal")
+
+
+def panel_figure(
+    rows: Sequence[Sequence[Panel]],
+    *,
+    row_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    size: float = 2.3,
+) -> Figure:
+    """A grid of square panels, one list of :class:`Panel` per row (rows may be shorter than
+    the longest: the missing cells stay blank).
+
+    Args:
+        rows: the panels, row by row.
+        row_labels: one bold label per row, left of its first panel (e.g. the dataset).
+        title: figure title.
+        size: side of one panel in inches.
+    """
+    if not rows or not all(rows):
+        raise ValueError("'rows' should be a non-empty list of non-empty lists of Panels")
+    if row_labels is not None and len(row_labels) != len(rows):
+        raise ValueError(f"'row_labels' should have {len(rows)} labels, got {len(row_labels)}")
+    ncols = max(len(row) for row in rows)
+    # Fixed margins in inches (cheaper than tight_layout, and the same for every figure).
+    left = 0.3 if row_labels is not None else 0.05
+    gap, titles, bottom, head = 0.08, 0.4, 0.05, (0.4 if title else 0.0)
+    width = left + ncols * size + (ncols - 1) * gap + 0.05
+    height = head + len(rows) * (titles + size) + bottom
+    fig = Figure(figsize=(width, height))
+    for i, row in enumerate(rows):
+        y = height - head - (i + 1) * (titles + size)
+        for j, panel in enumerate(row):
+            x = left + j * (size + gap)
+            ax = fig.add_axes((x / width, y / height, size / width, size / height))
+            _draw_panel(ax, panel)
+            if j == 0 and row_labels is not None:
+                ax.set_ylabel(row_labels[i], fontsize=11, fontweight="bold")
+    if title:
+        fig.suptitle(title, fontsize=11, y=1.0 - 0.1 / height, va="top")
+    return fig
+
+
+def moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Mean of the last ``window`` values at each step (fewer at the start)."""
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    counts = np.minimum(np.arange(1, len(values) + 1), window)
+    return (sums[1:] - sums[np.arange(1, len(values) + 1) - counts]) / counts
+
+
+def draw_history(ax: Axes, history: History, label: str, *, smooth: int = 50) -> None:
+    """Per-step training loss of a :class:`~flowkit.train.History`: raw (faint) and its moving
+    average over ``smooth`` steps (labelled), plus validation losses if any."""
+    loss = np.asarray(history.train_loss, dtype=np.float64)
+    steps = np.arange(1, len(loss) + 1)
+    (line,) = ax.plot(steps, moving_average(loss, smooth), lw=1.3, label=label)
+    ax.plot(steps, loss, lw=0.5, alpha=0.2, color=line.get_color())
+    if history.valid_loss:
+        ax.plot(history.valid_steps, history.valid_loss, "o", ms=3, color=line.get_color())
+
+
+_LOSS_LABELS = {"nll": "NLL (nats)", "neg_elbo": "-ELBO (nats)"}
+
+
+def loss_figure(
+    histories: Mapping[str, Mapping[str, History]],
+    *,
+    references: Mapping[str, tuple[str, float]] | None = None,
+    smooth: int = 50,
+    columns: int = 4,
+    size: tuple[float, float] = (3.2, 2.4),
+) -> Figure:
+    """Loss curves, one panel per group (e.g. per dataset), one line per run in the group.
+
+    Args:
+        histories: ``{group: {run label: History}}``.
+        references: ``{group: (label, value)}``, a dashed horizontal line per group: the lowest
+            loss reachable, e.g. ``("entropy", H)`` for NLL or ``("-log Z", -log_z)`` for -ELBO.
+        smooth: moving-average window in steps.
+        columns: panels per row.
+        size: ``(width, height)`` of one panel in inches.
+
+    The y range is set from the smoothed curves (the first 5% of steps left out), so that early
+    losses do not flatten the part worth reading.
+    """
+    if not histories:
+        raise ValueError("'histories' should name at least one group")
+    references = references or {}
+    ncols = min(columns, len(histories))
+    nrows = -(-len(histories) // ncols)
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, (group, runs) in zip(axes, histories.items(), strict=False):
+        low, high = np.inf, -np.inf
+        for label, history in runs.items():
+            draw_history(ax, history, label, smooth=smooth)
+            curve = moving_average(np.asarray(history.train_loss), smooth)
+            tail = curve[len(curve) // 20 :]
+            tail = tail[np.isfinite(tail)]
+            if tail.size:
+                low, high = min(low, tail.min()), max(high, tail.max())
+        objective = next(iter(runs.values())).objective
+        if group in references:
+            name, value = references[group]
+            ax.axhline(value, ls="--", lw=1.0, color="0.3", label=f"{name} = {value:.3f}")
+            low, high = min(low, value), max(high, value)
+        if np.isfinite(low) and np.isfinite(high):
+            pad = 0.08 * (high - low) + 1e-3
+            ax.set_ylim(low - pad, high + pad)
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel(_LOSS_LABELS.get(objective, objective), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[len(histories) :]:
+        ax.axis("off")
+    fig.tight_layout(pad=0.5)
+    return fig
+
+
+def save_figure(fig: Figure, path: str | PathLike, *, dpi: int = 100) -> Path:
+    """Write ``fig`` as a PNG with the Agg renderer (parent folders are created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=dpi)
+    return path

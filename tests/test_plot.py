@@ -1,0 +1,134 @@
+"""Tests of flowkit.plot: the density grid, panels, loss curves and PNG output (Agg, no display)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from flowkit.plot import (
+    Panel,
+    draw_samples,
+    grid_log_density,
+    loss_figure,
+    moving_average,
+    panel_figure,
+    save_figure,
+)
+from flowkit.train import History
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+BOX = (-4.0, 4.0, -3.0, 3.0)
+
+
+def test_grid_orientation_and_midpoints():
+    # log p(x, y) = x + 10 y: x must vary along the columns and y along the rows, at midpoints.
+    image = grid_log_density(lambda x: x[:, 0] + 10.0 * x[:, 1], (0.0, 4.0, 0.0, 2.0), 4)
+    assert image.shape == (4, 4)
+    xs = torch.tensor([0.5, 1.5, 2.5, 3.5])
+    ys = torch.tensor([0.25, 0.75, 1.25, 1.75])
+    torch.testing.assert_close(image, xs[None, :] + 10.0 * ys[:, None])
+
+
+def test_grid_chunks_do_not_change_the_result():
+    def log_p(x):
+        return -0.5 * x.square().sum(1)
+
+    whole = grid_log_density(log_p, BOX, 37)
+    torch.testing.assert_close(grid_log_density(log_p, BOX, 37, chunk=100), whole)
+
+
+def test_grid_integrates_a_normal_density_to_one():
+    def log_p(x):
+        return -0.5 * x.square().sum(1) - math.log(2 * math.pi)
+
+    image = grid_log_density(log_p, (-8.0, 8.0, -8.0, 8.0), 200, dtype=torch.float64)
+    cell = (16.0 / 200) ** 2
+    assert float(image.exp().sum() * cell) == pytest.approx(1.0, abs=1e-10)
+
+
+def test_grid_runs_without_gradients():
+    weight = torch.ones(2, requires_grad=True)
+    image = grid_log_density(lambda x: x @ weight, BOX, 8)
+    assert not image.requires_grad
+
+
+def test_panel_needs_exactly_one_kind_of_content():
+    with pytest.raises(ValueError, match="exactly one of 'log_density' and 'samples'"):
+        Panel("empty", BOX)
+    with pytest.raises(ValueError, match="exactly one"):
+        Panel("both", BOX, log_density=np.zeros((3, 3)), samples=np.zeros((5, 2)))
+
+
+def test_panel_figure_layout_and_png(tmp_path):
+    log_p = torch.full((20, 20), -math.inf)
+    log_p[5:10, 5:10] = 0.0  # a support with -inf outside, as for the checkerboard
+    log_p[0, 0] = math.nan
+    points = torch.randn(300, 2)
+    rows = [
+        [
+            Panel("truth", BOX, log_density=log_p),
+            Panel("data", BOX, samples=points, histogram=True),
+            Panel("samples", BOX, samples=points),
+        ],
+        [Panel("only one", BOX, samples=points.numpy())],
+    ]
+    fig = panel_figure(rows, row_labels=["a", "b"], title="demo")
+    assert isinstance(fig, Figure)
+    assert len(fig.axes) == 4  # the missing cells of the short row stay blank
+    assert [ax.get_title() for ax in fig.axes] == ["truth", "data", "samples", "only one"]
+    assert [ax.get_ylabel() for ax in fig.axes] == ["a", "", "", "b"]
+    path = save_figure(fig, tmp_path / "sub" / "fig.png")
+    assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_panel_figure_rejects_bad_input():
+    with pytest.raises(ValueError, match="'rows'"):
+        panel_figure([])
+    with pytest.raises(ValueError, match="'row_labels' should have 1 labels, got 2"):
+        panel_figure([[Panel("x", BOX, samples=np.zeros((3, 2)))]], row_labels=["a", "b"])
+    with pytest.raises(ValueError, match=r"'log_density' should have shape \(R, R\)"):
+        panel_figure([[Panel("x", BOX, log_density=np.zeros(5))]])
+
+
+def test_draw_samples_checks_shape():
+    ax = Figure().add_subplot()
+    with pytest.raises(ValueError, match=r"'samples' should have shape \(N, 2\), got \(4, 3\)"):
+        draw_samples(ax, np.zeros((4, 3)), BOX)
+
+
+def test_moving_average_matches_the_definition():
+    values = np.random.default_rng(0).normal(size=57)
+    expected = [values[max(0, i - 9) : i + 1].mean() for i in range(57)]
+    np.testing.assert_allclose(moving_average(values, 10), expected)
+
+
+def test_loss_figure(tmp_path):
+    a = History(objective="nll", train_loss=list(np.linspace(5.0, 3.0, 200)))
+    b = History(
+        objective="nll",
+        train_loss=list(np.linspace(6.0, 3.5, 200)),
+        valid_steps=[100, 200],
+        valid_loss=[4.0, 3.6],
+    )
+    elbo = History(objective="neg_elbo", train_loss=[3.0, 2.5, 2.2])
+    fig = loss_figure(
+        {"rings": {"MAF": a, "IAF": b}, "U1": {"IAF": elbo}},
+        references={"rings": ("entropy", 2.6)},
+        smooth=10,
+    )
+    rings, energy = fig.axes[:2]
+    assert rings.get_ylabel() == "NLL (nats)" and energy.get_ylabel() == "-ELBO (nats)"
+    low, high = rings.get_ylim()
+    assert low < 2.6 < high  # the reference line is in view
+    assert [t.get_text() for t in rings.get_legend().get_texts()] == [
+        "MAF",
+        "IAF",
+        "entropy = 2.600",
+    ]
+    assert save_figure(fig, tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match="'histories'"):
+        loss_figure({})
