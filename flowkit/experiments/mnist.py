@@ -101,6 +101,15 @@ def _score(
     return result
 
 
+def _label(model: BernoulliMADE) -> str:
+    """A short description of a model for figure titles, e.g. ``hidden 500, 8 masks, direct``."""
+    kw = model.config["kwargs"]
+    parts = [f"hidden {'x'.join(map(str, kw['hidden_features']))}",
+             f"{kw['num_masks']} mask{'s' if kw['num_masks'] > 1 else ''}", f"{kw['order']} order"]
+    parts += [name for name in ("residual", "direct_connection") if kw[name]]
+    return ", ".join(parts)
+
+
 def _describe(name: str, r: dict[str, Any]) -> str:
     text = f"{name} ({r['images']} images): NLL {r['nll']:.2f} ± {r['nll_se']:.2f} nats (mask 0)"
     if "ensemble" in r:
@@ -350,7 +359,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "scheduler": None if sched is None else sched.state_dict(),
                 "epoch": epoch, "history": history, "best": best, "settings": _settings(args),
             }, ckpt_path)
-            save_learning_curves(history, out / "curves.png", title=str(model.config["kwargs"]))
+            save_learning_curves(history, out / "curves.png", title=_label(model))
 
         if best["state_dict"] is not None:
             model.load_state_dict(best["state_dict"])
