@@ -12,7 +12,12 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.flowkit-installed
 
-.PHONY: setup test test-slow demo lint clean
+.PHONY: setup test test-slow demo lint docs doctest clean
+
+# The documentation site (warnings are errors; -E: fresh build, so no warning hides in a cache)
+# and the examples of the docstrings and docs pages, run as doctests.
+DOCS_BUILD := $(BIN)/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
+DOCTEST := $(BIN)/pytest -q --doctest-modules flowkit --doctest-glob='*.md' docs
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,9 +32,18 @@ lint: setup
 
 test: setup lint
 	$(BIN)/pytest -m "not slow" -q
+	$(DOCTEST)
+	$(DOCS_BUILD)
 
 test-slow: setup
 	$(BIN)/pytest -m slow -q
+
+docs: setup
+	$(DOCS_BUILD)
+	@echo "open docs/_build/html/index.html"
+
+doctest: setup
+	$(DOCTEST)
 
 demo: setup
 	$(BIN)/flowkit toy --datasets moons --flows maf --out runs/demo
