@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from flowkit.checkpoint import (
@@ -46,6 +47,7 @@ from flowkit.checkpoint import (
 )
 from flowkit.data.mnist import binarized_mnist, load_split_file
 from flowkit.distributions.discrete import BernoulliMADE
+from flowkit.plot import save_figure
 
 __all__ = ["add_arguments", "run", "add_eval_arguments", "run_eval", "evaluate", "nll_stats"]
 
@@ -125,30 +127,21 @@ def _describe(name: str, r: dict[str, Any]) -> str:
 
 def save_sample_grid(x: Tensor, path: str | Path, rows: int = 10) -> None:
     """Save images ``(rows * cols, 784)`` as a grid PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cols = x.shape[0] // rows
     grid = x[: rows * cols].reshape(rows, cols, 28, 28).permute(0, 2, 1, 3).reshape(
         rows * 28, cols * 28
     )
-    fig, ax = plt.subplots(figsize=(cols * 0.6, rows * 0.6))
+    fig = Figure(figsize=(cols * 0.6, rows * 0.6))
+    ax = fig.add_axes((0, 0, 1, 1))
     ax.imshow(grid.cpu().float().numpy(), cmap="gray_r", interpolation="nearest")
     ax.set_axis_off()
-    fig.savefig(path, bbox_inches="tight", dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def save_learning_curves(history: dict[str, list], path: str | Path, title: str = "") -> None:
     """Save train and validation NLL per epoch as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
     ax.plot(history["epoch"], history["train_nll"], label="train (mean over epoch)")
     ax.plot(history["epoch"], history["valid_nll"], label="valid (mask 0)")
     ax.set_xlabel("epoch")
@@ -156,11 +149,11 @@ def save_learning_curves(history: dict[str, list], path: str | Path, title: str 
     if history["valid_nll"]:
         best = min(history["valid_nll"])
         ax.set_ylim(best - 5, best + 25)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.savefig(path, bbox_inches="tight", dpi=100)
-    plt.close(fig)
+    fig.tight_layout()
+    save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- training
