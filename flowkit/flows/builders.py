@@ -105,6 +105,7 @@ def MAF(
         seed: seed of the MADE degrees and random permutations.
 
     Example:
+        >>> import torch
         >>> flow = MAF(2, layers=3, hidden_features=(16, 16))
         >>> flow.log_prob(torch.randn(4, 2)).shape
         torch.Size([4])
@@ -133,6 +134,7 @@ def IAF(
     outside point takes ``D`` sequential steps per layer. Arguments as :func:`MAF`.
 
     Example:
+        >>> import torch
         >>> flow = IAF(2, layers=3, hidden_features=(16, 16))
         >>> x, log_p = flow.sample_and_log_prob(4)
         >>> x.shape, log_p.shape

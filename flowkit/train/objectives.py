@@ -198,10 +198,13 @@ def fit_reverse_kl(
             differentiable in the parameters.
         target_log_density: ``x: (N, D) -> log p~(x): (N,)``, differentiable in ``x``, accepting
             tensors on the training device.
-        steps, batch_size, lr, optimizer, lr_schedule, clip_grad_norm, seed, device,
-        checkpoint_dir, checkpoint_every, resume, progress, log_every: as in :func:`fit`.
-            Under ``torchrun`` each process draws ``batch_size / world_size`` samples with its
-            own seed.
+        steps: number of optimizer steps.
+        batch_size: samples per step; under ``torchrun`` each process draws
+            ``batch_size / world_size`` samples with its own seed.
+
+    The other arguments (``lr``, ``optimizer``, ``lr_schedule``, ``clip_grad_norm``, ``seed``,
+    ``device``, ``checkpoint_dir``, ``checkpoint_every``, ``resume``, ``progress``,
+    ``log_every``) are as in :func:`fit`.
 
     Returns:
         The :class:`~flowkit.train.History` (``objective="neg_elbo"``).
