@@ -53,6 +53,8 @@ COMMANDS: list[tuple[str, str, str]] = [
         "flowkit.train.command",
         "fit a MAF or IAF to a 2-D toy dataset or to samples in a .npy/.npz file",
     ),
+    ("toy", "flowkit.experiments.toy", "MAF/IAF density estimation on the 2-D toy datasets"),
+    ("energy", "flowkit.experiments.energy", "IAF fitted by reverse KL to the energies U1-U4"),
     ("vae", "flowkit.experiments.vae", "VAE on binarized MNIST: Gaussian vs IAF posterior"),
     ("rl", "flowkit.experiments.rl", "SAC on Pendulum-v1: conditional IAF vs Gaussian policy"),
     (

@@ -1,0 +1,580 @@
+"""Density estimation on the 2-D toy datasets with MAF and IAF flows (affine or spline layers).
+
+Each flow is fitted by maximum likelihood on fresh samples drawn at every step, then scored by
+its NLL on fresh test samples and, where the true density is known (8gaussians, checkerboard,
+circles, rings), by KL(data || model) = test NLL - entropy(data).
+
+Writes to --out: gallery.png (one row per dataset: truth or data histogram | model density |
+model samples, for every flow), toy_<dataset>.png (one row each), losses.png (training NLL per
+step, with the entropy where known), table.md (the NLL/KL table) and metrics.json.
+
+--sweep runs the robustness sweep instead: every selected dataset x flow x transformer at the
+learning rates 1e-4, 1e-3 and 1e-2 for --steps steps, checking that the loss and the parameters
+stay finite; it writes sweep.md.
+
+examples:
+  flowkit toy --datasets moons --flows maf --out runs/demo
+  flowkit toy --out runs/toy                     (all 8 datasets, MAF spline, about 3 min)
+  flowkit toy --quick --out runs/toy-quick       (seconds: the CI smoke test)
+  flowkit toy --flows maf,iaf --transformer affine,spline --steps 3000 --lr 1e-3 \\
+      --lr-schedule none --out runs/toy-table    (the table of docs/toy.md)
+  flowkit toy --sweep --flows maf,iaf --transformer affine,spline --steps 150 --out runs/sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from flowkit.data.toy import TOY_BOX, TOY_DATASETS, has_exact_density, sample_toy, toy_entropy
+from flowkit.data.toy import toy_log_prob as true_log_prob
+from flowkit.flows import IAF, MAF, Flow
+from flowkit.plot import Panel, grid_log_density, loss_figure, panel_figure, save_figure
+from flowkit.train import History, NonFiniteLossError, fit, resolve_device
+
+FLOWS = {"maf": MAF, "iaf": IAF}
+TRANSFORMERS = ("affine", "spline")
+SWEEP_LRS = (1e-4, 1e-3, 1e-2)
+_TEST_SEED_OFFSET = 10_007  # test samples come from their own stream, never the training one
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FlowSettings:
+    """Model, training and evaluation settings shared by the runs of a 2-D experiment.
+
+    Attributes:
+        layers: autoregressive layers per flow.
+        hidden: hidden sizes of each layer's MADE.
+        bins: spline bins ``K``.
+        bound: spline interval ``[-bound, bound]`` (identity outside). The toy data lie in
+            about ``[-4, 4]^2``, the checkerboard exactly: a bound of 4 covers them (a bound
+            of 5 gave a larger KL on the checkerboard, 0.081 against 0.075 after 3000 steps).
+        steps: optimizer steps (fresh samples at each).
+        batch_size: samples per step.
+        lr: Adam learning rate.
+        lr_schedule: ``"cosine"`` (decay to 0 over the run) or ``None`` (constant).
+        eval_samples: fresh samples for the test NLL (toy; also the data histogram) or the
+            ELBO estimate (energy).
+        plot_samples: model samples drawn for the scatter panels.
+        resolution: grid cells per side of the density heat maps.
+    """
+
+    layers: int = 5
+    hidden: tuple[int, ...] = (64, 64)
+    bins: int = 8
+    bound: float = 4.0
+    steps: int = 1000
+    batch_size: int = 256
+    lr: float = 3e-3
+    lr_schedule: str | None = "cosine"
+    eval_samples: int = 20_000
+    plot_samples: int = 4000
+    resolution: int = 200
+
+
+QUICK = FlowSettings(
+    layers=2,
+    hidden=(16, 16),
+    bins=4,
+    steps=20,
+    batch_size=128,
+    eval_samples=2000,
+    plot_samples=1000,
+    resolution=48,
+)
+"""Settings of ``--quick``: seconds for all eight datasets, for smoke tests (not for quality)."""
+
+
+def build_flow(flow: str, transformer: str, settings: FlowSettings, *, seed: int = 0) -> Flow:
+    """A 2-D :func:`~flowkit.MAF` or :func:`~flowkit.IAF` (``flow``) with ``"affine"`` or
+    ``"spline"`` layers, sized by ``settings``.
+
+    The initial weights are drawn from torch's global generator seeded with ``seed`` inside
+    :func:`torch.random.fork_rng`, so the caller's random state is left as it was.
+    """
+    if flow not in FLOWS:
+        raise ValueError(f"'flow' should be one of {', '.join(FLOWS)}, got {flow!r}")
+    if transformer not in TRANSFORMERS:
+        raise ValueError(
+            f"'transformer' should be one of {', '.join(TRANSFORMERS)}, got {transformer!r}"
+        )
+    kwargs = {"bins": settings.bins, "bound": settings.bound} if transformer == "spline" else {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return FLOWS[flow](
+            2,
+            layers=settings.layers,
+            hidden_features=settings.hidden,
+            transformer=transformer,
+            transformer_kwargs=kwargs,
+            seed=seed,
+        )
+
+
+def run_label(flow: str, transformer: str) -> str:
+    """``"MAF spline"``: the name of a run in figures and tables."""
+    return f"{flow.upper()} {transformer}"
+
+
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
+    """``fn()`` and its wall time in seconds (a CUDA device is synchronised before and after,
+    outside any training loop)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def check_choices(name: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+    """Raise a ValueError unless ``values`` is a non-empty subset of ``allowed``."""
+    if not values or any(v not in allowed for v in values):
+        raise ValueError(
+            f"'{name}' should be a non-empty subset of {', '.join(allowed)}, "
+            f"got {', '.join(values) or 'nothing'}"
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def markdown_table(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    row_key: str,
+    reference: tuple[str, str],
+    scores: Sequence[tuple[str, str]],
+) -> str:
+    """A Markdown table with one row per ``record[row_key]`` and, for every run label
+    (:func:`run_label` of the record's ``flow`` and ``transformer``), one column per score.
+
+    Args:
+        records: run metrics, e.g. ``{"dataset", "flow", "transformer", "test_nll", ...}``.
+        row_key: the record key naming the row, e.g. ``"dataset"``.
+        reference: ``(header, key)`` of a per-row column, e.g. ``("entropy", "entropy")``.
+        scores: ``(header, key)`` per run column, e.g. ``[("NLL", "test_nll"), ("KL", "kl")]``.
+    """
+    labels = list(dict.fromkeys(run_label(r["flow"], r["transformer"]) for r in records))
+    by_key = {(r[row_key], run_label(r["flow"], r["transformer"])): r for r in records}
+    head = [row_key, reference[0]] + [f"{lab} {h}" for lab in labels for h, _ in scores]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in dict.fromkeys(r[row_key] for r in records):
+        first = next(r for r in records if r[row_key] == row)
+        cells = [row, _fmt(first[reference[1]])]
+        for label in labels:
+            r = by_key.get((row, label))
+            cells += [_fmt(None if r is None else r[key]) for _, key in scores]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_figures(
+    out: Path,
+    prefix: str,
+    rows: Mapping[str, list[Panel]],
+    histories: Mapping[str, Mapping[str, History]],
+    references: Mapping[str, tuple[str, float]],
+) -> list[Path]:
+    """``<prefix>_<row>.png`` per row, ``gallery.png`` with every row and ``losses.png``."""
+    paths = [
+        save_figure(panel_figure([row], row_labels=[name]), out / f"{prefix}_{name}.png")
+        for name, row in rows.items()
+    ]
+    gallery = panel_figure(list(rows.values()), row_labels=list(rows), size=2.0)
+    paths.append(save_figure(gallery, out / "gallery.png", dpi=80))
+    paths.append(save_figure(loss_figure(histories, references=references), out / "losses.png"))
+    return paths
+
+
+# ----------------------------------------------------------------------------- toy experiment
+
+
+@dataclass
+class ToyRun:
+    """One flow fitted to one dataset: its metrics, history and what the figures show."""
+
+    metrics: dict[str, Any]
+    history: History
+    log_density: Tensor  # (R, R) on the plotting grid, on the CPU
+    samples: Tensor  # (plot_samples, 2), on the CPU
+
+    @property
+    def label(self) -> str:
+        return run_label(self.metrics["flow"], self.metrics["transformer"])
+
+    def panels(self) -> list[Panel]:
+        """Model density (titled with NLL and KL) and model samples."""
+        score = f"NLL {self.metrics['test_nll']:.3f}"
+        if self.metrics["kl"] is not None:
+            score += f"   KL {self.metrics['kl']:.3f}"
+        return [
+            Panel(f"{self.label} density\n{score}", TOY_BOX, log_density=self.log_density),
+            Panel(f"{self.label} samples", TOY_BOX, samples=self.samples),
+        ]
+
+
+def fit_toy(
+    dataset: str,
+    flow: str,
+    transformer: str,
+    settings: FlowSettings,
+    *,
+    test: Tensor,
+    device: torch.device,
+    seed: int = 0,
+    progress: bool = False,
+) -> ToyRun:
+    """Fit one flow to one dataset by maximum likelihood and evaluate it.
+
+    Args:
+        dataset: one of :data:`flowkit.data.TOY_DATASETS`.
+        flow, transformer: see :func:`build_flow`.
+        settings: the run's settings.
+        test: ``(N, 2)`` fresh test samples on ``device``.
+        device: where everything runs; the training batches are drawn there.
+        seed: initial weights and training data.
+        progress: show the fit loop's progress bar.
+
+    Returns:
+        The run. Its ``metrics``: ``test_nll`` (nats, mean over ``test``) and its standard
+        error ``test_nll_se``; ``entropy`` and ``kl = test_nll - entropy`` (None without an
+        exact density); ``train_s`` and ``ms_per_step`` (training wall time);
+        ``density_ms_per_1k`` and ``sample_ms_per_1k`` (wall time of ``log_prob`` on ``test``
+        and of drawing the plot samples, per 1000 points); ``parameters``.
+    """
+    model = build_flow(flow, transformer, settings, seed=seed)
+
+    def sample(n: int, generator: torch.Generator) -> Tensor:
+        return sample_toy(dataset, n, generator=generator)
+
+    history = fit(
+        model,
+        sample,
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        lr=settings.lr,
+        lr_schedule=settings.lr_schedule,
+        seed=seed,
+        device=device,
+        progress=progress,
+    )
+    with torch.no_grad():
+        log_q, density_s = timed(lambda: model.log_prob(test), device)
+        samples, sample_s = timed(lambda: model.sample(settings.plot_samples), device)
+    nll = -log_q.double()
+    test_nll = nll.mean().item()
+    entropy = toy_entropy(dataset) if has_exact_density(dataset) else None
+    metrics = {
+        "dataset": dataset,
+        "flow": flow,
+        "transformer": transformer,
+        "test_nll": test_nll,
+        "test_nll_se": (nll.std() / math.sqrt(nll.numel())).item(),
+        "entropy": entropy,
+        "kl": None if entropy is None else test_nll - entropy,
+        "train_s": history.wall_time,
+        "ms_per_step": 1e3 * history.wall_time / settings.steps,
+        "density_ms_per_1k": 1e6 * density_s / test.shape[0],
+        "sample_ms_per_1k": 1e6 * sample_s / settings.plot_samples,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    log_density = grid_log_density(model.log_prob, TOY_BOX, settings.resolution, device=device)
+    return ToyRun(metrics, history, log_density.cpu(), samples.cpu())
+
+
+def _truth_panel(dataset: str, test: Tensor, resolution: int) -> Panel:
+    """The true density where known, else a histogram of the test samples."""
+    if has_exact_density(dataset):
+        log_p = grid_log_density(
+            lambda x: true_log_prob(dataset, x), TOY_BOX, resolution, device=test.device
+        )
+        return Panel(
+            f"true density\nentropy {toy_entropy(dataset):.3f}", TOY_BOX, log_density=log_p
+        )
+    title = f"data ({test.shape[0]:,} samples)\nno closed-form density"
+    return Panel(title, TOY_BOX, samples=test, histogram=True)
+
+
+def toy_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """The NLL/KL table of :func:`run_toy` records (see :func:`markdown_table`)."""
+    return markdown_table(
+        records,
+        row_key="dataset",
+        reference=("entropy", "entropy"),
+        scores=[("NLL", "test_nll"), ("KL", "kl")],
+    )
+
+
+def run_toy(
+    datasets: Sequence[str] = TOY_DATASETS,
+    flows: Sequence[str] = ("maf",),
+    transformers: Sequence[str] = ("spline",),
+    settings: FlowSettings | None = None,
+    *,
+    out: str | Path | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Fit every ``flow x transformer`` to every dataset; with ``out``, write the figures
+    (:func:`write_figures`) and ``table.md`` there.
+
+    Returns:
+        ``{"settings", "device", "wall_s", "runs": [metrics of each run, see fit_toy],
+        "figures": [paths]}``, JSON-serialisable.
+    """
+    check_choices("datasets", datasets, TOY_DATASETS)
+    check_choices("flows", flows, tuple(FLOWS))
+    check_choices("transformers", transformers, TRANSFORMERS)
+    settings = settings or FlowSettings()
+    dev = resolve_device(device)
+    start = time.perf_counter()
+    rows: dict[str, list[Panel]] = {}
+    histories: dict[str, dict[str, History]] = {}
+    records = []
+    for dataset in datasets:
+        test = sample_toy(dataset, settings.eval_samples, seed=seed + _TEST_SEED_OFFSET, device=dev)
+        rows[dataset] = [_truth_panel(dataset, test.cpu(), settings.resolution)]
+        histories[dataset] = {}
+        for flow in flows:
+            for transformer in transformers:
+                run = fit_toy(
+                    dataset,
+                    flow,
+                    transformer,
+                    settings,
+                    test=test,
+                    device=dev,
+                    seed=seed,
+                    progress=progress,
+                )
+                records.append(run.metrics)
+                rows[dataset] += run.panels()
+                histories[dataset][run.label] = run.history
+    figures = []
+    if out is not None:
+        references = {d: ("entropy", toy_entropy(d)) for d in datasets if has_exact_density(d)}
+        figures = write_figures(Path(out), "toy", rows, histories, references)
+        (Path(out) / "table.md").write_text(toy_table(records))
+    return {
+        "settings": asdict(settings),
+        "device": str(dev),
+        "wall_s": time.perf_counter() - start,
+        "runs": records,
+        "figures": [str(f) for f in figures],
+    }
+
+
+def robustness_sweep(
+    datasets: Sequence[str] = TOY_DATASETS,
+    flows: Sequence[str] = tuple(FLOWS),
+    transformers: Sequence[str] = TRANSFORMERS,
+    lrs: Sequence[float] = SWEEP_LRS,
+    settings: FlowSettings | None = None,
+    *,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Train every combination for ``settings.steps`` steps at a constant learning rate and
+    check for NaN/Inf.
+
+    A run fails if the fit loop raises :class:`~flowkit.train.NonFiniteLossError` (a loss that
+    is not finite) or if a parameter is not finite at the end.
+
+    Returns:
+        One record per run: ``dataset, flow, transformer, lr``, ``finite`` (bool),
+        ``last_loss`` (mean of the last 10 losses; None on failure) and ``error`` (None, or
+        what was not finite).
+    """
+    check_choices("datasets", datasets, TOY_DATASETS)
+    check_choices("flows", flows, tuple(FLOWS))
+    check_choices("transformers", transformers, TRANSFORMERS)
+    settings = settings or FlowSettings()
+    dev = resolve_device(device)
+    records = []
+    for dataset in datasets:
+        for flow in flows:
+            for transformer in transformers:
+                for lr in lrs:
+                    model = build_flow(flow, transformer, settings, seed=seed)
+                    record: dict[str, Any] = {
+                        "dataset": dataset,
+                        "flow": flow,
+                        "transformer": transformer,
+                        "lr": lr,
+                        "finite": True,
+                        "last_loss": None,
+                        "error": None,
+                    }
+                    try:
+                        history = fit(
+                            model,
+                            lambda n, g, name=dataset: sample_toy(name, n, generator=g),
+                            steps=settings.steps,
+                            batch_size=settings.batch_size,
+                            lr=lr,
+                            seed=seed,
+                            device=dev,
+                            progress=False,
+                        )
+                        record["last_loss"] = statistics.fmean(history.train_loss[-10:])
+                    except NonFiniteLossError as e:
+                        record["finite"], record["error"] = False, str(e)
+                    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+                    if bad:
+                        record["finite"] = False
+                        record["error"] = record["error"] or f"non-finite parameters: {bad}"
+                    records.append(record)
+    return records
+
+
+def sweep_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of :func:`robustness_sweep` records, with a count line first."""
+    failed = sum(not r["finite"] for r in records)
+    lines = [
+        f"{len(records)} runs, {failed} with a non-finite loss or parameter.",
+        "",
+        "| dataset | flow | lr | finite | mean of last 10 losses |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['dataset']} | {run_label(r['flow'], r['transformer'])} | {r['lr']:g} | "
+        f"{'yes' if r['finite'] else 'NO: ' + r['error']} | {_fmt(r['last_loss'])} |"
+        for r in records
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def names(text: str) -> list[str]:
+    """Comma-separated names (an ``argparse`` type)."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettings) -> None:
+    """One option per :class:`FlowSettings` field (``--batch-size`` for ``batch_size``...).
+    Options left out stay None, so that :func:`settings_from_args` can tell them apart."""
+    group = parser.add_argument_group("model and training")
+    for f in fields(FlowSettings):
+        flag, default = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
+        if f.name == "hidden":
+            group.add_argument(
+                flag,
+                type=int,
+                nargs="+",
+                metavar="H",
+                help=f"MADE hidden sizes (default: {' '.join(map(str, default))})",
+            )
+        elif f.name == "lr_schedule":
+            group.add_argument(
+                flag, choices=("cosine", "none"), help=f"(default: {default or 'none'})"
+            )
+        else:
+            group.add_argument(flag, type=type(default), help=f"(default: {default})")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny models, few steps: seconds, for smoke tests"
+    )
+
+
+def settings_from_args(
+    args: argparse.Namespace, defaults: FlowSettings, quick: FlowSettings
+) -> FlowSettings:
+    """``quick`` with ``--quick``, else ``defaults``; then every option given."""
+    given = {f.name: getattr(args, f.name) for f in fields(FlowSettings)}
+    given = {k: v for k, v in given.items() if v is not None}
+    if "hidden" in given:
+        given["hidden"] = tuple(given["hidden"])
+    if given.get("lr_schedule") == "none":
+        given["lr_schedule"] = None
+    return replace(quick if args.quick else defaults, **given)
+
+
+def use_one_cpu_thread(device: str) -> None:
+    """Run on one CPU thread when computing on the CPU. The 2-D models are tiny: a second
+    thread only adds synchronisation, and on a shared machine its busy-waiting made training
+    several times slower."""
+    if resolve_device(device).type == "cpu":
+        torch.set_num_threads(1)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_argument_group("what to fit")
+    what.add_argument(
+        "--datasets",
+        type=names,
+        default=list(TOY_DATASETS),
+        metavar="NAMES",
+        help=f"comma-separated (default: all: {','.join(TOY_DATASETS)})",
+    )
+    what.add_argument(
+        "--flows", type=names, default=["maf"], metavar="maf,iaf", help="one or both (default: maf)"
+    )
+    what.add_argument(
+        "--transformer",
+        type=names,
+        default=["spline"],
+        metavar="affine,spline",
+        help="elementwise map of the layers, one or both (default: spline)",
+    )
+    what.add_argument(
+        "--sweep",
+        action="store_true",
+        help="robustness sweep over the selection and the learning rates "
+        f"{', '.join(map(str, SWEEP_LRS))} instead of the gallery",
+    )
+    add_settings_arguments(parser, FlowSettings())
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = settings_from_args(args, FlowSettings(), QUICK)
+    use_one_cpu_thread(args.device)
+    if args.sweep:
+        records = robustness_sweep(
+            args.datasets,
+            args.flows,
+            args.transformer,
+            settings=settings,
+            device=args.device,
+            seed=args.seed,
+        )
+        table = sweep_table(records)
+        (args.out / "sweep.md").write_text(table)
+        print(table.splitlines()[0])
+        return {
+            "settings": asdict(settings),
+            "runs": len(records),
+            "failed": sum(not r["finite"] for r in records),
+            "records": records,
+        }
+    metrics = run_toy(
+        args.datasets,
+        args.flows,
+        args.transformer,
+        settings,
+        out=args.out,
+        device=args.device,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    print(toy_table(metrics["runs"]), end="")
+    print(
+        f"{len(metrics['runs'])} runs in {metrics['wall_s']:.1f} s on {metrics['device']}; "
+        f"figures in {args.out}"
+    )
+    return metrics

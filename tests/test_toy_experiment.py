@@ -1,0 +1,216 @@
+"""Tests of the 2-D experiments: ``flowkit toy`` and ``flowkit energy`` smoke runs (the --quick
+mode CI runs), their metrics and tables, the soft-walled energy targets, and the NaN/Inf sweep
+(a few combinations in CI, all of them under ``-m slow``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from flowkit.cli import main
+from flowkit.data.energy import ENERGIES, ENERGY_BOXES, energy_log_density, energy_log_normalizer
+from flowkit.data.toy import TOY_DATASETS, has_exact_density
+from flowkit.experiments.energy import walled_log_density, walled_log_normalizer
+from flowkit.experiments.toy import (
+    FLOWS,
+    QUICK,
+    SWEEP_LRS,
+    TRANSFORMERS,
+    FlowSettings,
+    build_flow,
+    fit_toy,
+    robustness_sweep,
+    toy_table,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One CPU thread, as the commands use (see use_one_cpu_thread); restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_toy_quick_cli(tmp_path, capsys):
+    """The CI smoke test: ``flowkit toy --quick`` on all eight datasets."""
+    out = tmp_path / "toy"
+    assert main(["toy", "--quick", "--quiet", "--device", "cpu", "--out", str(out)]) == 0
+    for name in ["gallery.png", "losses.png", *(f"toy_{d}.png" for d in TOY_DATASETS)]:
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+    record = json.loads((out / "metrics.json").read_text())
+    runs = record["metrics"]["runs"]
+    assert [r["dataset"] for r in runs] == list(TOY_DATASETS)
+    assert record["metrics"]["settings"]["steps"] == QUICK.steps
+    for r in runs:
+        assert math.isfinite(r["test_nll"]) and r["test_nll_se"] > 0
+        if has_exact_density(r["dataset"]):
+            assert r["kl"] == pytest.approx(r["test_nll"] - r["entropy"])
+        else:
+            assert r["kl"] is None and r["entropy"] is None
+    table = (out / "table.md").read_text()
+    assert table.splitlines()[0] == "| dataset | entropy | MAF spline NLL | MAF spline KL |"
+    assert len(table.splitlines()) == 2 + len(TOY_DATASETS)
+    assert "MAF spline NLL" in capsys.readouterr().out
+
+
+def test_toy_options_override_quick(tmp_path):
+    out = tmp_path / "toy"
+    argv = ["toy", "--quick", "--quiet", "--device", "cpu", "--out", str(out)]
+    argv += ["--datasets", "rings", "--flows", "maf,iaf", "--transformer", "affine"]
+    argv += ["--steps", "7", "--hidden", "8", "--lr-schedule", "none"]
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert metrics["settings"]["steps"] == 7
+    assert metrics["settings"]["hidden"] == [8]
+    assert metrics["settings"]["lr_schedule"] is None
+    assert metrics["settings"]["layers"] == QUICK.layers
+    assert [(r["flow"], r["transformer"]) for r in metrics["runs"]] == [
+        ("maf", "affine"),
+        ("iaf", "affine"),
+    ]
+    header = (out / "table.md").read_text().splitlines()[0]
+    assert header == (
+        "| dataset | entropy | MAF affine NLL | MAF affine KL | IAF affine NLL | IAF affine KL |"
+    )
+
+
+def test_unknown_names_are_user_errors(tmp_path, capsys):
+    argv = ["toy", "--quick", "--datasets", "moons,spiral", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "'datasets' should be a non-empty subset of moons" in capsys.readouterr().err
+    assert main(["toy", "--quick", "--flows", "nice", "--out", str(tmp_path)]) == 2
+
+
+def test_energy_quick_cli(tmp_path):
+    out = tmp_path / "energy"
+    argv = ["energy", "--quick", "--quiet", "--device", "cpu", "--out", str(out)]
+    assert main([*argv, "--energies", "U1,U4", "--steps", "10"]) == 0
+    for name in ["gallery.png", "losses.png", "energy_U1.png", "energy_U4.png"]:
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+    runs = json.loads((out / "metrics.json").read_text())["metrics"]["runs"]
+    assert [r["energy"] for r in runs] == ["U1", "U4"]
+    for r in runs:
+        assert r["kl"] == pytest.approx(r["log_z"] - r["elbo"])
+        assert 0.0 <= r["outside"] <= 1.0
+    assert (out / "table.md").read_text().startswith("| energy | log Z | IAF spline ELBO |")
+
+
+def test_build_flow_is_seeded_and_leaves_the_global_generator_alone():
+    settings = replace(QUICK, layers=2)
+    state = torch.get_rng_state()
+    a = build_flow("iaf", "spline", settings, seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+    b = build_flow("iaf", "spline", settings, seed=3)
+    c = build_flow("iaf", "spline", settings, seed=4)
+    pairs = list(zip(a.parameters(), b.parameters(), strict=True))
+    assert all(torch.equal(p, q) for p, q in pairs)
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters(), strict=True))
+    with pytest.raises(ValueError, match="'transformer' should be one of affine, spline"):
+        build_flow("maf", "cubic", settings)
+
+
+def test_fit_toy_metrics_are_consistent():
+    settings = replace(QUICK, steps=5, eval_samples=500, plot_samples=50, resolution=12)
+    test = torch.randn(500, 2)
+    run = fit_toy("checkerboard", "maf", "affine", settings, test=test, device=torch.device("cpu"))
+    m = run.metrics
+    assert m["kl"] == pytest.approx(m["test_nll"] - math.log(32.0))
+    assert run.log_density.shape == (12, 12) and run.samples.shape == (50, 2)
+    assert len(run.history.train_loss) == 5
+    assert [p.title.split("\n")[0] for p in run.panels()] == [
+        "MAF affine density",
+        "MAF affine samples",
+    ]
+
+
+def test_toy_table_leaves_missing_runs_blank():
+    records = [
+        {
+            "dataset": "moons",
+            "flow": "maf",
+            "transformer": "affine",
+            "test_nll": 2.0,
+            "entropy": None,
+            "kl": None,
+        },
+        {
+            "dataset": "rings",
+            "flow": "iaf",
+            "transformer": "affine",
+            "test_nll": 3.0,
+            "entropy": 2.5,
+            "kl": 0.5,
+        },
+    ]
+    assert toy_table(records).splitlines()[2:] == [
+        "| moons | n/a | 2.000 | n/a | n/a | n/a |",
+        "| rings | 2.500 | n/a | n/a | 3.000 | 0.500 |",
+    ]
+
+
+@pytest.mark.parametrize("name", ENERGIES)
+def test_walled_target_is_the_energy_inside_the_box(name):
+    xmin, xmax, ymin, ymax = ENERGY_BOXES[name]
+    inside = torch.rand(200, 2, dtype=torch.float64)
+    inside = inside * torch.tensor([xmax - xmin, ymax - ymin]) + torch.tensor([xmin, ymin])
+    torch.testing.assert_close(walled_log_density(name, inside), energy_log_density(name, inside))
+    outside = inside + torch.tensor([xmax - xmin + 0.3, 0.0], dtype=torch.float64)
+    wall = -0.5 * (0.3 + (inside[:, 0] - xmin)) ** 2 / 0.1**2
+    torch.testing.assert_close(
+        walled_log_density(name, outside), energy_log_density(name, outside) + wall
+    )
+
+
+@pytest.mark.parametrize("name", ENERGIES)
+def test_walled_log_normalizer(name):
+    box, walled = energy_log_normalizer(name, 500), walled_log_normalizer(name, resolution=400)
+    # the wall adds mass only where the box truncates the density: the z1 edges of U2-U4
+    assert 0.0 <= walled - box < (1e-6 if name == "U1" else 0.035)
+    assert walled_log_normalizer(name, resolution=300) == pytest.approx(walled, abs=1e-5)
+
+
+def _check_sweep(records, expected):
+    assert len(records) == expected
+    failures = [r for r in records if not r["finite"]]
+    assert not failures, failures
+    assert all(math.isfinite(r["last_loss"]) for r in records)
+
+
+def test_sweep_short():
+    """A few of the hardest combinations at the largest learning rate, full-size models."""
+    settings = FlowSettings(steps=20)
+    records = robustness_sweep(
+        ["checkerboard", "rings"],
+        ["maf", "iaf"],
+        ["spline"],
+        [1e-2],
+        settings=settings,
+        device="cpu",
+    )
+    _check_sweep(records, 4)
+
+
+@pytest.mark.slow
+def test_sweep_full():
+    """Every dataset x MAF/IAF x affine/spline x lr in {1e-4, 1e-3, 1e-2}: 96 runs, the same
+    as ``flowkit toy --sweep --flows maf,iaf --transformer affine,spline --steps 150``."""
+    records = robustness_sweep(settings=FlowSettings(steps=150), device="cpu")
+    _check_sweep(records, len(TOY_DATASETS) * len(FLOWS) * len(TRANSFORMERS) * len(SWEEP_LRS))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_toy_on_cuda(tmp_path):
+    out = tmp_path / "cuda"
+    argv = ["toy", "--quick", "--quiet", "--device", "cuda", "--out", str(out)]
+    assert main([*argv, "--datasets", "moons,rings", "--flows", "maf,iaf"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert metrics["device"].startswith("cuda")
+    assert all(math.isfinite(r["test_nll"]) for r in metrics["runs"])
