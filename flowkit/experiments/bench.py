@@ -17,10 +17,11 @@ Every time is the median over --repeats interleaved rounds, with the interquarti
 the process CPU time (the machine may be shared: CPU time does not count the time the process
 waits for a core; wall times are in the JSON too). With --threads 1 (default) that is the work
 done. Every speed is also a ratio to a reference measured in the same run. Memory is what the
-call adds at its peak: on CPU the peak resident set size (VmHWM, reset through
-/proc/self/clear_refs, Linux) minus the resident size before the call, in a fresh subprocess
-per call after building the model and inputs and one warm-up call; on CUDA the peak of
-torch.cuda.max_memory_allocated minus the allocated memory before the call.
+first call adds at its peak, in a fresh process after building the model and inputs, so it
+includes what the call keeps for the next ones (cached masked and sorted weights, an optimizer's
+state): on CPU the peak resident set size (VmHWM, reset through /proc/self/clear_refs, Linux)
+minus the resident size before the call, in a subprocess per call; on CUDA the peak of
+torch.cuda.max_memory_allocated minus the memory allocated before the call.
 
 examples:
   flowkit bench --out runs/bench
@@ -499,7 +500,6 @@ def _probe(probe: dict, device: torch.device) -> float:
     else:
         flow, x = _flow(probe["kind"], probe, device)
         fn = _sampling_calls(probe["kind"], flow, x)[probe["call"]]
-    fn()  # warm-up: caches, lazy initialisations and the optimizer's state exist afterwards
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)

@@ -155,9 +155,9 @@ def solve_with_params(
 
     # acc[stage]: pre-activations, started at the bias plus the context's contribution (the
     # context reaches every unit), summed into by pushes; buf[source]: values pulled from.
-    # Everything is used units x batch: a block of units is a block of rows and every product
-    # is (units x units) @ (units x batch). The inputs and the outputs are stored batch x units,
-    # as the user's step reads and writes them, and used through transposed views.
+    # Units x batch, so that a block of units is a block of rows and every product is
+    # (units x units) @ (units x batch), the shape BLAS does fast. The inputs are stored
+    # batch x units, as the user's step writes them, and read through a transposed view.
     last = len(layout.hidden_counts)  # the output stage
     perms = [*layout.hidden_perms, layout.output_perm]
     acc = []
@@ -165,12 +165,11 @@ def solve_with_params(
         a = layer.bias.index_select(0, perms[stage])[:, None]
         if context is not None and program.context[stage] is not None:
             a = torch.addmm(a, program.context[stage], context.t())
-        acc.append(a.expand(-1, n).contiguous() if stage < last else a.t().expand(n, -1))
-    outputs = acc[last].contiguous()  # batch x units
-    acc[last] = outputs.t()
-    buf = {s: acc[-1].new_zeros(w, n) for s, w in program.sources}
+        acc.append(a.expand(-1, n).contiguous() if stage in program.accumulated else a)
+    # Every unit is written before anything reads it: the buffers need no initial value.
+    buf = {s: acc[-1].new_empty(w, n) for s, w in program.sources}
     if not one_hot:
-        inputs = acc[-1].new_zeros(n, features * m)
+        inputs = acc[-1].new_empty(n, features * m)
         buf[-1] = inputs.t()
     input_starts = list(range(0, features * m + 1, m))
 
@@ -196,8 +195,7 @@ def solve_with_params(
             p = view.block(acc[last], program.starts[last], k)
             for source, length, weight in block.pulls:
                 p = torch.addmm(p, weight, view.rows(buf[source], length))
-            p = p.t() if block.pulls else view.block(outputs, program.starts[last], k, dim=1)
-            p = (p.clone() if tracked else p).unsqueeze(1)
+            p = (p.clone() if tracked and not block.pulls else p).t().unsqueeze(1)
         y = step(p, layout.index[k - 1])
         values.append(y)
         params.append(p)
@@ -329,6 +327,7 @@ class _Program(NamedTuple):
     products: list[Tensor]  # the masked weights it was built from
     context: list[Tensor | None]  # per stage, (out, C) weights of the context
     starts: list[list[int]]  # per stage, its first unit of degree k = 0..D+1
+    accumulated: set[int]  # stages that receive pushes (the others start at a bias column)
     sources: list[tuple[int, int]]  # (layer, width) of the hidden layers that pulls read
     hidden: list[list[_Block]]  # per degree k < D, the hidden units of degree k
     output: list[_Block]  # per position k = 1..D, the outputs of the k-th feature
@@ -428,8 +427,10 @@ def _program(made: MADE, layout: _Layout, one_hot: bool) -> _Program:
                 if first < w.shape[0]:
                     inputs_pushed[k - 1].append((stage, first, rows[k - 1][:, first:]))
     sources = [(s, made.hidden_features[s]) for s in range(stages) if s not in pushing]
+    accumulated = {s + 1 for s in pushing} | (set(readers) if one_hot else set())
     program = _Program(
-        key, products, context, starts, sources, hidden, output, inputs_pushed
+        key, products, context, starts, accumulated, sources, hidden, output,
+        inputs_pushed,
     )
     if not any(p.requires_grad for p in products):
         _programs[made] = program
