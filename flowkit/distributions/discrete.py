@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flowkit.nn.inversion import solve
+from flowkit.nn.inversion import OneHot, solve
 from flowkit.nn.made import MADE
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
 from flowkit.validation import check_features
@@ -302,15 +302,17 @@ class CategoricalMADE(_DiscreteMADE):
             )
         return x.long()
 
-    def _one_hot(self, x: Tensor) -> Tensor:
-        return F.one_hot(x, self.classes).to(self._reference().dtype)
+    def _one_hot(self) -> OneHot:
+        """The input encoding, in the model's current dtype (the solver recognises it and
+        adds one weight row per feature instead of multiplying by a one-hot vector)."""
+        return OneHot(self.classes, self._reference().dtype)
 
     def logits(self, x: Tensor) -> Tensor:
         r"""Unnormalized logits ``(N, D, K)`` of the conditionals ``p(x_d | x_{<d})``."""
-        return self.made(self._one_hot(self._check(x)))
+        return self.made(self._one_hot()(self._check(x)))
 
     def _log_prob(self, x: Tensor) -> Tensor:
-        log_p = torch.log_softmax(self.made(self._one_hot(x)), dim=-1)
+        log_p = torch.log_softmax(self.made(self._one_hot()(x)), dim=-1)
         return log_p.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
     @torch.no_grad()
@@ -334,7 +336,7 @@ class CategoricalMADE(_DiscreteMADE):
             return (params + gumbel[:, index]).argmax(-1)
 
         like = torch.zeros(n, self.features, dtype=torch.long, device=ref.device)
-        return solve(self.made, step, like, encode=self._one_hot)
+        return solve(self.made, step, like, encode=self._one_hot())
 
     def extra_repr(self) -> str:
         return f"features={self.features}, classes={self.classes}, " + super().extra_repr()
