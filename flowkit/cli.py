@@ -55,6 +55,13 @@ COMMANDS: list[tuple[str, str, str]] = [
     ),
     ("toy", "flowkit.experiments.toy", "MAF/IAF density estimation on the 2-D toy datasets"),
     ("energy", "flowkit.experiments.energy", "IAF fitted by reverse KL to the energies U1-U4"),
+    ("mnist", "flowkit.experiments.mnist", "Bernoulli-MADE on binarized MNIST: train, sample"),
+    (
+        "mnist-eval",
+        "flowkit.experiments.mnist_eval",
+        "score a saved MADE on a split file: NLL, single mask and ensemble",
+    ),
+    ("bench", "flowkit.experiments.bench", "benchmark suite: density, sampling, memory"),
     ("vae", "flowkit.experiments.vae", "VAE on binarized MNIST: Gaussian vs IAF posterior"),
     ("rl", "flowkit.experiments.rl", "SAC on Pendulum-v1: conditional IAF vs Gaussian policy"),
     (
