@@ -10,21 +10,23 @@ distribution with pre-drawn noise). Because ``made(y)[:, d]`` depends only on th
 before ``d`` in the ordering, the features can be solved one at a time, in order.
 
 :func:`solve_naive` does that with one full MADE pass per feature, ``D`` passes in all.
-:func:`solve` does the same arithmetic as *one* pass. A hidden unit of degree ``k`` depends
-only on the first ``k`` features of the ordering, so once those are known it is final and never
+:func:`solve` does the arithmetic of *one* pass. A hidden unit of degree ``k`` depends only on
+the first ``k`` features of the ordering, so once those are known it is final and never
 changes. With the units of every layer sorted by degree (a permutation that leaves the function
-unchanged), the units that become final when feature ``i`` of the ordering is known are a
-contiguous block, and ``solve`` computes each block exactly once, NADE-style: every block adds
-its contribution to the pre-activations of the units above it,
+unchanged), the units that become final when feature ``k`` is known are a block ``[k]`` of
+rows, and the units below that they see are a prefix ``[<=k]``. Step ``k`` computes each such
+block once, layer by layer, either by *pulling* from the layer below or, NADE-style, by having
+each new block *push* its contribution into the pre-activations above (``a`` accumulates):
 
 .. math::
 
-    a^{(l+1)} \mathrel{+}= h^{(l)}_{[k]} \, W^{(l+1)}_{[k], \ge k}, \qquad
-    h^{(l)}_{[k]} = \operatorname{act}\big(a^{(l)}_{[k]}\big),
+    h^{(l)}_{[k]} = \operatorname{act}\big(b_{[k]} + W^{(l)}_{[k], [\le k]}\,
+        h^{(l-1)}_{[\le k]}\big)
+    \quad\text{or}\quad
+    a^{(l+1)}_{[\ge k]} \mathrel{+}= W^{(l+1)}_{[\ge k], [k]}\, h^{(l)}_{[k]},
 
-where ``[k]`` is the block of degree ``k``. The ``P`` outputs of feature ``i`` are then complete
-when its step needs them. Each weight entry is used once in all, so the total arithmetic is one
-forward pass, spread over ``D`` steps of a handful of tensor operations each.
+then the ``P`` outputs of the ``k``-th feature, then the feature. Each weight entry is used
+once in all, as in one forward pass, spread over ``D`` steps of a handful of tensor operations.
 
 References:
     Germain et al., "MADE: Masked Autoencoder for Distribution Estimation", ICML 2015.
@@ -56,7 +58,9 @@ column ``(N, 1)`` at a time."""
 
 Step = Callable[[Tensor, Tensor], Tensor]
 """``step(params, index) -> values``: ``params`` ``(N, m, P)`` are the MADE outputs of the
-features ``index`` ``(m,)``; returns their values ``(N, m)``."""
+features ``index`` ``(m,)``; returns their values ``(N, m)``. :func:`solve` passes ``m = 1``
+and, without autograd, ``params`` may be a non-contiguous view of its working memory: do not
+write to it."""
 
 
 class OneHot:
