@@ -551,7 +551,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flowkit.experiments.bench``, until the ``flowkit`` CLI registers it."""
+    """``python -m flowkit.experiments.bench``: the same as ``flowkit bench``."""
     from flowkit.cli import add_common_arguments
 
     parser = argparse.ArgumentParser(
