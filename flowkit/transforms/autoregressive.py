@@ -22,7 +22,7 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-from flowkit.nn.inversion import solve
+from flowkit.nn.inversion import solve_with_params
 from flowkit.nn.made import MADE
 from flowkit.transforms.base import Transform
 
@@ -83,10 +83,10 @@ class MaskedAutoregressive(Transform):
         if self.direction == "maf":
             params = self.made(x, context)
         else:
-            z = solve(
+            # the solver also returns made(z), the parameters of the log-determinant
+            _, params = solve_with_params(
                 self.made, lambda p, i: self.transformer.forward(x[:, i], p)[0], x, context
             )
-            params = self.made(z, context)
         z, log_det = self.transformer.forward(x, params)
         return z, log_det.sum(-1)
 
@@ -94,10 +94,9 @@ class MaskedAutoregressive(Transform):
         if self.direction == "iaf":
             params = self.made(z, context)
         else:
-            x = solve(
+            _, params = solve_with_params(
                 self.made, lambda p, i: self.transformer.inverse(z[:, i], p)[0], z, context
             )
-            params = self.made(x, context)
         x, log_det = self.transformer.inverse(z, params)
         return x, log_det.sum(-1)
 
