@@ -67,6 +67,12 @@ def grid_log_density(
     Returns:
         ``log p`` of shape ``(resolution, resolution)`` with ``y`` along the rows, ready for
         :class:`Panel` (``imshow(..., origin="lower", extent=box)``).
+
+    Example:
+        >>> image = grid_log_density(lambda x: x[:, 0], (0.0, 4.0, 0.0, 2.0), resolution=2)
+        >>> image  # x at the cell midpoints 1 and 3, the same on both rows
+        tensor([[1., 3.],
+                [1., 3.]])
     """
     points, _ = box_grid(box, resolution, dtype=dtype, device=device)
     values = torch.cat([log_prob(p) for p in points.split(chunk)])
@@ -81,11 +87,15 @@ class Panel:
         title: shown above the panel (keep it to two short lines).
         box: ``(xmin, xmax, ymin, ymax)``, the visible region.
         log_density: ``(R, R)`` log-density on the grid of :func:`grid_log_density`, shown as
-            ``exp(log_density)`` with a linear colour scale from 0 to its maximum; ``-inf`` and
-            NaN show as 0.
+            ``exp(log_density)`` on a linear colour scale from 0 to ``vmax``; ``-inf`` and NaN
+            show as 0.
         samples: ``(N, 2)`` points, used when ``log_density`` is None.
         histogram: draw ``samples`` as a 2-D histogram in the density colours (for data, so
             that it reads like a density) instead of a scatter plot (for model samples).
+        vmax: top of the colour scale of ``log_density``, in density units. Give a model panel
+            the true density's maximum to draw both in the same colours. Default: the 99.9th
+            percentile of the panel's values, so that a few isolated spikes do not darken the
+            rest.
     """
 
     title: str
@@ -93,19 +103,23 @@ class Panel:
     log_density: ArrayLike | None = None
     samples: ArrayLike | None = None
     histogram: bool = False
+    vmax: float | None = None
 
     def __post_init__(self) -> None:
         if (self.log_density is None) == (self.samples is None):
             raise ValueError("a Panel needs exactly one of 'log_density' and 'samples'")
 
 
-def draw_density(ax: Axes, log_density: ArrayLike, box: Box) -> None:
-    """Heat map of ``exp(log_density)`` (``(R, R)``, ``y`` along rows) over ``box``."""
+def draw_density(ax: Axes, log_density: ArrayLike, box: Box, vmax: float | None = None) -> None:
+    """Heat map of ``exp(log_density)`` (``(R, R)``, ``y`` along rows) over ``box``, colours
+    from 0 to ``vmax`` (default: the 99.9th percentile of the values)."""
     log_p = _numpy(log_density)
     if log_p.ndim != 2:
         raise ValueError(f"'log_density' should have shape (R, R), got {log_p.shape}")
     density = np.exp(np.nan_to_num(log_p, nan=-np.inf, posinf=np.inf))
-    vmax = np.max(density[np.isfinite(density)], initial=0.0)
+    if vmax is None:
+        finite = density[np.isfinite(density)]
+        vmax = float(np.quantile(finite, 0.999)) if finite.size else 1.0
     ax.imshow(
         density,
         origin="lower",
@@ -139,7 +153,7 @@ def draw_samples(
 
 def _draw_panel(ax: Axes, panel: Panel) -> None:
     if panel.log_density is not None:
-        draw_density(ax, panel.log_density, panel.box)
+        draw_density(ax, panel.log_density, panel.box, panel.vmax)
     else:
         assert panel.samples is not None
         draw_samples(ax, panel.samples, panel.box, histogram=panel.histogram)

@@ -132,3 +132,19 @@ def test_loss_figure(tmp_path):
     assert save_figure(fig, tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(ValueError, match="'histories'"):
         loss_figure({})
+
+
+def test_density_colour_scale():
+    log_p = np.zeros((40, 40))
+    log_p[3, 4] = 5.0  # one isolated spike
+    robust, shared = panel_figure(
+        [
+            [
+                Panel("robust", BOX, log_density=log_p),
+                Panel("shared", BOX, log_density=log_p, vmax=2.0),
+            ]
+        ]
+    ).axes
+    assert robust.images[0].norm.vmax == pytest.approx(1.0)  # the spike does not set the scale
+    assert shared.images[0].norm.vmax == 2.0
+    assert robust.images[0].norm.vmin == shared.images[0].norm.vmin == 0.0
