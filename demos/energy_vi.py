@@ -49,7 +49,7 @@ flow = IAF(
     layers=5,
     hidden_features=(64, 64),
     transformer="spline",
-    transformer_kwargs={"bins": 8, "bound": 6.0},
+    transformer_kwargs={"bins": 16, "bound": 6.0},
 )
 
 # 2. Training: each step draws 256 samples from the flow and follows the gradient of -ELBO.

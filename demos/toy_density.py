@@ -39,7 +39,7 @@ flow = MAF(
     layers=5,
     hidden_features=(64, 64),
     transformer="spline",
-    transformer_kwargs={"bins": 8, "bound": 4.0},
+    transformer_kwargs={"bins": 16, "bound": 4.0},
 )
 
 

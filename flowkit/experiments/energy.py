@@ -105,6 +105,7 @@ def fit_energy(
     device: torch.device,
     seed: int = 0,
     progress: bool = False,
+    vmax: float | None = None,
 ) -> tuple[dict[str, Any], History, list[Panel]]:
     """Fit one flow to one energy by reverse KL and evaluate it.
 
@@ -113,7 +114,8 @@ def fit_energy(
         standard error ``elbo_se``; ``log_z`` (of the walled target) and ``log_z_box`` (of
         exp(-U) on the box, :func:`flowkit.data.energy_log_normalizer`); ``kl = log_z - elbo``;
         ``outside`` (share of samples outside the box); ``train_s``, ``ms_per_step``. Also the
-        :class:`History` and the model's two figure panels.
+        :class:`History` and the model's two figure panels (density colours up to ``vmax``,
+        see :class:`flowkit.plot.Panel`).
     """
     model = build_flow(flow, transformer, settings, seed=seed)
     history = fit_reverse_kl(
@@ -157,6 +159,7 @@ def fit_energy(
             f"{label} density\nELBO {elbo:.3f}   KL {log_z - elbo:.3f}",
             box,
             log_density=log_density.cpu(),
+            vmax=vmax,
         ),
         Panel(f"{label} samples", box, samples=z[: settings.plot_samples].cpu()),
     ]
@@ -203,11 +206,15 @@ def run_energy(
     records = []
     for name in energies:
         box = ENERGY_BOXES[name]
-        log_p = grid_log_density(
-            lambda z, n=name: energy_log_density(n, z), box, settings.resolution
+        log_z = walled_log_normalizer(name, wall)
+        # normalised, so that the target and the model share one colour scale
+        log_p = (
+            grid_log_density(lambda z, n=name: energy_log_density(n, z), box, settings.resolution)
+            - log_z
         )
-        title = f"target exp(-{name})\nlog Z {walled_log_normalizer(name, wall):.3f}"
-        rows[name] = [Panel(title, box, log_density=log_p)]
+        vmax = float(log_p.max().exp())
+        title = f"target exp(-{name}) / Z\nlog Z {log_z:.3f}"
+        rows[name] = [Panel(title, box, log_density=log_p, vmax=vmax)]
         histories[name] = {}
         for flow in flows:
             for transformer in transformers:
@@ -220,6 +227,7 @@ def run_energy(
                     device=dev,
                     seed=seed,
                     progress=progress,
+                    vmax=vmax,
                 )
                 records.append(metrics)
                 rows[name] += panels
