@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 import flowkit
 from flowkit.distributions import discrete
-from flowkit.nn.inversion import solve_naive
+from flowkit.nn.inversion import solve_naive, solve_naive_with_params
 from flowkit.transforms import autoregressive
 from flowkit.validation import validate_values
 
@@ -357,7 +357,7 @@ def _densify(flow: flowkit.Flow) -> flowkit.Flow:
 
 @contextmanager
 def _naive_layers() -> Iterator[None]:
-    with mock.patch.object(autoregressive, "solve", solve_naive):
+    with mock.patch.object(autoregressive, "solve_with_params", solve_naive_with_params):
         yield
 
 

@@ -136,6 +136,19 @@ def solve(
     return solve_with_params(made, step, like, context, encode)[0]
 
 
+def solve_naive_with_params(
+    made: MADE,
+    step: Step,
+    like: Tensor,
+    context: Tensor | None = None,
+    encode: Encode | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Reference for :func:`solve_with_params`: :func:`solve_naive`, then one more MADE pass
+    for ``made(y, context)``."""
+    y = solve_naive(made, step, like, context, encode)
+    return y, made(y if encode is None else encode(y), context)
+
+
 def solve_with_params(
     made: MADE,
     step: Step,
