@@ -148,3 +148,18 @@ def test_density_colour_scale():
     assert robust.images[0].norm.vmax == pytest.approx(1.0)  # the spike does not set the scale
     assert shared.images[0].norm.vmax == 2.0
     assert robust.images[0].norm.vmin == shared.images[0].norm.vmin == 0.0
+
+
+def test_palette_png_is_smaller_and_looks_the_same(tmp_path):
+    from PIL import Image
+
+    log_p = grid_log_density(lambda x: -0.5 * x.square().sum(1), BOX, 100)
+    points = torch.randn(3000, 2)
+    fig = panel_figure([[Panel("d", BOX, log_density=log_p), Panel("s", BOX, samples=points)]])
+    full = save_figure(fig, tmp_path / "full.png", dpi=80)
+    small = save_figure(fig, tmp_path / "small.png", dpi=80, palette=True)
+    assert small.stat().st_size < full.stat().st_size
+    a, b = Image.open(full), Image.open(small)
+    assert b.mode == "P" and a.size == b.size
+    diff = np.abs(np.asarray(a.convert("RGB"), float) - np.asarray(b.convert("RGB"), float))
+    assert diff.mean() < 2.0  # out of 255

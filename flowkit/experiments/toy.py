@@ -191,13 +191,16 @@ def write_figures(
     histories: Mapping[str, Mapping[str, History]],
     references: Mapping[str, tuple[str, float]],
 ) -> list[Path]:
-    """``<prefix>_<row>.png`` per row, ``gallery.png`` with every row and ``losses.png``."""
+    """``<prefix>_<row>.png`` per row, ``gallery.png`` with every row (both as 256-colour
+    PNGs, see :func:`~flowkit.plot.save_figure`) and ``losses.png``."""
     paths = [
-        save_figure(panel_figure([row], row_labels=[name]), out / f"{prefix}_{name}.png")
+        save_figure(
+            panel_figure([row], row_labels=[name]), out / f"{prefix}_{name}.png", palette=True
+        )
         for name, row in rows.items()
     ]
     gallery = panel_figure(list(rows.values()), row_labels=list(rows), size=2.0)
-    paths.append(save_figure(gallery, out / "gallery.png", dpi=80))
+    paths.append(save_figure(gallery, out / "gallery.png", dpi=80, palette=True))
     paths.append(save_figure(loss_figure(histories, references=references), out / "losses.png"))
     return paths
 
