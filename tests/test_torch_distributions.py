@@ -9,6 +9,8 @@ from torch.distributions import Independent, TanhTransform, TransformedDistribut
 import flowkit
 from flowkit.distributions.flow_distribution import FlowDistribution
 from flowkit.nn import MADE
+from flowkit.nn.inversion import solve_with_params
+from flowkit.transforms import autoregressive
 
 D, C = 3, 4
 
@@ -28,8 +30,9 @@ def _flow(kind: str, context_features: int = C) -> flowkit.Flow:
     return _perturbed(build(D, layers=2, hidden_features=(16,), context_features=context_features))
 
 
-def _made_calls(flow: flowkit.Flow) -> list[int]:
-    """A counter of the forward passes of all the flow's MADEs (hooks stay for the test)."""
+def _made_calls(flow: flowkit.Flow, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the work the flow's MADEs do: one per forward pass, one per autoregressive
+    solve (which evaluates the MADE incrementally and never calls its ``forward``)."""
     calls = [0]
 
     def hook(*_):
@@ -38,6 +41,12 @@ def _made_calls(flow: flowkit.Flow) -> list[int]:
     for m in flow.modules():
         if isinstance(m, MADE):
             m.register_forward_hook(hook)
+
+    def counted_solve(*args, **kwargs):
+        calls[0] += 1
+        return solve_with_params(*args, **kwargs)
+
+    monkeypatch.setattr(autoregressive, "solve_with_params", counted_solve)
     return calls
 
 
@@ -100,11 +109,11 @@ def test_rsample_and_log_prob_agree_with_log_prob(kind):
     torch.testing.assert_close(log_p, d.log_prob(x.clone()))  # clone: no cache, recomputed
 
 
-def test_batched_context_costs_one_call(kind):
+def test_batched_context_costs_one_call(kind, monkeypatch):
     """A (2, 5) batch of contexts costs the flow's MADEs as many calls as a single context:
     the batch is flattened, never looped over."""
     flow = _flow(kind)
-    calls = _made_calls(flow)
+    calls = _made_calls(flow, monkeypatch)
 
     def count(context: torch.Tensor) -> tuple[int, int]:
         d = FlowDistribution(flow, context)
@@ -135,12 +144,12 @@ def test_rsample_is_reparameterized():
     assert not d.sample((2,)).requires_grad
 
 
-def test_cached_log_prob_of_own_sample(kind):
+def test_cached_log_prob_of_own_sample(kind, monkeypatch):
     """log_prob of the tensor rsample returned costs no flow pass and keeps its gradient."""
     flow = _flow(kind)
     d = FlowDistribution(flow, torch.randn(5, C, dtype=torch.float64))
     x = d.rsample((2,))
-    calls = _made_calls(flow)
+    calls = _made_calls(flow, monkeypatch)
     log_p = d.log_prob(x)
     assert calls[0] == 0 and log_p.requires_grad
     torch.testing.assert_close(log_p, d.log_prob(x.clone()))
@@ -179,7 +188,7 @@ def test_independent():
     torch.testing.assert_close(d.log_prob(x), expected)
 
 
-def test_tanh_squash(kind):
+def test_tanh_squash(kind, monkeypatch):
     """Bounded actions: log q(a) = log p(u) - sum_d log(1 - tanh(u_d)^2), a = tanh(u)."""
     flow = _flow(kind)
     base = FlowDistribution(flow, torch.randn(5, C, dtype=torch.float64))
@@ -189,7 +198,7 @@ def test_tanh_squash(kind):
     assert a.shape == (2, 5, D) and a.abs().max() < 1
     u = torch.atanh(a.detach())
     expected = base.log_prob(u) - torch.log1p(-a.detach().square()).sum(-1)
-    calls = _made_calls(flow)
+    calls = _made_calls(flow, monkeypatch)
     log_q = policy.log_prob(a)  # the cached pre-squash sample and its log-density: no pass
     assert calls[0] == 0
     torch.testing.assert_close(log_q, expected)
