@@ -218,7 +218,8 @@ class BernoulliMADE(_DiscreteMADE):
         """``n`` exact samples ``(n, D)`` (floats 0/1) from the active mask set's model.
 
         Uniforms ``u`` ``(n, D)`` are drawn first; feature ``d`` is then ``u_d < p(x_d = 1 |
-        x_{<d})``, solved in the model's ordering.
+        x_{<d})``, solved in the model's ordering (compared as ``logit(u_d) < logit_d``, which
+        costs no sigmoid per step).
 
         Args:
             n: number of samples.
@@ -229,8 +230,10 @@ class BernoulliMADE(_DiscreteMADE):
         ref = self._reference()
         u = torch.rand(n, self.features, generator=generator, device=ref.device, dtype=ref.dtype)
 
+        threshold = torch.logit(u)
+
         def step(params: Tensor, index: Tensor) -> Tensor:
-            return (u[:, index] < torch.sigmoid(params[..., 0])).to(ref.dtype)
+            return (threshold.index_select(1, index) < params[..., 0]).to(ref.dtype)
 
         return solve(self.made, step, u)
 
