@@ -46,13 +46,31 @@ def local_batch_size(batch_size: int, dist: Dist) -> int:
     return batch_size // dist.world_size
 
 
-def as_tensor(name: str, value: Any, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``value`` (tensor or numpy array) as a ``dtype`` tensor on ``device``."""
+def as_tensor(
+    name: str, value: Any, device: torch.device, dtype: torch.dtype, keep_discrete: bool = False
+) -> Tensor:
+    """``value`` (tensor or numpy array) as a tensor on ``device``, cast to ``dtype``.
+
+    With ``keep_discrete=True`` integer and bool values keep their dtype (the class indices of a
+    :class:`~flowkit.CategoricalMADE`, binary pixels stored as ``uint8``); only floating values
+    are cast. Data ``x`` is loaded that way, contexts always become ``dtype``.
+    """
     if not isinstance(value, Tensor | np.ndarray):
         raise TypeError(
             f"'{name}' should be a torch.Tensor or numpy array, got {type(value).__name__}"
         )
-    return torch.as_tensor(value).to(device=device, dtype=dtype)
+    t = torch.as_tensor(value)
+    cast = dtype if t.is_floating_point() or t.is_complex() or not keep_discrete else None
+    return t.to(device=device, dtype=cast)
+
+
+def as_batch(
+    name: str, x: Any, c: Any, device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, Tensor | None]:
+    """A batch ``(x, context)`` on ``device``: floating ``x`` and the context cast to ``dtype``,
+    integer and bool ``x`` kept as they are (see :func:`as_tensor`)."""
+    x = as_tensor(name, x, device, dtype, keep_discrete=True)
+    return x, None if c is None else as_tensor(f"{name} context", c, device, dtype)
 
 
 def split_pair(name: str, value: Any) -> tuple[Any, Any]:
@@ -70,14 +88,12 @@ def split_pair(name: str, value: Any) -> tuple[Any, Any]:
 
 def load_arrays(name: str, value: Any, device: torch.device, dtype: torch.dtype) -> Batch:
     """Validate and move an in-memory dataset ``x`` or ``(x, context)`` to ``device`` once."""
-    x, c = split_pair(name, value)
-    x = as_tensor(name, x, device, dtype)
+    x, c = as_batch(name, *split_pair(name, value), device, dtype)
     if x.dim() < 2:
         raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
     if x.shape[0] == 0:
         raise ValueError(f"'{name}' should have at least one row, got shape {tuple(x.shape)}")
     if c is not None:
-        c = as_tensor(f"{name} context", c, device, dtype)
         if c.dim() != 2 or c.shape[0] != x.shape[0]:
             raise ValueError(
                 f"the context of '{name}' should have shape ({x.shape[0]}, context_features) "
@@ -143,8 +159,7 @@ class SamplerSource:
 
     def next_batch(self, step: int) -> Batch:
         x, c = split_pair("data", self.sample(self.local, self.generator))
-        x = as_tensor("data", x, self.device, self.dtype)
-        return x, None if c is None else as_tensor("data context", c, self.device, self.dtype)
+        return as_batch("data", x, c, self.device, self.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}
@@ -204,9 +219,7 @@ class LoaderSource:
             self._start_epoch(self._epoch + 1)
             batch = next(self._iter)
         self._position += 1
-        x, c = split_pair("data", batch)
-        x = as_tensor("data", x, self.device, self.dtype)
-        return x, None if c is None else as_tensor("data context", c, self.device, self.dtype)
+        return as_batch("data", *split_pair("data", batch), self.device, self.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "position": self._position, "epoch_rng": self._epoch_rng}

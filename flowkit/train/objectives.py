@@ -21,6 +21,7 @@ from .data import (
     LoaderSource,
     SamplerSource,
     TensorSource,
+    as_batch,
     load_arrays,
     local_batch_size,
     split_pair,
@@ -64,12 +65,14 @@ def fit(
         data: the training data, one of
 
             * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` with
-              ``context`` of shape ``(N, C)``; copied to ``device`` once, cast to the model's
-              floating dtype, reshuffled every epoch;
+              ``context`` of shape ``(N, C)``; copied to ``device`` once, reshuffled every epoch;
             * a :class:`~torch.utils.data.DataLoader` yielding ``x`` or ``(x, context)`` batches
               (under ``torchrun`` it must use a ``DistributedSampler``);
             * a function ``sample(n, generator) -> x`` or ``-> (x, context)`` drawing ``n`` fresh
               samples from a :class:`torch.Generator` on ``device`` at every step.
+
+            Floating ``x`` and every context are cast to the model's floating dtype; integer and
+            bool ``x`` (class indices for a :class:`~flowkit.CategoricalMADE`) keep their dtype.
         valid: validation data as a tensor, array, pair or DataLoader; its mean negative
             log-likelihood is computed every ``valid_every`` steps and at the end.
         steps: number of optimizer steps. Exactly one of ``steps`` and ``epochs`` is required.
@@ -391,8 +394,7 @@ def _make_validation(
 
         def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
             for b in valid:
-                x, c = split_pair("valid", b)
-                yield x.to(s.device, dtype), None if c is None else c.to(s.device, dtype)
+                yield as_batch("valid", *split_pair("valid", b), s.device, dtype)
     else:
         x, c = load_arrays("valid", valid, s.device, dtype)
         _check_first_batch(model, x, c, "valid")
