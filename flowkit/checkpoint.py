@@ -184,7 +184,9 @@ def load_model(path: str | os.PathLike, map_location: Any = None) -> nn.Module:
     The model is constructed as ``getattr(flowkit, config["type"])(**config["kwargs"])``, where
     ``config["type"]`` must name a public flowkit class deriving from :class:`torch.nn.Module`,
     or a public function annotated to return one (e.g. ``flowkit.MAF``); any other name is
-    refused before anything is called. The weights are then loaded strictly.
+    refused before anything is called. The model is then cast to the floating dtype its weights
+    were saved in (a ``float64`` model comes back as ``float64``) and the weights are loaded
+    strictly.
 
     Args:
         path: checkpoint file.
@@ -211,6 +213,9 @@ def load_model(path: str | os.PathLike, map_location: Any = None) -> nn.Module:
         )
     _check_config(config, f"the config in '{path}'")
     model = _constructor(config["type"], path)(**config["kwargs"])
+    dtype = _saved_dtype(entry["state_dict"])
+    if dtype is not None:
+        model = model.to(dtype)
     try:
         model.load_state_dict(entry["state_dict"], strict=True)
     except RuntimeError as e:
@@ -221,6 +226,12 @@ def load_model(path: str | os.PathLike, map_location: Any = None) -> nn.Module:
     if isinstance(map_location, str | torch.device):
         model = model.to(map_location)
     return model.eval()
+
+
+def _saved_dtype(state_dict: dict[str, Any]) -> torch.dtype | None:
+    """The floating dtype the weights were saved in: that of the first floating tensor of the
+    ``state_dict`` (the model's dtype, as :meth:`torch.nn.Module.to` sets it), None if none."""
+    return next((t.dtype for t in state_dict.values() if t.is_floating_point()), None)
 
 
 def _constructor(name: str, path: str | os.PathLike) -> typing.Callable[..., nn.Module]:

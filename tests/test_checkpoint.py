@@ -55,6 +55,24 @@ def test_round_trip_same_log_prob_and_samples(trained_flow, tmp_path):
     assert torch.equal(loaded.sample(5, c), a)
 
 
+@pytest.mark.parametrize("name", ["maf-batchnorm", "bernoulli"])
+def test_float64_models_come_back_in_float64(name, tmp_path):
+    """The rebuilt model takes the dtype of the saved weights (it used to be rebuilt in the
+    default float32 and the float64 weights rounded into it)."""
+    bernoulli = name == "bernoulli"
+    model = flowkit.BernoulliMADE(4, hidden_features=(8,)) if bernoulli else MODELS[name]()
+    model = model.double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-9 * torch.randn_like(p))  # digits that float32 cannot hold
+    save_model(model, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    assert all(t.dtype == torch.float64 for t in loaded.state_dict().values()
+               if t.is_floating_point())
+    x = torch.randint(0, 2, (5, 4)).double() if bernoulli else torch.randn(5, 2).double()
+    assert torch.equal(loaded.log_prob(x), model.eval().log_prob(x))
+
+
 def test_load_model_map_location_moves_the_model(tmp_path):
     save_model(MODELS["maf"](), tmp_path / "m.pt")
     loaded = load_model(tmp_path / "m.pt", map_location="cpu")
