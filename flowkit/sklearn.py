@@ -198,6 +198,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
                 lr=self.lr,
                 optimizer=optimizer,
                 early_stopping_patience=self.n_iter_no_change if valid is not None else None,
+                restore_best=valid is not None,
                 seed=seed,
                 device=self.device,
                 progress=self.verbose,

@@ -12,6 +12,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from sklearn.utils import check_random_state
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from flowkit.cli import main
@@ -132,6 +133,23 @@ def test_options(options):
     X = _data()
     est = _small(**options).fit(X)
     assert np.isfinite(est.score(X))
+
+
+def test_without_n_iter_no_change_the_best_epoch_is_kept():
+    """n_iter_no_change=None runs every epoch but keeps the weights of the best validation
+    (here an early epoch: 20 training rows and 40 epochs overfit)."""
+    X = _data(40)
+    est = _small(hidden_features=(32,), max_epochs=40, batch_size=10, lr=1e-2,
+                 validation_fraction=0.5, n_iter_no_change=None).fit(X)
+    h = est.history_
+    assert not h.stopped_early and h.best_step < h.valid_steps[-1]
+    assert h.valid_loss[-1] > h.best_valid_loss + 0.1
+    rng = check_random_state(0)
+    rng.randint(np.iinfo(np.int32).max)  # the torch seed drawn first in fit
+    held_out = X[rng.permutation(len(X))[:20]]
+    # the validation loss is the NLL of the standardized rows
+    nll = -est.score(held_out) - np.log(est.scale_).sum()
+    assert nll == pytest.approx(h.best_valid_loss, abs=1e-4)
 
 
 def test_grid_search_and_pipeline():

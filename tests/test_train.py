@@ -198,6 +198,22 @@ def test_early_stopping_restores_the_best_weights():
         assert -flow.log_prob(valid).mean().item() == pytest.approx(h.best_valid_loss, abs=1e-5)
 
 
+@pytest.mark.parametrize("restore_best", [True, False])
+def test_restore_best_without_early_stopping(restore_best):
+    """The setting of the test above, run for all 40 steps: restore_best ends with the weights of
+    the first (best) validation, the default with those of the last step."""
+    flow = small_maf()
+    valid = torch.randn(512, 2) * 0.1
+    h = fit(flow, gaussian(1024) + 5, valid=valid, steps=40, batch_size=128, lr=1e-2,
+            valid_every=10, restore_best=restore_best, seed=0, **QUIET)
+    assert not h.stopped_early and h.best_step == 10 and h.valid_steps == [10, 20, 30, 40]
+    with torch.no_grad():
+        final = -flow.log_prob(valid).mean().item()
+    expected = h.best_valid_loss if restore_best else h.valid_loss[-1]
+    assert final == pytest.approx(expected, abs=1e-5)
+    assert h.valid_loss[-1] > h.best_valid_loss + 1.0
+
+
 # ------------------------------------------------------------------------------- checkpoints
 
 
@@ -425,6 +441,11 @@ BAD_CALLS = {
         lambda m: fit(m, (gaussian(100), torch.randn(99, 1)), steps=5, batch_size=10, **QUIET),
         ValueError,
         r"should have shape \(100, context_features\)",
+    ),
+    "restore-best-without-valid": (
+        lambda m: fit(m, gaussian(100), steps=5, restore_best=True, **QUIET),
+        ValueError,
+        r"'restore_best=True' needs validation data",
     ),
     "patience-without-valid": (
         lambda m: fit(m, gaussian(100), steps=5, early_stopping_patience=2, **QUIET),

@@ -97,6 +97,7 @@ class Options:
     clip_grad_norm: float | None
     valid_every: int | None
     patience: int | None
+    restore_best: bool
     checkpoint_every: int
     progress: bool
     log_every: int
@@ -200,17 +201,17 @@ def _make_schedule(
 
 
 class _Best:
-    """Best validation loss so far, its weights (when early stopping) and patience count."""
+    """Best validation loss so far, its weights (when ``keep`` is set) and patience count."""
 
-    def __init__(self, patience: int | None):
-        self.patience, self.state, self.bad = patience, None, 0
+    def __init__(self, patience: int | None, keep: bool):
+        self.patience, self.keep, self.state, self.bad = patience, keep, None, 0
 
     def update(self, model: nn.Module, history: History, step: int, loss: float) -> None:
         history.valid_steps.append(step)
         history.valid_loss.append(loss)
         if history.best_valid_loss is None or loss < history.best_valid_loss:
             history.best_step, history.best_valid_loss, self.bad = step, loss, 0
-            if self.patience is not None:
+            if self.keep:
                 self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         else:
             self.bad += 1
@@ -282,7 +283,7 @@ def train(
         raise ValueError("'model' has no trainable parameters")
     opt = _make_optimizer(o.optimizer, params, o.lr)
     sched = _make_schedule(o.lr_schedule, opt, o.steps)
-    best = _Best(o.patience)
+    best = _Best(o.patience, keep=o.restore_best or o.patience is not None)
     step, saved_step = 0, None
     history = History(objective=s.objective, seed=s.seed)
     if s.ckpt is not None:

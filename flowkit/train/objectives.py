@@ -44,6 +44,7 @@ def fit(
     clip_grad_norm: float | None = None,
     valid_every: int | None = None,
     early_stopping_patience: int | None = None,
+    restore_best: bool = False,
     seed: int | None = None,
     device: str | torch.device = "auto",
     checkpoint_dir: str | PathLike | None = None,
@@ -93,6 +94,8 @@ def fit(
             DataLoaders with a length, else every 100 steps.
         early_stopping_patience: stop after this many validations without a new best validation
             loss, and in any case end with the best weights restored. Needs ``valid``.
+        restore_best: end with the weights of the best validation even without early stopping
+            (implied by ``early_stopping_patience``). Needs ``valid``.
         seed: seeds data order, the per-step sampling functions and torch's global generator
             (per process, for dropout and model sampling). ``None`` draws one, recorded in
             ``History.seed``.
@@ -128,6 +131,8 @@ def fit(
     check_positive(batch_size=batch_size, epochs=epochs)
     if early_stopping_patience is not None and valid is None:
         raise ValueError("'early_stopping_patience' needs validation data: pass 'valid'")
+    if restore_best and valid is None:
+        raise ValueError("'restore_best=True' needs validation data: pass 'valid'")
     with session(model, device, seed, checkpoint_dir, resume, "nll") as s:
         dtype = _float_dtype(model)
         source = _make_source(data, batch_size, s, dtype)
@@ -157,6 +162,7 @@ def fit(
                 clip_grad_norm=clip_grad_norm,
                 valid_every=valid_every,
                 patience=early_stopping_patience,
+                restore_best=restore_best,
                 checkpoint_every=checkpoint_every,
                 progress=progress,
                 log_every=log_every,
@@ -244,6 +250,7 @@ def fit_reverse_kl(
                 clip_grad_norm=clip_grad_norm,
                 valid_every=None,
                 patience=None,
+                restore_best=False,
                 checkpoint_every=checkpoint_every,
                 progress=progress,
                 log_every=log_every,
