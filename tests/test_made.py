@@ -4,9 +4,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from flowkit import MADE
-from flowkit.nn import masks
+from flowkit.nn import MaskedLinear, masks
 from flowkit.testing import check_autoregressive
 
 
@@ -102,6 +103,14 @@ def test_hidden_degrees_have_no_dead_units():
     assert even.tolist() == sorted(even.tolist()) and set(even.tolist()) == {1, 2, 3, 4, 5}
 
 
+@pytest.mark.parametrize("features, context", [(1, 0), (1, 2), (2, 0), (4, 0), (4, 1)])
+def test_every_hidden_unit_has_an_input_but_with_one_feature_and_no_context(features, context):
+    made = MADE(features, (6, 6, 6), context_features=context, hidden_degrees="random")
+    seen = [layer.mask.sum(1) > 0 for layer in made.hidden]
+    assert seen[0].all() == (features > 1 or context > 0)  # the documented exception
+    assert all(s.all() for s in seen[1:])
+
+
 def test_ordering_specs():
     assert masks.ordering(3, "natural").tolist() == [0, 1, 2]
     assert masks.ordering(3, "reversed").tolist() == [2, 1, 0]
@@ -181,6 +190,7 @@ def test_one_hot_inputs():
         (dict(features=3, hidden_features=(4, 5), residual=True), "'residual'"),
         (dict(features=3, num_masks=2, order="natural", hidden_degrees="even"), "'num_masks'"),
         (dict(features=3, hidden_degrees="odd"), "'hidden_degrees'"),
+        (dict(features=3, hidden_features=(), hidden_degrees="foo"), "'hidden_degrees'"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -198,3 +208,53 @@ def test_bad_inputs():
         made(torch.randn(4, 3), torch.randn(4, 5))
     with pytest.raises(ValueError, match="context_features=0"):
         MADE(3, (8,))(torch.randn(4, 3), torch.randn(4, 2))
+
+
+class _OneDevice(TorchFunctionMode):
+    """Fails every torch call whose tensor arguments are on different devices (a CPU scalar
+    aside), as CUDA kernels do; on the ``meta`` device this finds what CUDA would reject."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        devices = {t.device for t in _tensors((args, kwargs)) if t.dim() or t.device.type != "cpu"}
+        if len(devices) > 1:
+            raise AssertionError(f"{func} mixes tensors on {sorted(map(str, devices))}")
+        return func(*args, **kwargs)
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, list | tuple):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
+
+def test_mask_sets_are_built_on_the_device_of_the_buffers():
+    made = MADE(4, (8, 8), context_features=2, num_masks=3, order="random",
+                direct_connection=True).to("meta")
+    with _OneDevice():
+        made.set_mask(2)
+        degrees = made.degrees()
+        assert masks.input_degrees(made.order).device.type == "meta"
+    assert all(d.device.type == "meta" for d in degrees)
+    assert made.output.mask.device.type == "meta"
+    with pytest.raises(AssertionError, match="mixes"), _OneDevice():
+        torch.empty(3, device="meta").index_put_((torch.arange(3, device="meta"),),
+                                                  torch.arange(3.0))  # the mode works
+
+
+def test_masked_linear_set_mask_checks_shape_and_values():
+    layer = MaskedLinear(3, 2)
+    mask = torch.tensor([[1, 0, 1], [0, 0, 1]])
+    layer.set_mask(mask)
+    assert layer.mask.dtype == torch.float32 and torch.equal(layer.mask, mask.float())
+    layer.set_mask(mask.bool().logical_not())
+    assert torch.equal(layer.mask, 1 - mask.float())
+    with pytest.raises(ValueError, match=r"'mask' should have shape \(2, 3\)"):
+        layer.set_mask(torch.ones(3, 2))
+    with pytest.raises(ValueError, match="'mask' should be binary"):
+        layer.set_mask(torch.full((2, 3), 0.5))

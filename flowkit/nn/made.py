@@ -46,10 +46,20 @@ class MaskedLinear(nn.Linear):
         self._cache: tuple[tuple[int, ...], Tensor, tuple[Tensor, Tensor]] | None = None
 
     def set_mask(self, mask: Tensor) -> None:
-        if mask.shape != self.mask.shape:
+        """Copy ``mask`` into the mask buffer (keeping its dtype and device).
+
+        Args:
+            mask: binary, shape ``(out_features, in_features)`` like :attr:`weight`: a ``bool``
+                tensor, or numbers that are all 0 or 1 (checked, which reads the values back
+                from the device: pass ``bool`` masks on hot paths).
+        """
+        if mask.shape != self.weight.shape:
             raise ValueError(
-                f"'mask' should have shape {tuple(self.mask.shape)}, got {tuple(mask.shape)}"
+                f"'mask' should have shape {tuple(self.weight.shape)} (out_features, "
+                f"in_features), got {tuple(mask.shape)}"
             )
+        if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+            raise ValueError("'mask' should be binary (bool, or all entries 0 or 1)")
         self.mask.copy_(mask)
 
     def clear_cache(self) -> None:
@@ -188,6 +198,10 @@ class MADE(nn.Module):
             )
         if num_masks < 1:
             raise ValueError(f"'num_masks' should be >= 1, got {num_masks}")
+        if hidden_degrees not in ("random", "even"):
+            raise ValueError(
+                f"'hidden_degrees' should be 'random' or 'even', got {hidden_degrees!r}"
+            )
         random_order = isinstance(order, str) and order == "random"
         if num_masks > 1 and not random_order and hidden_degrees != "random":
             raise ValueError(

@@ -38,6 +38,10 @@ def ordering(features: int, order: OrderSpec, generator: torch.Generator | None 
         features: ``D``.
         order: ``"natural"`` (0, 1, ..., D-1), ``"reversed"``, ``"random"`` (drawn from
             ``generator``) or an explicit sequence of feature indices.
+        generator: CPU generator of the ``"random"`` ordering; ``None`` uses the global one.
+
+    Returns:
+        A CPU tensor of shape ``(D,)`` (orderings are made at construction).
     """
     if isinstance(order, str):
         if order == "natural":
@@ -58,9 +62,12 @@ def ordering(features: int, order: OrderSpec, generator: torch.Generator | None 
 
 
 def input_degrees(order: Tensor) -> Tensor:
-    """Degrees ``1..D`` of the inputs for an ordering: ``degrees[order[i]] = i + 1``."""
+    """Degrees ``1..D`` of the inputs for an ordering: ``degrees[order[i]] = i + 1``.
+
+    The result is on ``order``'s device (e.g. that of a MADE's ``orders`` buffer).
+    """
     degrees = torch.empty_like(order)
-    degrees[order] = torch.arange(1, order.numel() + 1)
+    degrees[order] = torch.arange(1, order.numel() + 1, device=order.device)
     return degrees
 
 
@@ -78,17 +85,27 @@ def hidden_degrees(
     output). ``"random"`` draws them uniformly as in the MADE paper; ``"even"`` spreads them
     deterministically and sorted over the range.
 
+    The one exception is the first hidden layer of a MADE with ``D = 1`` and no context: its
+    ``previous`` is the single input's degree 1 and the range ``[1, 0]`` is empty, so its units
+    get degree 0 and have *no* incoming connection (each is a constant, its bias). That is
+    harmless, since the single output may see no input anyway; the layers above see these
+    degree-0 units, so they have incoming connections.
+
     Args:
         units: number of hidden units.
         features: ``D``.
-        previous: degrees of the layer below (inputs and context, or a hidden layer).
+        previous: degrees of the layer below (inputs and context, or a hidden layer). The
+            result is on its device.
+        mode: ``"random"`` or ``"even"``.
+        generator: CPU generator of the ``"random"`` degrees; ``None`` uses the global one.
     """
     high = max(features - 1, 0)
     low = min(int(previous.min()), high)
     if mode == "random":
-        return torch.randint(low, high + 1, (units,), generator=generator)
+        degrees = torch.randint(low, high + 1, (units,), generator=generator)
+        return degrees.to(previous.device)
     if mode == "even":
-        return low + torch.arange(units) * (high - low + 1) // units
+        return low + torch.arange(units, device=previous.device) * (high - low + 1) // units
     raise ValueError(f"'hidden_degrees' should be 'random' or 'even', got {mode!r}")
 
 
