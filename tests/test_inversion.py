@@ -230,6 +230,25 @@ def test_cached_program_follows_optimizer_steps_and_mask_changes():
     check()
 
 
+@pytest.mark.parametrize("solver", [solve, solve_with_params, solve_naive,
+                                    solve_naive_with_params])
+def test_like_and_context_are_checked(solver):
+    def step(params, index):
+        return params[..., 0]
+
+    made = MADE(3, (8,))
+    for like in (torch.zeros(2, 5), torch.zeros(2, 3, 1), torch.zeros(3)):
+        with pytest.raises(ValueError, match=r"'like' should have shape \(N, made.features\)"):
+            solver(made, step, like)
+    with pytest.raises(ValueError, match="'context' was given"):
+        solver(made, step, torch.zeros(2, 3), torch.zeros(2, 1))
+    conditional = MADE(3, (8,), context_features=2)
+    with pytest.raises(ValueError, match=r"'context' should be a tensor of shape \(N, 2\)"):
+        solver(conditional, step, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"'context' should have shape \(2, 2\)"):
+        solver(conditional, step, torch.zeros(2, 3), torch.zeros(4, 2))
+
+
 class TestMaskedLinearCache:
     def layer(self):
         made = MADE(4, (8,), params_per_feature=1)

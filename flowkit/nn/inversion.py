@@ -105,6 +105,7 @@ def solve_naive(
         context: ``(N, C)`` or ``None``.
         encode: see :data:`Encode`.
     """
+    _check_arguments(made, like, context)
     y = torch.zeros_like(like)
     for index in made.order.split(1):
         params = made(y if encode is None else encode(y), context).index_select(1, index)
@@ -158,6 +159,7 @@ def solve_with_params(
 ) -> tuple[Tensor, Tensor]:
     """:func:`solve`, also returning ``made(y, context)`` ``(N, D, P)`` at no extra cost (the
     outputs are computed on the way), e.g. for the log-determinant of a flow layer."""
+    _check_arguments(made, like, context)
     layout = _layout(made)
     one_hot = isinstance(encode, OneHot)
     program = _program(made, layout, one_hot)
@@ -232,6 +234,26 @@ def solve_with_params(
     return y, torch.cat(params, dim=1).index_select(1, layout.position)
 
 
+def _check_arguments(made: MADE, like: Tensor, context: Tensor | None) -> None:
+    """``like`` should be ``(N, D)`` and ``context`` ``(N, C)``, or ``None`` when ``C = 0``."""
+    if like.dim() != 2 or like.shape[1] != made.features:
+        raise ValueError(
+            f"'like' should have shape (N, made.features) = (N, {made.features}), got "
+            f"{tuple(like.shape)}"
+        )
+    c = made.context_features
+    if (context is None) != (c == 0):
+        raise ValueError(
+            f"'context' should be a tensor of shape (N, {c})"
+            if c
+            else "'context' was given but 'made' has context_features=0"
+        )
+    if context is not None and context.shape != (like.shape[0], c):
+        raise ValueError(
+            f"'context' should have shape {(like.shape[0], c)}, got {tuple(context.shape)}"
+        )
+
+
 def _identity(t: Tensor) -> Tensor:
     return t
 
@@ -301,7 +323,7 @@ def _layout(made: MADE) -> _Layout:
         key=key,
         input_perm=_expand(order, made.inputs_per_feature),
         output_perm=_expand(order, made.params_per_feature),
-        position=masks.input_degrees(order).to(order.device) - 1,
+        position=masks.input_degrees(order) - 1,
         index=order.split(1),
         hidden_perms=[torch.argsort(d, stable=True) for d in degrees],
         hidden_counts=[
