@@ -28,10 +28,18 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["CheckpointError", "atomic_save", "safe_load", "save_model", "load_model"]
+__all__ = [
+    "CheckpointError",
+    "atomic_save",
+    "safe_load",
+    "save_model",
+    "load_model",
+    "model_config",
+]
 
 FORMAT_KEY = "flowkit_format"
 FORMAT_VERSION = 1
@@ -125,6 +133,32 @@ def safe_load(path: str | os.PathLike, map_location: Any = None) -> dict[str, An
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else "(no message)"
+
+
+def model_config(type_name: str, **kwargs: Any) -> dict[str, Any]:
+    """A model's ``config``, ``{"type": type_name, "kwargs": kwargs}``, with JSON values.
+
+    What :func:`load_model` calls ``getattr(flowkit, type_name)(**kwargs)`` with. Constructors
+    store their arguments through it, so arguments that are not JSON types but have an obvious
+    JSON form are accepted: numpy scalars (``np.int64(8)``) become Python numbers, tuples
+    become lists, tensors and numpy arrays become nested lists (:meth:`torch.Tensor.tolist`),
+    recursively inside lists and dicts. Anything else is kept as it is, and
+    :func:`save_model` reports it.
+    """
+    return {"type": type_name, "kwargs": {k: _plain(v) for k, v in kwargs.items()}}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy scalars, tuples, tensors and arrays turned into JSON types."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def model_entry(model: nn.Module) -> dict[str, Any]:

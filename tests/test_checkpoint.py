@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -14,6 +16,7 @@ from flowkit.checkpoint import (
     CheckpointError,
     atomic_save,
     load_model,
+    model_config,
     safe_load,
     save_model,
 )
@@ -71,6 +74,43 @@ def test_float64_models_come_back_in_float64(name, tmp_path):
                if t.is_floating_point())
     x = torch.randint(0, 2, (5, 4)).double() if bernoulli else torch.randn(5, 2).double()
     assert torch.equal(loaded.log_prob(x), model.eval().log_prob(x))
+
+
+NUMPY_ARGUMENTS = {
+    "maf": lambda: flowkit.MAF(
+        np.int64(2), hidden_features=(np.int64(8),), layers=np.int32(2), transformer="spline",
+        transformer_kwargs={"bins": np.int64(4), "bound": np.float32(3.0)},
+    ),
+    "iaf": lambda: flowkit.IAF(2, hidden_features=[np.int64(8)] * 2, layers=np.int64(2)),
+    "categorical": lambda: flowkit.CategoricalMADE(
+        3, classes=4, hidden_features=(np.int64(8),), order=torch.tensor([2, 0, 1])
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY_ARGUMENTS))
+def test_numpy_and_tensor_arguments_are_stored_as_json(name, tmp_path):
+    """Every constructor stores its arguments through one normaliser (checkpoint.model_config), so
+    numpy integers, arrays and tensors save as plain JSON (save_model used to refuse int64)."""
+    model = NUMPY_ARGUMENTS[name]()
+    assert json.loads(json.dumps(model.config)) == model.config
+    save_model(model, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    x = torch.randint(0, 4, (5, 3)) if name == "categorical" else torch.randn(5, 2)
+    assert torch.equal(loaded.log_prob(x), model.eval().log_prob(x))
+
+
+def test_model_config_normalises_nested_values():
+    config = model_config(
+        "MAF", a=np.int64(1), b=(np.float64(0.5), [np.bool_(True)]), c={"d": torch.tensor([1, 2])},
+        e=np.zeros((2, 1), dtype=np.int32), f="x", g=None,
+    )
+    assert config == {
+        "type": "MAF",
+        "kwargs": {"a": 1, "b": [0.5, [True]], "c": {"d": [1, 2]}, "e": [[0], [0]], "f": "x",
+                   "g": None},
+    }
+    assert type(config["kwargs"]["a"]) is int and type(config["kwargs"]["b"][1][0]) is bool
 
 
 def test_load_model_map_location_moves_the_model(tmp_path):

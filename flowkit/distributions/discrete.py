@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from flowkit.checkpoint import model_config
 from flowkit.nn.inversion import OneHot, solve
 from flowkit.nn.made import MADE
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
@@ -129,15 +130,6 @@ class _DiscreteMADE(nn.Module):
         return f"num_masks={self.num_masks}"
 
 
-def _config(name: str, **kwargs: object) -> dict:
-    """A JSON-able ``{"type": name, "kwargs": ...}`` (sizes and orderings become lists)."""
-    plain = dict(kwargs)
-    plain["hidden_features"] = [int(h) for h in plain["hidden_features"]]  # type: ignore[union-attr]
-    if not isinstance(plain["order"], str):
-        plain["order"] = [int(i) for i in torch.as_tensor(plain["order"]).flatten().tolist()]
-    return {"type": name, "kwargs": plain}
-
-
 class BernoulliMADE(_DiscreteMADE):
     r"""A MADE with a Bernoulli output per feature, for binary vectors ``x in {0, 1}^D``.
 
@@ -181,7 +173,7 @@ class BernoulliMADE(_DiscreteMADE):
         direct_connection: bool = False,
         seed: int = 0,
     ):
-        config = _config(
+        config = model_config(
             "BernoulliMADE", features=features, hidden_features=hidden_features,
             num_masks=num_masks, order=order, hidden_degrees=hidden_degrees,
             residual=residual, direct_connection=direct_connection, seed=seed,
@@ -276,7 +268,7 @@ class CategoricalMADE(_DiscreteMADE):
     ):
         if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
             raise ValueError(f"'classes' should be an int >= 2, got {classes!r}")
-        config = _config(
+        config = model_config(
             "CategoricalMADE", features=features, classes=classes,
             hidden_features=hidden_features, num_masks=num_masks, order=order,
             hidden_degrees=hidden_degrees, residual=residual,

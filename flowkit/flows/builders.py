@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from flowkit.checkpoint import model_config
 from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
 from flowkit.flows.flow import Flow
 from flowkit.nn.made import MADE
@@ -112,7 +113,7 @@ def MAF(
     """
     kwargs = dict(locals())
     flow = _autoregressive_flow("maf", **kwargs)
-    flow.config = {"type": "MAF", "kwargs": kwargs}
+    flow.config = model_config("MAF", **kwargs)
     return flow
 
 
@@ -142,5 +143,5 @@ def IAF(
     """
     kwargs = dict(locals())
     flow = _autoregressive_flow("iaf", **kwargs)
-    flow.config = {"type": "IAF", "kwargs": kwargs}
+    flow.config = model_config("IAF", **kwargs)
     return flow
