@@ -132,8 +132,29 @@ def test_batch_norm_training_mode_uses_batch_statistics():
     assert torch.allclose(z.std(0, unbiased=False), torch.ones(D), atol=1e-3)
     assert torch.allclose(bn.running_mean, 0.1 * x.mean(0))
     assert torch.allclose(log_det, -0.5 * torch.log(x.var(0, unbiased=False) + bn.eps).sum())
-    with pytest.raises(ValueError, match="at least 2 rows"):
+    with pytest.raises(ValueError, match="'x' should have at least 2 rows"):
         bn(x[:1])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(features=0), "'features' should be >= 1"),
+        (dict(features=D, momentum=1.5), r"'momentum' should be in \[0, 1\]"),
+        (dict(features=D, momentum=-0.1), "'momentum'"),
+        (dict(features=D, eps=0.0), "'eps' should be positive"),
+        (dict(features=D, eps=float("nan")), "'eps'"),
+    ],
+)
+def test_batch_norm_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BatchNorm(**kwargs)
+
+
+def test_compose_needs_one_context_width():
+    with pytest.raises(ValueError, match="'transforms' should agree on context_features"):
+        Compose([autoregressive("maf", "affine", context=2), autoregressive("maf", "affine",
+                                                                            context=3)])
 
 
 def test_batch_norm_state_is_in_buffers():

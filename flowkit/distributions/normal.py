@@ -20,6 +20,8 @@ class DiagonalGaussian(nn.Module):
 
     def __init__(self, features: int, learnable: bool = True):
         super().__init__()
+        if features < 1:
+            raise ValueError(f"'features' should be >= 1, got {features}")
         self.features = features
         loc, log_scale = torch.zeros(features), torch.zeros(features)
         if learnable:

@@ -38,8 +38,6 @@ class Transformer(Protocol):
 
     def inverse(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]: ...
 
-    def config(self) -> dict: ...
-
 
 class MaskedAutoregressive(Transform):
     """An autoregressive layer in the MAF or IAF direction.
@@ -124,6 +122,12 @@ class BatchNorm(Transform):
 
     def __init__(self, features: int, momentum: float = 0.1, eps: float = 1e-5):
         super().__init__()
+        if features < 1:
+            raise ValueError(f"'features' should be >= 1, got {features}")
+        if not 0 <= momentum <= 1:
+            raise ValueError(f"'momentum' should be in [0, 1], got {momentum}")
+        if not eps > 0:
+            raise ValueError(f"'eps' should be positive, got {eps}")
         self.momentum = momentum
         self.eps = eps
         self.log_gamma = nn.Parameter(torch.zeros(features))
@@ -136,7 +140,8 @@ class BatchNorm(Transform):
             return self.running_mean, self.running_var
         if x.shape[0] < 2:
             raise ValueError(
-                f"BatchNorm in training mode needs a batch of at least 2 rows, got {x.shape[0]}"
+                "'x' should have at least 2 rows for BatchNorm in training mode (batch "
+                f"statistics), got shape {tuple(x.shape)}"
             )
         mean, var = x.mean(0), x.var(0, unbiased=False)
         with torch.no_grad():

@@ -53,7 +53,10 @@ class Compose(Transform):
         self.transforms = nn.ModuleList(transforms)
         widths = {t.context_features for t in self.transforms} - {0}
         if len(widths) > 1:
-            raise ValueError(f"transforms disagree on context_features: {sorted(widths)}")
+            raise ValueError(
+                "'transforms' should agree on context_features (or have 0), got "
+                f"{sorted(widths)}"
+            )
         self.context_features = widths.pop() if widths else 0
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,29 @@
+"""Base distributions: log-densities match torch.distributions, draws follow the module."""
+
+import pytest
+import torch
+from torch.distributions import Independent, Normal
+
+from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
+
+
+def test_log_prob_matches_torch_and_rsample_has_the_modules_shape():
+    base = DiagonalGaussian(3).double()
+    with torch.no_grad():
+        base.loc.normal_()
+        base.log_scale.normal_(0, 0.5)
+    z = torch.randn(5, 3, dtype=torch.float64)
+    reference = Independent(Normal(base.loc, base.log_scale.exp()), 1)
+    torch.testing.assert_close(base.log_prob(z), reference.log_prob(z))
+    draws = base.rsample(4, torch.Generator().manual_seed(0))
+    assert draws.shape == (4, 3) and draws.dtype == torch.float64
+    assert isinstance(base.loc, torch.nn.Parameter)
+    assert {"loc", "log_scale"} <= set(StandardNormal(2).state_dict())
+
+
+@pytest.mark.parametrize("features", [0, -1])
+def test_bad_features(features):
+    with pytest.raises(ValueError, match="'features' should be >= 1"):
+        DiagonalGaussian(features)
+    with pytest.raises(ValueError, match="'features' should be >= 1"):
+        StandardNormal(features)
