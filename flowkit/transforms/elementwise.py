@@ -52,8 +52,5 @@ class Affine:
         shift, log_scale = self._unpack(params)
         return z * torch.exp(log_scale) + shift, log_scale
 
-    def config(self) -> dict:
-        return {"name": "affine", "log_scale_bound": self.log_scale_bound}
-
     def __repr__(self) -> str:
         return f"Affine(log_scale_bound={self.log_scale_bound})"

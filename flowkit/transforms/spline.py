@@ -218,16 +218,9 @@ class RationalQuadraticSpline:
         log_det = -self._log_derivative(xi, slope, d_k, d_k1, denominator)
         return torch.where(inside, x, z), torch.where(inside, log_det, 0.0)
 
-    def config(self) -> dict:
-        return {
-            "name": "spline",
-            "bins": self.bins,
-            "bound": self.bound,
-            "min_bin_width": self.min_bin_width,
-            "min_bin_height": self.min_bin_height,
-            "min_derivative": self.min_derivative,
-        }
-
     def __repr__(self) -> str:
-        options = ", ".join(f"{k}={v}" for k, v in self.config().items() if k != "name")
-        return f"RationalQuadraticSpline({options})"
+        return (
+            f"RationalQuadraticSpline(bins={self.bins}, bound={self.bound}, "
+            f"min_bin_width={self.min_bin_width}, min_bin_height={self.min_bin_height}, "
+            f"min_derivative={self.min_derivative})"
+        )
