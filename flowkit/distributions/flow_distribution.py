@@ -94,7 +94,9 @@ class FlowDistribution(Distribution):
         """``context`` is a real vector per batch element (no constraint without one)."""
         return {} if self.context is None else {"context": constraints.real_vector}
 
-    def expand(self, batch_shape: _Shape, _instance: FlowDistribution | None = None):
+    def expand(
+        self, batch_shape: _Shape, _instance: FlowDistribution | None = None
+    ) -> FlowDistribution:
         """The same flow over a larger batch: the context is broadcast (without a copy) to
         ``(*batch_shape, C)``; an unconditional flow becomes ``batch_shape`` i.i.d. copies."""
         new = self._get_checked_instance(FlowDistribution, _instance)
