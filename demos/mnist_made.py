@@ -16,12 +16,15 @@ import torch
 
 from flowkit import BernoulliMADE
 from flowkit.data.mnist import binarized_mnist
-from flowkit.experiments.mnist import evaluate, nll_stats, save_sample_grid
+from flowkit.experiments.common import mean_se
+from flowkit.experiments.mnist import evaluate, save_sample_grid
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default=None, help="data directory (binarized_mnist.npz)")
+    parser.add_argument("--root", default=None,
+                        help="data directory of binarized MNIST (.npz or .amat files; default: "
+                             "$FLOWKIT_DATA, else ~/.cache/flowkit); missing splits are downloaded")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=500)
     parser.add_argument("--masks", type=int, default=8)
@@ -48,8 +51,8 @@ def main() -> None:
         print(f"epoch {epoch}: valid NLL {evaluate(model, x_valid).mean():.2f} nats (mask 0), "
               f"{time.perf_counter() - start:.0f} s")
 
-    single = nll_stats(evaluate(model, x_valid))
-    ensemble = nll_stats(evaluate(model, x_valid, mask_ensemble=args.masks))
+    single = mean_se(evaluate(model, x_valid))
+    ensemble = mean_se(evaluate(model, x_valid, mask_ensemble=args.masks))
     print(f"valid NLL: {single[0]:.2f} ± {single[1]:.2f} nats with mask 0, "
           f"{ensemble[0]:.2f} ± {ensemble[1]:.2f} with the {args.masks}-mask ensemble")
 

@@ -44,6 +44,7 @@ from flowkit.data.toy import box_grid
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit_reverse_kl, resolve_device
 
+from .common import mean_se
 from .toy import (
     FLOWS,
     QUICK,
@@ -134,16 +135,16 @@ def fit_energy(
         (z, log_q), sample_s = timed(
             lambda: model.sample_and_log_prob(settings.eval_samples), device
         )
-        gap = (walled_log_density(name, z, wall) - log_q).double()
+        gap = walled_log_density(name, z, wall) - log_q
         xmin, xmax, ymin, ymax = box
         inside = (z[:, 0] >= xmin) & (z[:, 0] <= xmax) & (z[:, 1] >= ymin) & (z[:, 1] <= ymax)
-    elbo, log_z = gap.mean().item(), walled_log_normalizer(name, wall)
+    (elbo, elbo_se), log_z = mean_se(gap), walled_log_normalizer(name, wall)
     metrics = {
         "energy": name,
         "flow": flow,
         "transformer": transformer,
         "elbo": elbo,
-        "elbo_se": (gap.std() / math.sqrt(gap.numel())).item(),
+        "elbo_se": elbo_se,
         "log_z": log_z,
         "log_z_box": energy_log_normalizer(name),
         "kl": log_z - elbo,

@@ -52,6 +52,8 @@ from tqdm.auto import tqdm
 from flowkit.flows.builders import IAF
 from flowkit.train import resolve_device
 
+from .common import mlp
+
 __all__ = [
     "FlowPolicy",
     "GaussianPolicy",
@@ -87,16 +89,6 @@ def squash(u: Tensor, log_prob_u: Tensor, low: Tensor, high: Tensor) -> tuple[Te
     return centre + half * torch.tanh(u), log_prob_u - log_det
 
 
-def _mlp(sizes: Sequence[int]) -> nn.Sequential:
-    """Linear layers of the given sizes with a ReLU after each but the last."""
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 class GaussianPolicy(nn.Module):
     r"""``u ~ N(mu(s), diag sigma(s)^2)`` with :math:`\log\sigma \in (-5, 2)` (tanh-bounded).
 
@@ -108,7 +100,7 @@ class GaussianPolicy(nn.Module):
 
     def __init__(self, obs_features: int, action_features: int, hidden_features: Sequence[int]):
         super().__init__()
-        self.net = _mlp([obs_features, *hidden_features, 2 * action_features])
+        self.net = mlp([obs_features, *hidden_features, 2 * action_features], nn.ReLU)
 
     def _params(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         mu, raw = self.net(obs).chunk(2, -1)
@@ -171,7 +163,7 @@ class FlowPolicy(nn.Module):
 class _QNetwork(nn.Module):
     def __init__(self, obs_features: int, action_features: int, hidden: Sequence[int]):
         super().__init__()
-        self.net = _mlp([obs_features + action_features, *hidden, 1])
+        self.net = mlp([obs_features + action_features, *hidden, 1], nn.ReLU)
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:
         return self.net(torch.cat([obs, action], -1)).squeeze(-1)

@@ -25,7 +25,6 @@ The commands behind every table of docs/toy.md are listed there.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +40,8 @@ from flowkit.data.toy import toy_log_prob as true_log_prob
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.plot import Panel, grid_log_density, loss_figure, panel_figure, save_figure
 from flowkit.train import History, NonFiniteLossError, fit, resolve_device
+
+from .common import mean_se
 
 FLOWS = {"maf": MAF, "iaf": IAF}
 TRANSFORMERS = ("affine", "spline")
@@ -282,15 +283,14 @@ def fit_toy(
     with torch.no_grad():
         log_q, density_s = timed(lambda: model.log_prob(test), device)
         samples, sample_s = timed(lambda: model.sample(settings.plot_samples), device)
-    nll = -log_q.double()
-    test_nll = nll.mean().item()
+    test_nll, test_nll_se = mean_se(-log_q)
     entropy = toy_entropy(dataset) if has_exact_density(dataset) else None
     metrics = {
         "dataset": dataset,
         "flow": flow,
         "transformer": transformer,
         "test_nll": test_nll,
-        "test_nll_se": (nll.std() / math.sqrt(nll.numel())).item(),
+        "test_nll_se": test_nll_se,
         "entropy": entropy,
         "kl": None if entropy is None else test_nll - entropy,
         "train_s": history.wall_time,
