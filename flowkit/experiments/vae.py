@@ -56,6 +56,8 @@ from flowkit.distributions.normal import StandardNormal
 from flowkit.flows.builders import IAF, MAF
 from flowkit.train import History, fit, resolve_device
 
+from .common import mean_se, mlp
+
 __all__ = ["VAE", "VARIANTS", "add_arguments", "evaluate", "run", "train"]
 
 Posterior = Literal["gaussian", "iaf"]
@@ -74,16 +76,6 @@ SCORES_NAME = "scores.pt"
 are unchanged (so ``--resume`` of a finished run only prints its results)."""
 
 _LOG_2PI = math.log(2 * math.pi)
-
-
-def _mlp(sizes: Sequence[int]) -> nn.Sequential:
-    """Linear layers of the given sizes with an ELU after each but the last."""
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ELU())
-    return nn.Sequential(*layers)
 
 
 class VAE(nn.Module):
@@ -129,8 +121,9 @@ class VAE(nn.Module):
         self.data_features, self.latent_features = data_features, latent_features
         self.posterior, self.prior_name = posterior, prior
         self.context_features = context_features if posterior == "iaf" else 0
-        self.encoder = _mlp([data_features, *hidden, 2 * latent_features + self.context_features])
-        self.decoder = _mlp([latent_features, *reversed(hidden), data_features])
+        encoder_out = 2 * latent_features + self.context_features
+        self.encoder = mlp([data_features, *hidden, encoder_out], nn.ELU)
+        self.decoder = mlp([latent_features, *reversed(hidden), data_features], nn.ELU)
         flow = {"layers": flow_layers, "hidden_features": flow_hidden_features, "seed": seed}
         self.flow = (
             IAF(latent_features, context_features=context_features, **flow)
@@ -199,7 +192,9 @@ class VAE(nn.Module):
 
 class _ElboAsLogProb(nn.Module):
     """Presents a :class:`VAE` to :func:`flowkit.train.fit`, which maximises ``log_prob``: here
-    the one-sample ELBO, a lower bound on ``log p(x)``. Its ``valid`` loss is then ``-ELBO``."""
+    the one-sample ELBO, a lower bound on ``log p(x)``. Its ``valid`` loss is then ``-ELBO``.
+    ``fit`` passes integer images (binarized MNIST is uint8) as they are; they are cast here, a
+    batch at a time, to the model's dtype."""
 
     def __init__(self, vae: VAE):
         super().__init__()
@@ -207,7 +202,7 @@ class _ElboAsLogProb(nn.Module):
         self.features = vae.data_features
 
     def log_prob(self, x: Tensor) -> Tensor:
-        return self.vae.elbo(x)
+        return self.vae.elbo(x.to(self.vae.encoder[0].weight.dtype))
 
 
 def train(
@@ -314,12 +309,6 @@ def _scores(
     return scores, seconds
 
 
-def _mean_se(values: Tensor) -> tuple[float, float]:
-    """Mean and its standard error ``std / sqrt(n)``."""
-    n = values.numel()
-    return values.mean().item(), (values.std().item() / math.sqrt(n) if n > 1 else math.nan)
-
-
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -411,8 +400,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             progress=not args.quiet,
         )
         scores, eval_seconds = _scores(vae, x_eval, k, args.seed, out / name / SCORES_NAME)
-        neg_elbo, neg_elbo_se = _mean_se(-scores["elbo"])
-        nll, nll_se = _mean_se(-scores["log_px"])
+        neg_elbo, neg_elbo_se = mean_se(-scores["elbo"])
+        nll, nll_se = mean_se(-scores["log_px"])
         r = results[name] = {
             "posterior": posterior, "prior": prior,
             "parameters": sum(p.numel() for p in vae.parameters()),
@@ -427,7 +416,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if first is None:
             first = scores["log_px"]
         else:
-            r["log_px_gain"], r["log_px_gain_se"] = _mean_se(scores["log_px"] - first)
+            r["log_px_gain"], r["log_px_gain_se"] = mean_se(scores["log_px"] - first)
         print(f"{name}: -ELBO {neg_elbo:.2f}, -log p(x) ~ {nll:.2f} (k={k}) on "
               f"{x_eval.shape[0]} valid images; {history.wall_time:.0f} s training, "
               f"{eval_seconds:.0f} s scoring")
