@@ -43,6 +43,8 @@ from threadpoolctl import threadpool_limits
 from flowkit.data.toy import TOY_DATASETS, has_exact_density, sample_toy, toy_log_prob
 from flowkit.sklearn import FlowDensity
 
+from .common import mean_se
+
 __all__ = ["add_arguments", "run", "load_dataset", "fit_model", "markdown_table"]
 
 DATASETS = (*TOY_DATASETS, "digits")
@@ -101,7 +103,7 @@ def _gmm(x: np.ndarray, seed: int) -> tuple[BaseEstimator, dict[str, Any]]:
     return search.best_estimator_, {"n_components": search.best_params_["n_components"]}
 
 
-def _kde(x: np.ndarray, seed: int) -> tuple[BaseEstimator, dict[str, Any]]:
+def _kde(x: np.ndarray) -> tuple[BaseEstimator, dict[str, Any]]:
     n, d = x.shape
     scott = n ** (-1.0 / (d + 4)) * x.std(axis=0).mean()
     grid = {"bandwidth": scott * np.logspace(-1.5, 0.5, 17)}
@@ -138,7 +140,7 @@ def fit_model(
     if model == "gmm":
         return _gmm(x, seed)
     if model == "kde":
-        return _kde(x, seed)
+        return _kde(x)
     return _maf(x, seed, args, spline=model == "maf-spline")
 
 
@@ -189,9 +191,10 @@ def _evaluate(name: str, args: argparse.Namespace) -> dict[str, Any]:
         est, chosen = fit_model(model, train, args.seed, args)
         seconds = time.perf_counter() - start
         scores = est.score_samples(test)
+        mean, stderr = mean_se(torch.from_numpy(scores))
         r[model] = {
-            "test_log_likelihood": float(scores.mean()),
-            "stderr": float(scores.std(ddof=1) / math.sqrt(len(scores))),
+            "test_log_likelihood": mean,
+            "stderr": stderr,
             "fit_seconds": round(seconds, 1),
             **chosen,
         }
