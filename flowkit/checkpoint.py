@@ -1,7 +1,7 @@
 """Safe, atomic checkpoint files.
 
 A flowkit checkpoint is a file written by :func:`torch.save` holding a ``dict`` with the marker
-key ``"flowkit_format"`` (currently ``1``). Two kinds exist:
+key ``"flowkit_format"`` (currently ``1``) and a ``"kind"`` (see :data:`KINDS`):
 
 * a **model file** written by :func:`save_model`::
 
@@ -9,10 +9,17 @@ key ``"flowkit_format"`` (currently ``1``). Two kinds exist:
        "model": {"config": {"type": "MAF", "kwargs": {...}}, "state_dict": {...}}}
 
 * a **training checkpoint** written by :func:`flowkit.train.fit`, which has the same ``"model"``
-  entry plus optimizer, scheduler, step, RNG states and history (``"kind": "training"``).
+  entry plus optimizer, scheduler, step, RNG states and history (``"kind": "training"``);
+* a **training checkpoint of** ``flowkit mnist`` (:mod:`flowkit.experiments.mnist`), with the
+  ``"model"`` entry, its own training state and the run's ``"settings"``
+  (``"kind": "mnist-training"``; files of older versions say ``"training"``, see
+  :func:`checkpoint_kind`).
 
-:func:`load_model` reads either kind. Files are written atomically (temporary file in the same
-folder, ``fsync``, then :func:`os.replace`), so a crash mid-write leaves the previous file intact.
+:func:`load_model` reads every kind. Code that resumes a run asks :func:`safe_load` for its own
+kind and gets a :class:`CheckpointError` naming the file and both kinds otherwise.
+
+Files are written atomically (temporary file in the same folder, ``fsync``, then
+:func:`os.replace`), so a crash mid-write leaves the previous file intact.
 Files are read with ``torch.load(..., weights_only=True)``: only tensors and plain containers
 are unpickled, never arbitrary objects, and the model is rebuilt from its JSON ``config`` by
 calling a public flowkit constructor.
@@ -39,10 +46,19 @@ __all__ = [
     "save_model",
     "load_model",
     "model_config",
+    "checkpoint_kind",
+    "KINDS",
 ]
 
 FORMAT_KEY = "flowkit_format"
 FORMAT_VERSION = 1
+
+KINDS = {
+    "model": "a model file written by flowkit.save_model",
+    "training": "a training checkpoint written by flowkit.train.fit or fit_reverse_kl",
+    "mnist-training": "a training checkpoint written by 'flowkit mnist'",
+}
+"""The kinds of flowkit checkpoint (the ``"kind"`` entry) and what writes them."""
 
 
 class CheckpointError(ValueError):
@@ -85,20 +101,24 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def safe_load(path: str | os.PathLike, map_location: Any = None) -> dict[str, Any]:
+def safe_load(
+    path: str | os.PathLike, map_location: Any = None, kind: str | None = None
+) -> dict[str, Any]:
     """Read a flowkit checkpoint without unpickling arbitrary objects.
 
     Args:
         path: file written by :func:`save_model`, :func:`atomic_save` of a flowkit dict, or a
             training run.
         map_location: passed to :func:`torch.load` (e.g. ``"cpu"``).
+        kind: if given, the :func:`checkpoint_kind` the file must have (a key of :data:`KINDS`).
 
     Returns:
         The checkpoint ``dict`` (it contains ``"flowkit_format"``).
 
     Raises:
         CheckpointError: the file is missing, truncated, not a torch file, holds objects other
-            than tensors and plain containers, or is not a flowkit checkpoint.
+            than tensors and plain containers, is not a flowkit checkpoint, or is not of
+            ``kind``.
     """
     path = Path(path)
     if not path.is_file():
@@ -127,7 +147,22 @@ def safe_load(path: str | os.PathLike, map_location: Any = None) -> dict[str, An
             f"'{path}' has {FORMAT_KEY}={version!r}; this flowkit reads versions 1 to "
             f"{FORMAT_VERSION} (upgrade flowkit to read newer files)"
         )
+    found = checkpoint_kind(obj)
+    if kind is not None and found != kind:
+        raise CheckpointError(
+            f"'{path}' is {KINDS.get(found, f'a checkpoint of kind {found!r}')} "
+            f"(kind {found!r}), expected {KINDS[kind]} (kind {kind!r})"
+        )
     return obj
+
+
+def checkpoint_kind(ckpt: dict[str, Any]) -> Any:
+    """The kind of a loaded checkpoint: its ``"kind"`` entry, except for checkpoints of
+    ``flowkit mnist`` written before that command had its own kind, which say ``"training"``
+    but carry the run's ``"settings"`` (a :func:`flowkit.train.fit` checkpoint never does):
+    those are ``"mnist-training"``."""
+    found = ckpt.get("kind")
+    return "mnist-training" if found == "training" and "settings" in ckpt else found
 
 
 def _first_line(e: BaseException) -> str:

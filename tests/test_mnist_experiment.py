@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from flowkit.checkpoint import load_model, safe_load
+import flowkit
+from flowkit.checkpoint import CheckpointError, atomic_save, load_model, safe_load
 from flowkit.cli import add_common_arguments
 from flowkit.distributions.discrete import BernoulliMADE
 from flowkit.experiments import mnist, mnist_eval
+from flowkit.train import fit
 
 
 @pytest.fixture
@@ -54,9 +56,16 @@ def test_two_epochs_write_every_output_and_report_nll(data, tmp_path):
     assert isinstance(model, BernoulliMADE) and model.num_masks == 2
 
 
-def test_resumed_run_ends_with_the_same_weights(data, tmp_path):
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "legacy-kind"])
+def test_resumed_run_ends_with_the_same_weights(data, tmp_path, legacy):
+    """Also from a checkpoint of an older version, which said kind "training" (the kind of
+    flowkit.train.fit's checkpoints) and is recognised by its 'settings'."""
     train(data, tmp_path / "whole", "--epochs", "3")
     train(data, tmp_path / "split", "--epochs", "1")
+    path = tmp_path / "split" / "checkpoint.pt"
+    assert safe_load(path)["kind"] == mnist.KIND == "mnist-training"
+    if legacy:
+        atomic_save({**safe_load(path), "kind": "training"}, path)
     train(data, tmp_path / "split", "--epochs", "3", "--resume")
     whole = safe_load(tmp_path / "whole" / "checkpoint.pt")
     split = safe_load(tmp_path / "split" / "checkpoint.pt")
@@ -71,6 +80,34 @@ def test_resume_refuses_changed_settings_and_a_fresh_run_refuses_an_old_folder(d
         train(data, tmp_path / "run", "--epochs", "2", "--lr", "0.01", "--resume")
     with pytest.raises(ValueError, match="pass --resume"):
         train(data, tmp_path / "run", "--epochs", "2")
+
+
+def test_checkpoints_of_fit_and_mnist_are_not_mixed_up(data, tmp_path):
+    """Both are OUT/checkpoint.pt: resuming the other's file names it and the expected kind."""
+    fit(flowkit.MAF(2, hidden_features=(4,), layers=1), torch.randn(64, 2), steps=2,
+        batch_size=32, checkpoint_dir=tmp_path / "fit", progress=False, device="cpu")
+    with pytest.raises(CheckpointError, match=r"fit.checkpoint.pt' is a training checkpoint "
+                       r"written by flowkit.train.fit .*expected .* written by 'flowkit mnist'"):
+        train(data, tmp_path / "fit", "--epochs", "1", "--resume")
+    train(data, tmp_path / "mnist", "--epochs", "1")
+    path = tmp_path / "mnist" / "checkpoint.pt"
+    for kind in ("mnist-training", "training"):  # this version's file, an older version's
+        atomic_save({**safe_load(path), "kind": kind}, path)
+        model = BernoulliMADE(784, hidden_features=(16,), num_masks=2, order="random")
+        with pytest.raises(CheckpointError, match=r"mnist.checkpoint.pt' is a training "
+                           r"checkpoint written by 'flowkit mnist' .*expected .*train.fit"):
+            fit(model, np.load(data)["train"], steps=2, batch_size=100, progress=False,
+                checkpoint_dir=tmp_path / "mnist", resume=True, device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_cuda_without_cuda_is_a_clear_error(data, tmp_path):
+    with pytest.raises(ValueError, match="'device' is 'cuda' but CUDA is not available"):
+        train(data, tmp_path / "run", "--epochs", "1", "--device", "cuda")
+    argv = [str(tmp_path / "model.pt"), "--file", str(data), "--key", "valid", "--device", "cuda",
+            "--out", str(tmp_path / "eval")]
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        mnist_eval.run(parse(mnist_eval, argv))
 
 
 def test_eval_scores_npz_and_amat_files_like_the_model(data, tmp_path, capsys):

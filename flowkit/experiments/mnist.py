@@ -48,10 +48,12 @@ from flowkit.checkpoint import (
 from flowkit.data.mnist import binarized_mnist, load_split_file
 from flowkit.distributions.discrete import BernoulliMADE
 from flowkit.plot import save_figure
+from flowkit.train import CHECKPOINT_NAME, resolve_device
 
 __all__ = ["add_arguments", "run", "add_eval_arguments", "run_eval", "evaluate", "nll_stats"]
 
-CHECKPOINT = "checkpoint.pt"
+KIND = "mnist-training"
+"""The ``"kind"`` of this command's checkpoints (see :data:`flowkit.checkpoint.KINDS`)."""
 
 # Settings that a resumed run must share with the run it continues.
 _FIXED_ON_RESUME = (
@@ -193,15 +195,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="mask sets in the final ensemble score (default: --masks)")
     run_ = parser.add_argument_group("run")
     run_.add_argument("--resume", action="store_true",
-                      help=f"continue from OUT/{CHECKPOINT} (same settings; --epochs may grow "
+                      help=f"continue from OUT/{CHECKPOINT_NAME} (same settings; --epochs may grow "
                            "with the constant schedule)")
     run_.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
@@ -260,10 +256,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # masked-out weights decay into denormals, slow on x86
-    device = _device(args.device)
+    device = resolve_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / CHECKPOINT
+    ckpt_path = out / CHECKPOINT_NAME
     if ckpt_path.exists() and not args.resume:
         raise ValueError(
             f"'{ckpt_path}' exists: pass --resume to continue that run, or pick another --out"
@@ -285,7 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     best: dict[str, Any] = {"epoch": 0, "nll": math.inf, "state_dict": None}
     start = 0
     if args.resume and ckpt_path.exists():
-        ckpt = safe_load(ckpt_path, map_location=device)
+        ckpt = safe_load(ckpt_path, map_location=device, kind=KIND)
         _check_resume(ckpt["settings"], args, ckpt_path)
         model.load_state_dict(ckpt["model"]["state_dict"])
         opt.load_state_dict(ckpt["optimizer"])
@@ -347,7 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"(best {best['nll']:.3f} at {best['epoch']}); {t1 - t0:.1f} s train, "
                 f"{t2 - t1:.1f} s valid")
             atomic_save({
-                FORMAT_KEY: FORMAT_VERSION, "kind": "training", "model": model_entry(model),
+                FORMAT_KEY: FORMAT_VERSION, "kind": KIND, "model": model_entry(model),
                 "optimizer": opt.state_dict(),
                 "scheduler": None if sched is None else sched.state_dict(),
                 "epoch": epoch, "history": history, "best": best, "settings": _settings(args),
@@ -407,7 +403,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    model = load_model(args.model, map_location=_device(args.device))
+    model = load_model(args.model, map_location=resolve_device(args.device))
     if not isinstance(model, BernoulliMADE):
         raise ValueError(f"'{args.model}' holds a {type(model).__name__}, not a BernoulliMADE")
     if args.file is not None:

@@ -122,7 +122,7 @@ def session(
             raise ValueError("'resume=True' needs 'checkpoint_dir'")
         ckpt = None
         if resume and dist.broadcast(path.is_file()):  # rank 0 decides, so all ranks agree
-            ckpt = safe_load(path, map_location="cpu")
+            ckpt = safe_load(path, map_location="cpu", kind="training")
             _check_resumable(ckpt, path, dist, objective)
         if path is not None:
             model_entry(model)  # a malformed model.config fails now, not at the first checkpoint
@@ -134,8 +134,6 @@ def session(
 
 
 def _check_resumable(ckpt: dict[str, Any], path: Path, dist: Dist, objective: str) -> None:
-    if ckpt.get("kind") != "training":
-        raise CheckpointError(f"'{path}' is not a training checkpoint (kind={ckpt.get('kind')!r})")
     if ckpt["history"]["objective"] != objective:
         raise CheckpointError(
             f"'{path}' was written by a run minimising {ckpt['history']['objective']!r}, "
