@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from numbers import Integral
 
 import torch
 from torch import Tensor
@@ -27,10 +28,6 @@ def validate_values(enabled: bool) -> Iterator[None]:
         _check_values = previous
 
 
-def _shape(features: int | str, batch: str = "N") -> str:
-    return f"({batch}, {features})"
-
-
 def check_features(
     name: str,
     value: object,
@@ -42,13 +39,11 @@ def check_features(
     with ``like``'s dtype (or any integer/bool dtype when ``floating`` is False), and finite."""
     if not isinstance(value, Tensor):
         raise TypeError(
-            f"'{name}' should be a torch.Tensor of shape {_shape(features)}, "
+            f"'{name}' should be a torch.Tensor of shape (N, {features}), "
             f"got {type(value).__name__}"
         )
     if value.dim() != 2 or value.shape[1] != features:
-        raise ValueError(
-            f"'{name}' should have shape {_shape(features)}, got {tuple(value.shape)}"
-        )
+        raise ValueError(f"'{name}' should have shape (N, {features}), got {tuple(value.shape)}")
     if value.shape[0] == 0:
         raise ValueError(f"'{name}' is an empty batch: shape {tuple(value.shape)}")
     if floating and value.dtype != like.dtype:
@@ -89,3 +84,10 @@ def check_context(context: object, context_features: int, rows: int, like: Tenso
             f"got {tuple(context.shape)}"
         )
     return context
+
+
+def check_n(n: object) -> int:
+    """Check a number of samples ``n``: an integer >= 1 (Python or numpy, not bool)."""
+    if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+        raise ValueError(f"'n' should be a positive number of samples, got {n!r}")
+    return int(n)

@@ -262,9 +262,12 @@ def test_mask_ensemble_must_be_a_count_of_mask_sets(bad):
         model.log_prob(torch.zeros(1, 4), mask_ensemble=bad)
 
 
-def test_bad_sample_count_and_class_count():
+@pytest.mark.parametrize("n", [0, 2.5, True])
+def test_bad_sample_count_and_class_count(n):
     with pytest.raises(ValueError, match="'n' should be a positive number"):
-        BernoulliMADE(4, hidden_features=(8,)).sample(0)
+        BernoulliMADE(4, hidden_features=(8,)).sample(n)
+    with pytest.raises(ValueError, match="'n' should be a positive number"):
+        CategoricalMADE(2, classes=3, hidden_features=(8,)).sample(n)
     with pytest.raises(ValueError, match="'classes' should be an int >= 2"):
         CategoricalMADE(2, classes=1)
 

@@ -1,5 +1,6 @@
 """Flow: normalized densities, sampling shapes, conditional use, and bad input."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -163,6 +164,30 @@ def test_bad_sample_arguments(conditional):
         conditional.sample(3)
     with pytest.raises(ValueError, match="'context' should have shape"):
         conditional.sample(context=torch.randn(2, 2, 3))
+
+
+@pytest.mark.parametrize("n", [2.5, True, "3", 0, -1, torch.tensor(3)])
+def test_sample_count_must_be_a_positive_integer(conditional, n):
+    """Checked by flowkit.validation.check_n, with the message of the discrete models (a float
+    used to reach torch and fail with a TypeError that did not name 'n')."""
+    with pytest.raises(ValueError, match=r"'n' should be a positive number of samples, got "):
+        MAF(2, layers=1).sample(n)
+    with pytest.raises(ValueError, match=r"'n' should be a positive number of samples, got "):
+        conditional.sample(n, torch.randn(2, 3))
+    with pytest.raises(ValueError, match=r"'n' should be a positive number of samples, got "):
+        IAF(2, layers=1).sample_and_log_prob(n)
+
+
+def test_numpy_sample_count_is_accepted():
+    assert MAF(2, layers=1).sample(np.int64(3)).shape == (3, 2)
+
+
+@pytest.mark.parametrize("method", ["sample", "rsample", "sample_and_log_prob", "log_prob"])
+def test_context_that_is_not_a_tensor_is_a_type_error(conditional, method):
+    context = [0.0, 1.0, 2.0]
+    args = (torch.randn(2, 2), context) if method == "log_prob" else (2, context)
+    with pytest.raises(TypeError, match=r"'context' should be a torch.Tensor .*got list"):
+        getattr(conditional, method)(*args)
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from flowkit.checkpoint import model_config
 from flowkit.nn.inversion import OneHot, solve
 from flowkit.nn.made import MADE
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
-from flowkit.validation import check_features
+from flowkit.validation import check_features, check_n
 
 __all__ = ["BernoulliMADE", "CategoricalMADE"]
 
@@ -120,11 +120,6 @@ class _DiscreteMADE(nn.Module):
                 with self.made.mask_set(k):
                     per_mask.append(self._log_prob(x))
         return torch.logsumexp(torch.stack(per_mask), dim=0) - math.log(mask_ensemble)
-
-    def _check_n(self, n: object) -> int:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"'n' should be a positive number of samples, got {n!r}")
-        return n
 
     def extra_repr(self) -> str:
         return f"num_masks={self.num_masks}"
@@ -218,7 +213,7 @@ class BernoulliMADE(_DiscreteMADE):
             generator: a :class:`torch.Generator` on the model's device (default: the global
                 one).
         """
-        n = self._check_n(n)
+        n = check_n(n)
         ref = self._reference()
         u = torch.rand(n, self.features, generator=generator, device=ref.device, dtype=ref.dtype)
 
@@ -321,7 +316,7 @@ class CategoricalMADE(_DiscreteMADE):
             n: number of samples.
             generator: a :class:`torch.Generator` on the model's device.
         """
-        n = self._check_n(n)
+        n = check_n(n)
         ref = self._reference()
         u = torch.rand(n, self.features, self.classes, generator=generator, device=ref.device,
                        dtype=ref.dtype)

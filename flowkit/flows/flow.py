@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from flowkit.transforms.base import Transform
-from flowkit.validation import check_context, check_features
+from flowkit.validation import check_context, check_features, check_n
 
 
 class Flow(nn.Module):
@@ -57,9 +57,13 @@ class Flow(nn.Module):
         self, n: int | None, context: Tensor | None
     ) -> tuple[Tensor, Tensor | None, tuple[int, ...]]:
         ref = self._reference()
+        if context is not None and not isinstance(context, Tensor):
+            raise TypeError(
+                f"'context' should be a torch.Tensor of shape ({self.context_features},) or "
+                f"(B, {self.context_features}), got {type(context).__name__}"
+            )
         if context is None or context.dim() == 1:
-            if n is None or n < 1:
-                raise ValueError(f"'n' should be a positive number of samples, got {n}")
+            n = check_n(n)
             rows, shape = n, (n,)
         else:
             if context.dim() != 2:
@@ -70,8 +74,7 @@ class Flow(nn.Module):
             if n is None:
                 rows, shape = context.shape[0], (context.shape[0],)
             else:
-                if n < 1:
-                    raise ValueError(f"'n' should be a positive number of samples, got {n}")
+                n = check_n(n)
                 rows, shape = n * context.shape[0], (n, context.shape[0])
                 context = context.expand(n, -1, -1).reshape(rows, -1)
         context = check_context(context, self.context_features, rows, ref)
