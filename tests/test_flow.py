@@ -203,6 +203,19 @@ def test_bad_builder_arguments(kwargs, match):
         MAF(2, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "builder, transformer, kwargs, takes",
+    [
+        (MAF, "affine", {"bins": 8}, "log_scale_bound"),
+        (IAF, "spline", {"bins": 8, "log_scale_bound": 2.0}, "bins, bound, min_bin_width"),
+    ],
+)
+def test_transformer_kwargs_that_do_not_fit_name_the_argument(builder, transformer, kwargs, takes):
+    with pytest.raises(TypeError, match=rf"'transformer_kwargs' .* do not fit "
+                       rf"transformer='{transformer}' .*which takes {takes}.*unexpected keyword"):
+        builder(2, layers=1, transformer=transformer, transformer_kwargs=kwargs)
+
+
 def test_validation_of_values_can_be_switched_off():
     flow = MAF(2, layers=1)
     with flowkit.validation.validate_values(False):

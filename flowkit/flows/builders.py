@@ -6,6 +6,7 @@ Each builder returns a :class:`flowkit.Flow` whose ``config`` records the argume
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Literal
 
@@ -21,14 +22,33 @@ from flowkit.transforms.spline import RationalQuadraticSpline
 PermutationSpec = Literal["reverse", "random", "none"]
 
 
+_TRANSFORMERS: dict[str, type[Affine | RationalQuadraticSpline]] = {
+    "affine": Affine,
+    "spline": RationalQuadraticSpline,
+}
+
+
 def make_transformer(name: str, **kwargs: float) -> Affine | RationalQuadraticSpline:
     """An elementwise transformer by name: ``"affine"`` (:class:`Affine`) or ``"spline"``
-    (:class:`flowkit.transforms.RationalQuadraticSpline`), with its keyword arguments."""
-    if name == "affine":
-        return Affine(**kwargs)
-    if name == "spline":
-        return RationalQuadraticSpline(**kwargs)
-    raise ValueError(f"'transformer' should be 'affine' or 'spline', got {name!r}")
+    (:class:`flowkit.transforms.RationalQuadraticSpline`), with its keyword arguments.
+
+    Raises:
+        ValueError: an unknown ``name``.
+        TypeError: ``kwargs`` that the transformer does not take (the error names
+            ``transformer_kwargs``, the transformer and the arguments it takes).
+    """
+    if name not in _TRANSFORMERS:
+        raise ValueError(f"'transformer' should be 'affine' or 'spline', got {name!r}")
+    cls = _TRANSFORMERS[name]
+    signature = inspect.signature(cls)
+    try:
+        signature.bind(**kwargs)
+    except TypeError as e:
+        raise TypeError(
+            f"'transformer_kwargs' {kwargs} do not fit transformer={name!r} ({cls.__name__}, "
+            f"which takes {', '.join(signature.parameters) or 'no arguments'}): {e}"
+        ) from None
+    return cls(**kwargs)
 
 
 def _autoregressive_flow(
