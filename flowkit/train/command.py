@@ -150,7 +150,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics["kl_estimate"] = history.valid_loss[-1] - metrics["entropy"]
     if is_main_process():
         (args.out / "history.json").write_text(json.dumps(history.to_dict()) + "\n")
-        plot_losses(history, args.out / "loss.png", entropy=metrics.get("entropy"))
+        title = f"{args.flow.upper()} on {args.data}"
+        plot_losses(history, args.out / "loss.png", title, entropy=metrics.get("entropy"))
     return metrics
 
 
@@ -187,24 +188,18 @@ def _file(path: Path, valid_fraction: float, seed: int) -> tuple[Any, Any, int]:
     return loaded[rows[n_valid:]], valid, loaded.shape[1]
 
 
-def plot_losses(history: History, path: Path, entropy: float | None = None) -> None:
-    """Training loss per step (faint) with its running mean, validation losses and, when
-    known, the entropy of the data: the lowest reachable NLL, below the loss by KL(p || q)."""
-    from matplotlib.figure import Figure
+def plot_losses(history: History, path: Path, title: str, entropy: float | None = None) -> None:
+    """Training loss per step (faint) with its moving average over 2% of the steps, validation
+    losses (dots) and, when known, the entropy of the data: the lowest reachable NLL, below the
+    loss by KL(p || q)."""
+    from flowkit.plot import loss_figure, save_figure
 
-    fig = Figure(figsize=(6, 4), layout="constrained")
-    ax = fig.add_subplot()
-    steps, loss = np.array(history.steps), np.array(history.train_loss)
-    ax.plot(steps, loss, color="C0", alpha=0.25, lw=0.8, label="train (per step)")
-    window = max(1, len(loss) // 50)
-    if len(loss) >= window > 1:
-        smooth = np.convolve(loss, np.ones(window) / window, mode="valid")
-        ax.plot(steps[window - 1 :], smooth, color="C0", label=f"train ({window}-step mean)")
-    if history.valid_loss:
-        ax.plot(history.valid_steps, history.valid_loss, "o-", color="C1", ms=3, label="valid")
-    if entropy is not None:
-        ax.axhline(entropy, color="k", ls="--", lw=1, label=f"entropy H(p) = {entropy:.3f}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("negative log-likelihood (nats)" if history.objective == "nll" else "-ELBO")
-    ax.legend()
-    fig.savefig(path, dpi=120)
+    label = "train, valid (dots)" if history.valid_loss else "train"
+    fig = loss_figure(
+        {title: {label: history}},
+        references=None if entropy is None else {title: ("entropy H(p)", entropy)},
+        smooth=max(1, len(history.train_loss) // 50),
+        columns=1,
+        size=(6.0, 4.0),
+    )
+    save_figure(fig, path, dpi=120)
