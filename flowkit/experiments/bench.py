@@ -52,6 +52,7 @@ from torch import Tensor, nn
 import flowkit
 from flowkit.distributions import discrete
 from flowkit.nn.inversion import solve_naive, solve_naive_with_params
+from flowkit.train import resolve_device
 from flowkit.transforms import autoregressive
 from flowkit.validation import validate_values
 
@@ -88,8 +89,7 @@ def run(args: argparse.Namespace) -> dict:
     size = "quick" if args.quick else "full"
     sections = args.sections or [s for s in SECTIONS
                                  if not args.quick or s not in ("memory", "compare")]
-    device = torch.device("cuda" if args.device == "cuda" or (
-        args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    device = resolve_device(args.device)
     bench = _Bench(
         device=device,
         repeats=args.repeats or (2 if args.quick else 9),
@@ -240,7 +240,7 @@ class _Bench:
             with torch.no_grad(), validate_values(False):
                 torch.manual_seed(0)
                 a = calls[fast]()
-                with _naive_layers():
+                with _naive_solvers():
                     torch.manual_seed(0)
                     b = calls[fast]()
             probes = {name: {**spec, "kind": kind, "call": name} for name in calls}
@@ -356,8 +356,15 @@ def _densify(flow: flowkit.Flow) -> flowkit.Flow:
 
 
 @contextmanager
-def _naive_layers() -> Iterator[None]:
-    with mock.patch.object(autoregressive, "solve_with_params", solve_naive_with_params):
+def _naive_solvers() -> Iterator[None]:
+    """Within the block, the flow layers and the discrete models solve with the naive D-pass
+    reference (:func:`~flowkit.nn.inversion.solve_naive`) instead of the incremental solver:
+    the same calls, same noise and same code path but for the solver. The modules take no
+    solver argument, so their module-level names are swapped for the block."""
+    with (
+        mock.patch.object(autoregressive, "solve_with_params", solve_naive_with_params),
+        mock.patch.object(discrete, "solve", solve_naive),
+    ):
         yield
 
 
@@ -374,7 +381,7 @@ def _sampling_calls(kind: str, flow: flowkit.Flow, x: Tensor) -> dict[str, Calla
 
     def naive(fn: Callable[[], Tensor]) -> Callable[[], Tensor]:
         def call() -> Tensor:
-            with _naive_layers():
+            with _naive_solvers():
                 return fn()
         return call
 
@@ -409,7 +416,7 @@ def _bernoulli_calls(model: discrete.BernoulliMADE, samples: int,
         return sample()
 
     def naive() -> Tensor:
-        with mock.patch.object(discrete, "solve", solve_naive):
+        with _naive_solvers():
             return sample()
 
     return {"sample": sample, "sample, cold": cold, "sample, naive": naive}
