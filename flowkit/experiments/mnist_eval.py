@@ -1,5 +1,6 @@
-"""Score a saved Bernoulli/categorical MADE on a split file (an ``.npz`` key or an ``.amat``):
-mean NLL in nats with its standard error, for mask set 0 and for the mask ensemble."""
+"""Score a saved BernoulliMADE (model.pt or checkpoint.pt of flowkit mnist) on a binarized MNIST
+split or a split file (an .npz key or an .amat): mean NLL in nats with its standard error, for
+mask set 0 and for the mask ensemble."""
 
 from flowkit.experiments.mnist import add_eval_arguments as add_arguments
 from flowkit.experiments.mnist import run_eval as run
