@@ -288,8 +288,9 @@ def box_grid(
 ) -> tuple[Tensor, float]:
     """Midpoints of a ``resolution x resolution`` grid of cells over ``box``.
 
-    ``(points * values).sum() * area`` is then the midpoint rule for the integral over the box,
-    and ``values.view(resolution, resolution)`` is an image with ``y`` along the rows, ready for
+    With ``values = f(points)`` of shape ``(resolution**2,)``, ``values.sum() * area`` is the
+    midpoint rule for the integral of ``f`` over the box, and
+    ``values.view(resolution, resolution)`` is an image with ``y`` along the rows, ready for
     ``imshow(..., origin="lower", extent=box)``.
 
     Returns:
