@@ -72,7 +72,8 @@ with torch.no_grad():
 log_z = walled_log_normalizer(args.energy)
 print(f"{args.energy}: ELBO {elbo:.3f}, log Z {log_z:.3f}, KL(q || p) = {log_z - elbo:.3f} nats")
 
-# 4. Figure: target | flow density (the IAF's slow direction: fine in 2-D) | flow samples.
+# 4. Figure: target | flow density (the IAF's solving direction: D = 2 sequential steps per
+#    layer, about one pass of arithmetic) | flow samples.
 panels = [
     Panel(
         f"target exp(-{args.energy})\nlog Z {log_z:.3f}",
