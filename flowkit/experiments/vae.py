@@ -336,7 +336,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="k of the importance-weighted log p(x) estimate (default 1000)")
     parser.add_argument("--eval-images", type=int, default=None,
                         help="score the first N validation images (default: all 10000)")
-    parser.add_argument("--root", default=None, help="data directory of binarized_mnist.npz")
+    parser.add_argument("--root", default=None,
+                        help="data directory holding binarized_mnist.npz or the "
+                             "binarized_mnist_{train,valid}.amat files (default: $FLOWKIT_DATA, "
+                             "else ~/.cache/flowkit); never downloads: 'flowkit mnist' does")
     parser.add_argument("--resume", action="store_true",
                         help="continue each variant from OUT/VARIANT/checkpoint.pt")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
