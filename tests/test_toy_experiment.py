@@ -83,11 +83,26 @@ def test_toy_options_override_quick(tmp_path):
     )
 
 
-def test_unknown_names_are_user_errors(tmp_path, capsys):
-    argv = ["toy", "--quick", "--datasets", "moons,spiral", "--out", str(tmp_path)]
-    assert main(argv) == 2
-    assert "'datasets' should be a non-empty subset of moons" in capsys.readouterr().err
-    assert main(["toy", "--quick", "--flows", "nice", "--out", str(tmp_path)]) == 2
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [
+        ("toy", "--datasets", "moons,spiral"),
+        ("toy", "--flows", "nice"),
+        ("toy", "--transformer", "affine,splin"),
+        ("energy", "--energies", "U5"),
+        ("energy", "--transformer", ","),
+    ],
+)
+def test_unknown_names_are_user_errors_naming_the_option(tmp_path, capsys, command, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--quick", flag, value, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: should be comma-separated names from" in capsys.readouterr().err
+
+
+def test_unknown_names_in_python_calls_name_the_argument():
+    with pytest.raises(ValueError, match="'transformers' should be a non-empty subset"):
+        robustness_sweep(["moons"], ["maf"], ["splin"])
 
 
 def test_energy_quick_cli(tmp_path):

@@ -251,21 +251,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to fit")
     what.add_argument(
         "--energies",
-        type=names,
+        type=names(ENERGIES),
         default=list(ENERGIES),
         metavar="NAMES",
         help=f"comma-separated (default: {','.join(ENERGIES)})",
     )
     what.add_argument(
         "--flows",
-        type=names,
+        type=names(tuple(FLOWS)),
         default=["iaf"],
         metavar="iaf,maf",
         help="one or both (default: iaf; a MAF samples in 2 passes per layer)",
     )
     what.add_argument(
         "--transformer",
-        type=names,
+        type=names(TRANSFORMERS),
         default=["spline"],
         metavar="affine,spline",
         help="elementwise map of the layers, one or both (default: spline)",

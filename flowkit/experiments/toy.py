@@ -485,9 +485,19 @@ def sweep_table(records: Sequence[Mapping[str, Any]]) -> str:
 # ----------------------------------------------------------------------------- command line
 
 
-def names(text: str) -> list[str]:
-    """Comma-separated names (an ``argparse`` type)."""
-    return [t.strip() for t in text.split(",") if t.strip()]
+def names(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An ``argparse`` type: comma-separated names, each one of ``allowed``. A bad value is
+    reported by argparse with the option the user typed (``argument --transformer: ...``)."""
+
+    def parse(text: str) -> list[str]:
+        values = [t.strip() for t in text.split(",") if t.strip()]
+        if not values or any(v not in allowed for v in values):
+            raise argparse.ArgumentTypeError(
+                f"should be comma-separated names from {','.join(allowed)}, got {text!r}"
+            )
+        return values
+
+    return parse
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettings) -> None:
@@ -540,17 +550,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to fit")
     what.add_argument(
         "--datasets",
-        type=names,
+        type=names(TOY_DATASETS),
         default=list(TOY_DATASETS),
         metavar="NAMES",
         help=f"comma-separated (default: all: {','.join(TOY_DATASETS)})",
     )
     what.add_argument(
-        "--flows", type=names, default=["maf"], metavar="maf,iaf", help="one or both (default: maf)"
+        "--flows",
+        type=names(tuple(FLOWS)),
+        default=["maf"],
+        metavar="maf,iaf",
+        help="one or both (default: maf)",
     )
     what.add_argument(
         "--transformer",
-        type=names,
+        type=names(TRANSFORMERS),
         default=["spline"],
         metavar="affine,spline",
         help="elementwise map of the layers, one or both (default: spline)",
