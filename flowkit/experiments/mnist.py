@@ -47,6 +47,7 @@ from flowkit.checkpoint import (
 )
 from flowkit.data.mnist import binarized_mnist, load_split_file
 from flowkit.distributions.discrete import BernoulliMADE
+from flowkit.experiments.common import mean_se as nll_stats
 from flowkit.plot import save_figure
 from flowkit.train import CHECKPOINT_NAME, resolve_device
 
@@ -82,13 +83,6 @@ def evaluate(
         -model.log_prob(x[i : i + batch_size].to(device), mask_ensemble).double().cpu()
         for i in range(0, x.shape[0], batch_size)
     ])
-
-
-def nll_stats(nll: Tensor) -> tuple[float, float]:
-    """Mean and standard error ``std / sqrt(n)`` of per-image NLLs."""
-    n = nll.numel()
-    se = nll.std().item() / math.sqrt(n) if n > 1 else float("nan")
-    return nll.mean().item(), se
 
 
 def _score(
