@@ -11,11 +11,8 @@ napoleon for the Google style). Nothing is downloaded at build time.
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 from pathlib import Path
-
-from sphinx.util import logging
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -91,37 +88,6 @@ def _skip_top_level(app, what, name, obj, skip, options) -> bool | None:
     return None
 
 
-# ------------------------------------------------------------------- pages not written yet
-# Tutorial pages are written by different people and may land after the index that lists them.
-# A toctree entry of index.md whose page does not exist yet is dropped (and named in the build
-# log) instead of failing the build; every other warning is still an error under -W.
-
-_TOCTREE = re.compile(r"^```\{toctree\}\n(.*?)^```", re.MULTILINE | re.DOTALL)
-
-
-def _drop_missing_pages(app, docname, source) -> None:
-    if docname != "index":
-        return
-    missing = []
-
-    def keep(line: str) -> bool:
-        name = line.strip()
-        if not re.fullmatch(r"[\w/-]+", name) or any(
-            (DOCS / f"{name}{suffix}").exists() for suffix in source_suffix
-        ):
-            return True
-        missing.append(name)
-        return False
-
-    def filter_block(match: re.Match) -> str:
-        lines = match.group(0).splitlines(keepends=True)
-        return "".join(line for line in lines if line.startswith(("`", ":")) or keep(line))
-
-    source[0] = _TOCTREE.sub(filter_block, source[0])
-    if missing:
-        logging.getLogger(__name__).info("pages not written yet, left out: %s", ", ".join(missing))
-
-
 def _resolve_subpackage_path(app, env, node, contnode):
     """Resolve ``flowkit.train.fit`` (or ``flowkit.flows.Flow.log_prob``) to the top-level
     entry it is documented under (``flowkit.fit``, ``flowkit.Flow.log_prob``)."""
@@ -156,6 +122,5 @@ def _lookup(parts: list[str]) -> object | None:
 
 def setup(app) -> None:
     app.connect("missing-reference", _resolve_subpackage_path)
-    app.connect("source-read", _drop_missing_pages)
     app.connect("autodoc-process-docstring", _link_top_level)
     app.connect("autodoc-skip-member", _skip_top_level)
