@@ -2,7 +2,8 @@
 
 Errors name the argument and say what was expected. Shape, dtype and device checks are free;
 the finiteness check reads the tensor back to the host, so it can be switched off for hot
-loops with :func:`validate_values` (the fit loop checks its data once, up front).
+loops with :func:`validate_values` (the fit loop checks its data once, up front). Code compiled
+with :func:`torch.compile` skips it.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ def check_features(
             f"'{name}' is on {value.device} but the model is on {like.device}; "
             f"move one of them with .to()"
         )
-    if floating and _check_values and not torch.isfinite(value).all():
+    # A data-dependent branch would break a torch.compile graph: compiled code skips this one.
+    checking = _check_values and not torch.compiler.is_compiling()
+    if floating and checking and not torch.isfinite(value).all():
         raise ValueError(f"'{name}' contains NaN or Inf values")
     return value
 

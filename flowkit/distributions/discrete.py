@@ -184,7 +184,8 @@ class BernoulliMADE(_DiscreteMADE):
         ref = self._reference()
         x = check_features("x", x, self.features, ref, floating=False)
         binary = (x == 0) | (x == 1)
-        if not binary.all():
+        # torch.compile cannot trace a data-dependent branch: compiled code skips this check.
+        if not torch.compiler.is_compiling() and not binary.all():
             bad = x[~binary][0].item()
             raise ValueError(
                 f"'x' should hold binary values (0 or 1, as float, int or bool), found {bad}"
@@ -285,7 +286,7 @@ class CategoricalMADE(_DiscreteMADE):
                 f"got dtype {x.dtype}"
             )
         inside = (x >= 0) & (x < self.classes)
-        if not inside.all():
+        if not torch.compiler.is_compiling() and not inside.all():  # as in BernoulliMADE
             bad = x[~inside][0].item()
             raise ValueError(
                 f"'x' should hold class indices in 0..{self.classes - 1}, found {bad}"
