@@ -174,12 +174,16 @@ def _file(path: Path, valid_fraction: float, seed: int) -> tuple[Any, Any, int]:
         )
     if not 0.0 <= valid_fraction < 1.0:
         raise ValueError(f"'--valid-fraction' should be in [0, 1), got {valid_fraction}")
-    loaded = np.load(path)  # allow_pickle=False: arrays only
-    if isinstance(loaded, np.lib.npyio.NpzFile):
-        names = loaded.files
-        if "x" not in names and len(names) != 1:
-            raise ValueError(f"'{path}' should hold an array named 'x' or a single array: {names}")
-        loaded = loaded["x" if "x" in names else names[0]]
+    if path.suffix == ".npy":
+        loaded = np.load(path)  # allow_pickle=False: arrays only
+    else:
+        with np.load(path) as archive:
+            names = archive.files
+            if "x" not in names and len(names) != 1:
+                raise ValueError(
+                    f"'{path}' should hold an array named 'x' or a single array: {names}"
+                )
+            loaded = archive["x" if "x" in names else names[0]]
     if loaded.ndim != 2:
         raise ValueError(f"'{path}' should hold an array of shape (N, D), got {loaded.shape}")
     rows = np.random.default_rng(seed).permutation(loaded.shape[0])
