@@ -576,14 +576,19 @@ def test_cli_help_lists_subcommands_and_common_options(capsys):
         assert option in out
 
 
-def test_cli_fit_on_a_npy_file_writes_checkpoint_metrics_and_figure(tmp_path):
-    np.save(tmp_path / "samples.npy", gaussian(600).numpy())
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_cli_fit_on_a_file_writes_checkpoint_metrics_and_figure(tmp_path, suffix):
+    data = tmp_path / f"samples{suffix}"
+    if suffix == ".npy":
+        np.save(data, gaussian(600).numpy())
+    else:  # the array named x is taken, whatever else the archive holds
+        np.savez(data, labels=np.zeros(600), x=gaussian(600).numpy())
     out = tmp_path / "run"
     code = cli.main(
         [
             "fit",
             "--data",
-            str(tmp_path / "samples.npy"),
+            str(data),
             "--steps",
             "30",
             "--batch-size",
