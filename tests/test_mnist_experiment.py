@@ -125,3 +125,36 @@ def test_eval_scores_npz_and_amat_files_like_the_model(data, tmp_path, capsys):
         assert result["nll_se"] == pytest.approx(expected[1])
         assert result["ensemble"] == 2
         assert "± " in capsys.readouterr().out
+
+
+def test_mixture_of_models_is_normalized():
+    """The uniform mixture of two models (one with a 3-mask ensemble) sums to 1 over all 2^6
+    binary vectors, and lies between the best model and the worst."""
+    models = [BernoulliMADE(6, hidden_features=(8,), seed=0).double(),
+              BernoulliMADE(6, hidden_features=(8,), num_masks=3, order="random", seed=1).double()]
+    for model in models:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+    grid = torch.cartesian_prod(*[torch.tensor([0.0, 1.0], dtype=torch.float64)] * 6)
+    nlls = [mnist.evaluate(models[0], grid), mnist.evaluate(models[1], grid, mask_ensemble=3)]
+    mixture = mnist.mixture_nll(nlls)
+    assert (-mixture).exp().sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert (mixture <= torch.maximum(*nlls) + 1e-12).all()
+    assert (mixture >= torch.minimum(*nlls) - 1e-12).all()
+
+
+def test_eval_of_several_models_scores_their_mixture(data, tmp_path, capsys):
+    train(data, tmp_path / "a", "--epochs", "1")
+    train(data, tmp_path / "b", "--epochs", "1", "--seed", "1")
+    argv = [str(tmp_path / "a" / "model.pt"), str(tmp_path / "b" / "checkpoint.pt"),
+            "--file", str(data), "--key", "valid", "--out", str(tmp_path / "eval")]
+    result = mnist_eval.run(parse(mnist_eval, argv))
+    valid = torch.from_numpy(np.load(data)["valid"])
+    nlls = [mnist.evaluate(load_model(tmp_path / name / "model.pt"), valid, mask_ensemble=2)
+            for name in ("a", "b")]
+    assert [r["ensemble_nll"] for r in result["models"]] == pytest.approx(
+        [n.mean().item() for n in nlls])
+    assert result["mixture_nll"] == pytest.approx(mnist.mixture_nll(nlls).mean().item())
+    assert result["mixture_nll"] < max(n.mean().item() for n in nlls)
+    assert "uniform mixture of the 2 models" in capsys.readouterr().out

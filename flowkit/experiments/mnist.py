@@ -51,7 +51,9 @@ from flowkit.experiments.common import mean_se as nll_stats
 from flowkit.plot import save_figure
 from flowkit.train import CHECKPOINT_NAME, resolve_device
 
-__all__ = ["add_arguments", "run", "add_eval_arguments", "run_eval", "evaluate", "nll_stats"]
+__all__ = [
+    "add_arguments", "run", "add_eval_arguments", "run_eval", "evaluate", "nll_stats", "mixture_nll"
+]
 
 KIND = "mnist-training"
 """The ``"kind"`` of this command's checkpoints (see :data:`flowkit.checkpoint.KINDS`)."""
@@ -87,16 +89,34 @@ def evaluate(
 
 def _score(
     model: BernoulliMADE, x: Tensor, ensemble: int, batch_size: int = 1000
-) -> dict[str, Any]:
-    """Single-mask (set 0) and, if ``ensemble > 1``, ensemble NLL of ``x``."""
+) -> tuple[dict[str, Any], Tensor]:
+    """Single-mask (set 0) and, if ``ensemble > 1``, ensemble NLL of ``x``; also the per-image
+    NLL ``(N,)`` of the last of the two (the model's best estimate of ``-log p(x)``)."""
     result: dict[str, Any] = {"images": int(x.shape[0])}
     with model.made.mask_set(0):
-        result["nll"], result["nll_se"] = nll_stats(evaluate(model, x, None, batch_size))
+        nll = evaluate(model, x, None, batch_size)
+    result["nll"], result["nll_se"] = nll_stats(nll)
     if ensemble > 1:
         nll = evaluate(model, x, ensemble, batch_size)
         result["ensemble"] = ensemble
         result["ensemble_nll"], result["ensemble_nll_se"] = nll_stats(nll)
-    return result
+    return result, nll
+
+
+def mixture_nll(nlls: list[Tensor]) -> Tensor:
+    r"""Per-image NLL of the uniform mixture of ``M`` models, from each model's per-image NLL:
+
+    .. math:: -\log \frac1M \sum_{i=1}^M p_i(x) = -\operatorname{logsumexp}_i \log p_i(x) + \log M.
+
+    A mixture of normalized densities is normalized, so this is an exact log-likelihood, and
+    never worse than the worst model's; it generalizes the mask ensemble of one model to
+    independently trained models.
+
+    Args:
+        nlls: ``M`` tensors ``(N,)``, ``-log p_i(x)`` for the same ``N`` images.
+    """
+    log_p = -torch.stack(nlls)
+    return -(torch.logsumexp(log_p, dim=0) - math.log(len(nlls)))
 
 
 def _label(model: BernoulliMADE) -> str:
@@ -351,7 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         save_model(model, out / "model.pt")
         ensemble = args.ensemble or args.masks
         t0 = time.perf_counter()
-        valid = _score(model, x_valid, ensemble)
+        valid, _ = _score(model, x_valid, ensemble)
         eval_seconds = time.perf_counter() - t0
         say(_describe("valid", valid) + f"; best epoch {best['epoch']}")
         samples = model.sample(100, generator=torch.Generator(device).manual_seed(args.seed))
@@ -377,8 +397,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``flowkit mnist-eval`` (score a saved model on a split file)."""
-    parser.add_argument("model", help="model.pt or checkpoint.pt written by 'flowkit mnist'")
+    """Options of ``flowkit mnist-eval`` (score saved models on a split file)."""
+    parser.add_argument("models", nargs="+", metavar="model",
+                        help="model.pt or checkpoint.pt written by 'flowkit mnist'; with several, "
+                        "also the uniform mixture of the models")
     parser.add_argument("--file", default=None,
                         help="an .npz (with --key) or .amat split file; default: --split")
     parser.add_argument("--key", default=None, help="array name in an .npz --file")
@@ -387,28 +409,49 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default=None, help="data directory for --split")
     parser.add_argument("--no-download", action="store_true", help="never download the data")
     parser.add_argument("--ensemble", type=int, default=None,
-                        help="mask sets in the ensemble score (default: all of the model's)")
+                        help="mask sets in each model's ensemble score (default: all of the "
+                        "model's)")
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
-    """Print (and return) the mean NLL ± standard error of a saved model on a split."""
+    """Print (and return) the mean NLL ± standard error of each saved model on a split and,
+    for several models, of their uniform mixture (:func:`mixture_nll`; each model enters with
+    its mask ensemble when it has several mask sets).
+
+    Returns:
+        For one model, its scores (``images``, ``nll``, ``nll_se`` and, with several mask sets,
+        ``ensemble``, ``ensemble_nll``, ``ensemble_nll_se``) and ``seconds``. For several,
+        ``{"models": [those scores, ...], "mixture_nll": ..., "mixture_nll_se": ...,
+        "seconds": ...}``.
+    """
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    model = load_model(args.model, map_location=resolve_device(args.device))
-    if not isinstance(model, BernoulliMADE):
-        raise ValueError(f"'{args.model}' holds a {type(model).__name__}, not a BernoulliMADE")
+    device = resolve_device(args.device)
+    models = []
+    for path in args.models:  # every file is checked before the data is read
+        model = load_model(path, map_location=device)
+        if not isinstance(model, BernoulliMADE):
+            raise ValueError(f"'{path}' holds a {type(model).__name__}, not a BernoulliMADE")
+        models.append(model)
     if args.file is not None:
         x, name = load_split_file(args.file, args.key), f"{args.file}" + (
             f"[{args.key}]" if args.key else "")
     else:
         x = binarized_mnist(args.split, root=args.root, download=not args.no_download)
         name = args.split
-    ensemble = args.ensemble or model.num_masks
     t0 = time.perf_counter()
-    result = _score(model, x, ensemble, args.batch_size)
-    result["seconds"] = time.perf_counter() - t0
-    print(_describe(name, result))
-    return result
+    results, nlls = [], []
+    for path, model in zip(args.models, models, strict=True):
+        result, nll = _score(model, x, args.ensemble or model.num_masks, args.batch_size)
+        print(_describe(f"{path} on {name}", result))
+        results.append(result)
+        nlls.append(nll)
+    if len(models) == 1:
+        return {**results[0], "seconds": time.perf_counter() - t0}
+    mean, se = nll_stats(mixture_nll(nlls))
+    print(f"uniform mixture of the {len(models)} models on {name}: NLL {mean:.2f} ± {se:.2f} nats")
+    return {"models": results, "mixture_nll": mean, "mixture_nll_se": se,
+            "seconds": time.perf_counter() - t0}
