@@ -7,8 +7,9 @@ The code of two CLI subcommands lives here:
   ``model.pt`` (best weights, readable by :func:`flowkit.load_model`), ``samples.png`` (100
   samples), ``curves.png`` (learning curves) and ``log.txt``; the CLI adds ``metrics.json``.
 * ``flowkit mnist-eval`` (:func:`add_eval_arguments`, :func:`run_eval`, registered through
-  :mod:`flowkit.experiments.mnist_eval`) scores a saved model on a split and prints the mean
-  NLL with its standard error, for mask set 0 and for a mask ensemble.
+  :mod:`flowkit.experiments.mnist_eval`) scores saved models on a split and prints the mean
+  NLL with its standard error, for mask set 0 and for a mask ensemble of each, and for the
+  uniform mixture of several models (:func:`mixture_nll`).
 
 The CLI adds ``--device``, ``--seed``, ``--out`` and ``--quiet`` to both.
 
