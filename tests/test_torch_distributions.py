@@ -99,8 +99,10 @@ def test_log_prob_broadcasts_like_torch():
     x = torch.randn(4, 1, D, dtype=torch.float64)  # 4 points, each under every context
     assert d.log_prob(x).shape == (4, 5)
     torch.testing.assert_close(d.log_prob(x)[2], flow.log_prob(x[2].expand(5, D), context))
-    with pytest.raises(ValueError, match="broadcastable"):
-        d.log_prob(torch.randn(3, D, dtype=torch.float64))
+    for validate_args in (True, False):  # flowkit's own check, also with validation off
+        d = FlowDistribution(flow, context, validate_args=validate_args)
+        with pytest.raises(ValueError, match="broadcastable"):
+            d.log_prob(torch.randn(3, D, dtype=torch.float64))
 
 
 def test_rsample_and_log_prob_agree_with_log_prob(kind):
@@ -218,9 +220,12 @@ def test_bad_input():
         FlowDistribution(conditional, torch.randn(5, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="context_features=0"):
         FlowDistribution(unconditional, torch.randn(5, C, dtype=torch.float64))
+    # torch's own validation, asked for explicitly: torch.compile switches the global default off
     with pytest.raises(ValueError, match="Expected parameter context"):
-        FlowDistribution(conditional, torch.full((5, C), float("nan"), dtype=torch.float64))
-    d = FlowDistribution(conditional, torch.randn(5, C, dtype=torch.float64))
+        FlowDistribution(
+            conditional, torch.full((5, C), float("nan"), dtype=torch.float64), validate_args=True
+        )
+    d = FlowDistribution(conditional, torch.randn(5, C, dtype=torch.float64), validate_args=True)
     with pytest.raises(ValueError, match="event_shape"):
         d.log_prob(torch.randn(5, D + 1, dtype=torch.float64))
     d = FlowDistribution(conditional, torch.randn(5, C, dtype=torch.float64), validate_args=False)

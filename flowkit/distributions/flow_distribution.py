@@ -149,7 +149,13 @@ class FlowDistribution(Distribution):
                 f"'value' should have shape (..., {features}), got "
                 f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}"
             )
-        shape = torch.broadcast_shapes(value.shape[:-1], self.batch_shape)
+        try:  # checked here too: torch.compile turns validate_args off for every distribution
+            shape = torch.broadcast_shapes(value.shape[:-1], self.batch_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"'value' of shape {tuple(value.shape)} is not broadcastable to "
+                f"(..., *batch_shape, {features}) with batch_shape={tuple(self.batch_shape)}"
+            ) from None
         if math.prod(shape) == 0:
             return value.new_empty(shape)
         if self.context is None:  # i.i.d. over the batch: score each distinct value once
