@@ -74,6 +74,21 @@ def test_resumed_run_ends_with_the_same_weights(data, tmp_path, legacy):
     assert whole["history"]["valid_nll"] == split["history"]["valid_nll"]
 
 
+def test_checkpoint_every_e_epochs_and_at_the_end(data, tmp_path, monkeypatch):
+    written = []
+    save = mnist.atomic_save
+    monkeypatch.setattr(mnist, "atomic_save", lambda obj, path: (written.append(obj["epoch"]),
+                                                                   save(obj, path)))
+    train(data, tmp_path / "every2", "--epochs", "5", "--checkpoint-every", "2")
+    assert written == [2, 4, 5]
+    train(data, tmp_path / "whole", "--epochs", "5")
+    whole = safe_load(tmp_path / "whole" / "checkpoint.pt")["model"]["state_dict"]
+    every2 = safe_load(tmp_path / "every2" / "checkpoint.pt")["model"]["state_dict"]
+    assert all(torch.equal(whole[k], every2[k]) for k in whole)
+    with pytest.raises(ValueError, match="'--checkpoint-every' should be >= 1"):
+        train(data, tmp_path / "zero", "--epochs", "1", "--checkpoint-every", "0")
+
+
 def test_resume_refuses_changed_settings_and_a_fresh_run_refuses_an_old_folder(data, tmp_path):
     train(data, tmp_path / "run", "--epochs", "1")
     with pytest.raises(ValueError, match="'lr' is 0.01"):

@@ -14,10 +14,12 @@ Sections (--sections, all by default):
   compare    nflows and zuko on the density/sampling configurations, if they are installed.
 
 Every time is the median over --repeats interleaved rounds, with the interquartile range, of
-the process CPU time (the machine may be shared: CPU time does not count the time the process
-waits for a core; wall times are in the JSON too). With --threads 1 (default) that is the work
-done. Every speed is also a ratio to a reference measured in the same run. Memory is what the
-first call adds at its peak, in a fresh process after building the model and inputs, so it
+the process CPU time on the CPU (the machine may be shared: CPU time does not count the time the
+process waits for a core; wall times are in the JSON too; with --threads 1, the default, that is
+the work done) and of the wall time between two torch.cuda.synchronize() calls on CUDA (where
+the host's CPU time only counts launching and waiting). Every speed is also a ratio to a
+reference measured in the same run. Memory is what the first call adds at its peak, in a fresh
+process after building the model and inputs, so it
 includes what the call keeps for the next ones (cached masked and sorted weights, an optimizer's
 state): on CPU the peak resident set size (VmHWM, reset through /proc/self/clear_refs, Linux)
 minus the resident size before the call, in a subprocess per call; on CUDA the peak of
@@ -121,11 +123,12 @@ def run(args: argparse.Namespace) -> dict:
             "load_average_start_end": load,
         },
         "settings": {"size": size, "sections": sections, "repeats": bench.repeats,
+                     "clock": "wall" if device.type == "cuda" else "process CPU",
                      "naive_repeats": bench.naive_repeats, "seed": args.seed},
         "seconds": round(time.time() - started, 1),
         "rows": bench.rows,
     }
-    table = format_table(bench.rows)
+    table = format_table(bench.rows, cuda=device.type == "cuda")
     bench.say(table)
     path = args.json or Path(args.out) / "bench.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,13 +153,14 @@ def _timed(fn: Callable[[], object], cuda: bool) -> tuple[float, float]:
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def _summary(times: list[tuple[float, float]]) -> dict[str, float]:
-    cpu = sorted(t[0] * 1e3 for t in times)
-    q = statistics.quantiles(cpu, n=4, method="inclusive") if len(cpu) > 1 else [cpu[0]] * 3
+def _summary(times: list[tuple[float, float]], cuda: bool) -> dict[str, float]:
+    """Median and quartiles in ms of the CPU time (of the wall time on CUDA)."""
+    ms = sorted(t[1 if cuda else 0] * 1e3 for t in times)
+    q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
     return {
-        "ms": statistics.median(cpu), "q1_ms": q[0], "q3_ms": q[2], "min_ms": cpu[0],
-        "max_ms": cpu[-1], "wall_ms": statistics.median(t[1] * 1e3 for t in times),
-        "n": len(cpu),
+        "ms": statistics.median(ms), "q1_ms": q[0], "q3_ms": q[2], "min_ms": ms[0],
+        "max_ms": ms[-1], "cpu_ms": statistics.median(t[0] * 1e3 for t in times),
+        "wall_ms": statistics.median(t[1] * 1e3 for t in times), "n": len(ms),
     }
 
 
@@ -179,7 +183,7 @@ class _Bench:
         for _ in range(repeats or self.repeats):
             for name, fn in calls.items():
                 times[name].append(_timed(fn, cuda))
-        stats = {name: _summary(t) for name, t in times.items()}
+        stats = {name: _summary(t, cuda) for name, t in times.items()}
         for name, s in stats.items():
             ref = reference.get(name)
             row = {"section": section, "config": config, "what": name, **s,
@@ -538,11 +542,11 @@ def _format_row(row: dict) -> str:
             f"[{row['q1_ms']:.2f}, {row['q3_ms']:.2f}] {memory} {ratio}")
 
 
-def format_table(rows: list[dict]) -> str:
-    """A Markdown table of the results."""
+def format_table(rows: list[dict], cuda: bool = False) -> str:
+    """A Markdown table of the results (times: CPU ms, or wall ms on CUDA)."""
     lines = [
-        "| section | config | call | CPU ms (median) | IQR | ratio | reference | vs naive "
-        "| peak MB |",
+        f"| section | config | call | {'wall' if cuda else 'CPU'} ms (median) | IQR | ratio "
+        "| reference | vs naive | peak MB |",
         "|---|---|---|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:

@@ -3,7 +3,8 @@
 The code of two CLI subcommands lives here:
 
 * ``flowkit mnist`` (:func:`add_arguments`, :func:`run`) trains a model and writes to
-  ``--out``: ``checkpoint.pt`` (every epoch, atomically; ``--resume`` continues from it),
+  ``--out``: ``checkpoint.pt`` (atomically, every epoch or every ``--checkpoint-every``
+  epochs, and at the end; ``--resume`` continues from it),
   ``model.pt`` (best weights, readable by :func:`flowkit.load_model`), ``samples.png`` (100
   samples), ``curves.png`` (learning curves) and ``log.txt``; the CLI adds ``metrics.json``.
 * ``flowkit mnist-eval`` (:func:`add_eval_arguments`, :func:`run_eval`, registered through
@@ -212,6 +213,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--resume", action="store_true",
                       help=f"continue from OUT/{CHECKPOINT_NAME} (same settings; --epochs may grow "
                            "with the constant schedule)")
+    run_.add_argument("--checkpoint-every", type=int, default=1, metavar="E",
+                      help=f"write OUT/{CHECKPOINT_NAME} every E epochs and at the end (default: "
+                           "1; a large model's checkpoint, with Adam's state, can take longer "
+                           "to write than an epoch on a GPU)")
     run_.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
 
 
@@ -303,7 +308,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if sched is not None:
             sched.load_state_dict(ckpt["scheduler"])
         history, best, start = ckpt["history"], ckpt["best"], ckpt["epoch"]
+    if args.checkpoint_every < 1:
+        raise ValueError(f"'--checkpoint-every' should be >= 1, got {args.checkpoint_every}")
     log = open(out / "log.txt", "a")  # noqa: SIM115 (closed in finally)
+    saved = start  # the epoch that the checkpoint on disk ends with
+
+    def save_checkpoint(epoch: int) -> None:
+        atomic_save({
+            FORMAT_KEY: FORMAT_VERSION, "kind": KIND, "model": model_entry(model),
+            "optimizer": opt.state_dict(),
+            "scheduler": None if sched is None else sched.state_dict(),
+            "epoch": epoch, "history": history, "best": best, "settings": _settings(args),
+        }, ckpt_path)
 
     def say(text: str) -> None:
         tqdm.write(text)
@@ -317,6 +333,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for epoch in range(start + 1, args.epochs + 1):
             if args.patience is not None and epoch - best["epoch"] > args.patience:
                 say(f"early stop: no better validation NLL since epoch {best['epoch']}")
+                if saved != epoch - 1:
+                    save_checkpoint(epoch - 1)
                 break
             model.train()
             generator = torch.Generator().manual_seed(args.seed * 100_003 + epoch)
@@ -357,12 +375,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             say(f"epoch {epoch}: train {train_nll:.3f}, valid {valid_nll:.3f} nats "
                 f"(best {best['nll']:.3f} at {best['epoch']}); {t1 - t0:.1f} s train, "
                 f"{t2 - t1:.1f} s valid")
-            atomic_save({
-                FORMAT_KEY: FORMAT_VERSION, "kind": KIND, "model": model_entry(model),
-                "optimizer": opt.state_dict(),
-                "scheduler": None if sched is None else sched.state_dict(),
-                "epoch": epoch, "history": history, "best": best, "settings": _settings(args),
-            }, ckpt_path)
+            if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
+                save_checkpoint(epoch)
+                saved = epoch
             save_learning_curves(history, out / "curves.png", title=_label(model))
 
         if best["state_dict"] is not None:
