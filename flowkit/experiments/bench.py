@@ -551,7 +551,10 @@ def format_table(rows: list[dict], cuda: bool = False) -> str:
     ]
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        vs_naive = f"{r['vs_naive']:.1f}x faster" if "vs_naive" in r else ""
+        vs_naive = "" if "vs_naive" not in r else (
+            f"{r['vs_naive']:.1f}x faster" if r["vs_naive"] >= 1 else
+            f"{1 / r['vs_naive']:.1f}x slower"
+        )
         peak = "" if r["peak_mb"] is None else f"{r['peak_mb']:.1f}"
         lines.append(
             f"| {r['section']} | {r['config']} | {r['what']} | {r['ms']:.2f} | "
