@@ -4,7 +4,7 @@ Same as ``flowkit rl ARGS`` (needs the optional extra: ``pip install gymnasium``
 example::
 
     .venv/bin/python demos/sac_pendulum.py --quick --out runs/rl-quick
-    .venv/bin/python demos/sac_pendulum.py --seeds 3 --steps 15000 --out runs/rl
+    .venv/bin/python demos/sac_pendulum.py --seeds 3 --steps 10000 --out runs/rl
 """
 
 import sys

@@ -267,7 +267,9 @@ def load_model(path: str | os.PathLike, map_location: Any = None) -> nn.Module:
 
     Raises:
         CheckpointError: unreadable file, a file without a model config (e.g. a training run of a
-            custom ``nn.Module``), an unknown model type, or weights that do not match.
+            custom ``nn.Module``), an unknown model type, a config the constructor refuses,
+            weights that are not tensors or do not match, or structural buffers (MADE masks and
+            orderings, permutations) that are not what the model's construction allows.
     """
     ckpt = safe_load(path, map_location=map_location)
     entry = ckpt.get("model")
@@ -281,20 +283,83 @@ def load_model(path: str | os.PathLike, map_location: Any = None) -> nn.Module:
             "model.load_state_dict(flowkit.checkpoint.safe_load(path)['model']['state_dict'])"
         )
     _check_config(config, f"the config in '{path}'")
-    model = _constructor(config["type"], path)(**config["kwargs"])
-    dtype = _saved_dtype(entry["state_dict"])
+    state_dict = entry["state_dict"]
+    if not isinstance(state_dict, dict):
+        raise CheckpointError(
+            f"'{path}': the stored weights should be a dict of tensors, got "
+            f"{type(state_dict).__name__}"
+        )
+    for key, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(
+                f"'{path}': the stored weight {key!r} should be a tensor, got "
+                f"{type(value).__name__}"
+            )
+    build = _constructor(config["type"], path)
+    try:
+        model = build(**config["kwargs"])
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(
+            f"'{path}': a {config['type']} cannot be built from the stored config "
+            f"{config['kwargs']}: {_first_line(e)}"
+        ) from e
+    dtype = _saved_dtype(state_dict)
     if dtype is not None:
         model = model.to(dtype)
     try:
-        model.load_state_dict(entry["state_dict"], strict=True)
+        model.load_state_dict(state_dict, strict=True)
     except RuntimeError as e:
         raise CheckpointError(
             f"'{path}': the stored weights do not fit a {config['type']} built from the stored "
             f"config: {_first_line(e)}"
         ) from e
+    _check_structure(model, path)
     if isinstance(map_location, str | torch.device):
         model = model.to(map_location)
     return model.eval()
+
+
+def _check_structure(model: nn.Module, path: str | os.PathLike) -> None:
+    """Refuse weights whose structural buffers were tampered with: in every
+    :class:`~flowkit.nn.MADE` the orderings must be permutations, ``mask_index`` a valid mask
+    set and the masks those that set's degrees give (a wrong mask breaks the autoregressive
+    property, and with it every density); in every :class:`~flowkit.transforms.Permutation`
+    ``permutation`` must be a permutation and ``inverse_permutation`` its inverse."""
+    from flowkit.nn import MADE, MaskedLinear  # late import: flowkit/__init__ imports this module
+    from flowkit.transforms import Permutation
+
+    def refuse(module: str, buffer: str, expected: str) -> typing.NoReturn:
+        name = f"{module}.{buffer}" if module else buffer
+        raise CheckpointError(f"'{path}': the stored buffer '{name}' should be {expected}")
+
+    for name, module in model.named_modules():
+        if isinstance(module, Permutation):
+            if not _is_permutation(module.permutation):
+                refuse(name, "permutation", "a permutation of range(features)")
+            if not torch.equal(module.inverse_permutation, module.permutation.argsort()):
+                refuse(name, "inverse_permutation", "the inverse of 'permutation'")
+        if not isinstance(module, MADE):
+            continue
+        if not all(_is_permutation(order) for order in module.orders):
+            refuse(name, "orders", "permutations of range(features)")
+        index = int(module.mask_index)
+        if not 0 <= index < module.num_masks:
+            refuse(name, "mask_index", f"in [0, {module.num_masks}), got {index}")
+        layers = [(n, m) for n, m in module.named_modules() if isinstance(m, MaskedLinear)]
+        stored = [m.mask.clone() for _, m in layers]
+        module.set_mask(index)  # rebuilds the masks of set `index` from the stored degrees
+        for (layer, m), mask in zip(layers, stored, strict=True):
+            if not torch.equal(m.mask, mask):
+                refuse(
+                    name,
+                    f"{layer}.mask",
+                    f"the mask that the stored orders and degrees give for mask set {index}",
+                )
+
+
+def _is_permutation(t: torch.Tensor) -> bool:
+    """Whether the 1-D tensor ``t`` holds each of ``0 .. len(t) - 1`` once."""
+    return torch.equal(t.sort().values, torch.arange(t.numel(), device=t.device))
 
 
 def _saved_dtype(state_dict: dict[str, Any]) -> torch.dtype | None:

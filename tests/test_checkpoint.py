@@ -217,6 +217,74 @@ def test_weights_that_do_not_fit_the_config(tmp_path):
         load_model(tmp_path / "m.pt")
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"features": "abc"}, "'features': 'abc'"), ({"bogus": 1}, "keyword argument 'bogus'")],
+    ids=["wrong-type", "unknown"],
+)
+def test_config_the_constructor_refuses(kwargs, message, tmp_path):
+    config = MODELS["maf"]().config
+    _model_file(tmp_path / "m.pt", {**config, "kwargs": {**config["kwargs"], **kwargs}})
+    with pytest.raises(CheckpointError, match=f"cannot be built from the stored config.*{message}"):
+        load_model(tmp_path / "m.pt")
+
+
+@pytest.mark.parametrize("value", [[1.0, 2.0], 3, None], ids=["list", "int", "none"])
+def test_weights_that_are_not_tensors(value, tmp_path):
+    flow = MODELS["maf"]()
+    save_model(flow, tmp_path / "m.pt")
+    ckpt = safe_load(tmp_path / "m.pt")
+    key = next(iter(ckpt["model"]["state_dict"]))
+    ckpt["model"]["state_dict"][key] = value
+    torch.save(ckpt, tmp_path / "m.pt")
+    with pytest.raises(CheckpointError, match=f"stored weight '{key}' should be a tensor"):
+        load_model(tmp_path / "m.pt")
+
+
+def _tampered(flow, path, key, change):
+    """Save ``flow`` to ``path`` with ``change`` applied to its buffer ``key``."""
+    save_model(flow, path)
+    ckpt = safe_load(path)
+    state = ckpt["model"]["state_dict"]
+    state[key] = change(state[key].clone())
+    torch.save(ckpt, path)
+
+
+MADE_KEY = "transform.transforms.0.made"
+TAMPERING = {
+    "output-mask": (f"{MADE_KEY}.output.mask", lambda m: torch.ones_like(m), "output.mask"),
+    "hidden-mask": (f"{MADE_KEY}.hidden.0.mask", lambda m: 1 - m, "hidden.0.mask"),
+    "mask-index": (f"{MADE_KEY}.mask_index", lambda i: i + 3, r"mask_index' should be in \[0, 1\)"),
+    "orders": (f"{MADE_KEY}.orders", lambda o: torch.zeros_like(o), "orders' should be perm"),
+    "permutation": ("transform.transforms.1.permutation", lambda p: torch.zeros_like(p),
+                    "transforms.1.permutation' should be a permutation"),
+    "inverse-permutation": ("transform.transforms.1.inverse_permutation", lambda p: p.flip(0),
+                            "inverse_permutation' should be the inverse"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERING))
+def test_tampered_structural_buffers_are_refused(case, tmp_path):
+    """Masks, orderings and permutations are buffers in the file; a model loaded with a mask
+    other than its degrees give would silently not be autoregressive (its densities wrong)."""
+    key, change, message = TAMPERING[case]
+    flow = flowkit.MAF(3, hidden_features=(8,), layers=2, permutation="random", seed=1)
+    _tampered(flow, tmp_path / "m.pt", key, change)
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_model(tmp_path / "m.pt")
+    assert str(tmp_path / "m.pt") in str(info.value) and "stored buffer" in str(info.value)
+
+
+def test_a_mask_set_other_than_the_first_is_accepted(tmp_path):
+    made = flowkit.BernoulliMADE(4, hidden_features=(8,), num_masks=3, order="random")
+    made.made.set_mask(2)
+    save_model(made, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    x = torch.randint(0, 2, (5, 4)).float()
+    assert loaded.made.mask_set_index == 2
+    assert torch.equal(loaded.log_prob(x), made.eval().log_prob(x))
+
+
 def test_model_without_config_cannot_be_saved_with_save_model(tmp_path):
     with pytest.raises(CheckpointError, match="has no 'config'"):
         save_model(nn.Linear(2, 2), tmp_path / "l.pt")

@@ -14,7 +14,9 @@ from torch.distributions import (
     TransformedDistribution,
 )
 
-from flowkit.experiments.rl import FlowPolicy, GaussianPolicy, squash
+from flowkit import load_model
+from flowkit.checkpoint import safe_load
+from flowkit.experiments.rl import FlowPolicy, GaussianPolicy, _evaluate, squash
 
 LOW = torch.tensor([-2.0, 0.0], dtype=torch.float64)
 HIGH = torch.tensor([2.0, 1.0], dtype=torch.float64)
@@ -80,7 +82,7 @@ def test_flow_policy_log_prob_of_its_samples_is_exact(transformer):
 
 
 def test_quick_command_on_pendulum(tmp_path):
-    pytest.importorskip("gymnasium")
+    gym = pytest.importorskip("gymnasium")
     from flowkit.cli import main
 
     args = ["rl", "--quick", "--out", str(tmp_path), "--quiet"]
@@ -92,5 +94,18 @@ def test_quick_command_on_pendulum(tmp_path):
         assert -2000 < s["final_return_mean"] <= 0  # Pendulum's rewards are in [-16.3, 0]
     run = json.loads((tmp_path / "iaf-seed0.json").read_text())
     assert run["config"]["flow_transformer"] == "spline" and run["config"]["steps"] == 150
+    # the saved policies are the trained ones: their zero-noise actions give the recorded
+    # final return again; the IAF's file is a flowkit model file
+    gaussian = GaussianPolicy(3, 1, (32, 32))
+    gaussian.load_state_dict(safe_load(tmp_path / "gaussian-seed0.pt")["model"]["state_dict"])
+    flow_policy = FlowPolicy(3, 1, (32, 32))
+    flow_policy.flow = load_model(tmp_path / "iaf-seed0.pt")
+    obs = torch.randn(4, 3)
+    u, log_prob = flow_policy.flow.sample_and_log_prob(context=obs)
+    torch.testing.assert_close(log_prob, flow_policy.flow.log_prob(u, context=obs))
+    low, high = torch.tensor([-2.0]), torch.tensor([2.0])
+    for name, policy in [("gaussian", gaussian), ("iaf", flow_policy)]:
+        final_return = _evaluate(gym.make("Pendulum-v1"), policy, low, high, 1, 10_000)
+        assert final_return == summary[name]["final_return_mean"], name
     assert main([*args, "--resume"]) == 0  # finished runs are read back, not rerun
     assert json.loads((tmp_path / "summary.json").read_text()) == summary

@@ -11,11 +11,18 @@ from dataclasses import replace
 import pytest
 import torch
 
+from flowkit import load_model
 from flowkit.cli import main
 from flowkit.data.energy import ENERGIES, ENERGY_BOXES, energy_log_density, energy_log_normalizer
-from flowkit.data.toy import TOY_DATASETS, has_exact_density
-from flowkit.experiments.energy import walled_log_density, walled_log_normalizer
+from flowkit.data.toy import TOY_DATASETS, has_exact_density, sample_toy
+from flowkit.experiments.energy import (
+    ENERGY_SETTINGS,
+    fit_energy,
+    walled_log_density,
+    walled_log_normalizer,
+)
 from flowkit.experiments.toy import (
+    _TEST_SEED_OFFSET,
     FLOWS,
     QUICK,
     SWEEP_LRS,
@@ -49,12 +56,19 @@ def test_toy_quick_cli(tmp_path, capsys):
     runs = record["metrics"]["runs"]
     assert [r["dataset"] for r in runs] == list(TOY_DATASETS)
     assert record["metrics"]["settings"]["steps"] == QUICK.steps
-    for r in runs:
+    models = [out / "models" / f"{d}_maf_spline.pt" for d in TOY_DATASETS]
+    assert record["metrics"]["models"] == [str(m) for m in models]
+    for r, path in zip(runs, models, strict=True):
         assert math.isfinite(r["test_nll"]) and r["test_nll_se"] > 0
         if has_exact_density(r["dataset"]):
             assert r["kl"] == pytest.approx(r["test_nll"] - r["entropy"])
         else:
             assert r["kl"] is None and r["entropy"] is None
+        # the saved flow is the trained one: it gives the recorded NLL on the same test points
+        test = sample_toy(r["dataset"], QUICK.eval_samples, seed=_TEST_SEED_OFFSET)
+        with torch.no_grad():
+            nll = -load_model(path).log_prob(test).double().mean().item()
+        assert nll == pytest.approx(r["test_nll"], rel=1e-6)
     scores, costs = (out / "table.md").read_text().split("\n\n")
     assert scores.splitlines()[0] == "| dataset | entropy | MAF spline NLL | MAF spline KL |"
     assert len(scores.splitlines()) == 2 + len(TOY_DATASETS)
@@ -117,6 +131,15 @@ def test_energy_quick_cli(tmp_path):
         assert r["kl"] == pytest.approx(r["log_z"] - r["elbo"])
         assert 0.0 <= r["outside"] <= 1.0
     assert (out / "table.md").read_text().startswith("| energy | log Z | IAF spline ELBO |")
+    # the saved flows are the trained ones: training is seeded, so a second fit gives the
+    # same weights, and the loaded files the same log-densities
+    settings = replace(QUICK, bound=ENERGY_SETTINGS.bound, steps=10)
+    z = torch.randn(5, 2)
+    for name in ["U1", "U4"]:
+        *_, model = fit_energy(name, "iaf", "spline", settings, device=torch.device("cpu"))
+        loaded = load_model(out / "models" / f"{name}_iaf_spline.pt")
+        with torch.no_grad():
+            assert torch.equal(loaded.log_prob(z), model.log_prob(z))
 
 
 def test_build_flow_is_seeded_and_leaves_the_global_generator_alone():

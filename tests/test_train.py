@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import flowkit
 from flowkit import cli
-from flowkit.checkpoint import load_model, safe_load
+from flowkit.checkpoint import CheckpointError, atomic_save, load_model, safe_load
 from flowkit.train import (
     CHECKPOINT_NAME,
     History,
@@ -26,6 +27,7 @@ from flowkit.train import (
     fit_reverse_kl,
     resolve_device,
 )
+from flowkit.train.data import first_batch
 
 SCALE, SHIFT = torch.tensor([2.0, 0.5]), torch.tensor([1.0, -1.0])
 # differential entropy of N(SHIFT, diag(SCALE^2)): the best achievable mean NLL
@@ -283,6 +285,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(kind, tmp_path):
     resumed, h_resumed = run(tmp_path / "cut", resume=True, init_seed=99)
     assert_same_weights(weights(resumed), weights(full))
     assert h_resumed.train_loss == h_full.train_loss
+    assert h_resumed.epoch_loss == h_full.epoch_loss
     assert h_resumed.valid_loss == h_full.valid_loss
 
 
@@ -308,13 +311,32 @@ def test_resume_without_checkpoint_starts_fresh_and_finished_run_is_a_no_op(tmp_
 
 
 def test_extending_a_run_needs_a_constant_learning_rate(tmp_path):
-    common = dict(batch_size=64, seed=0, checkpoint_dir=tmp_path, **QUIET)
-    fit(small_maf(), gaussian(256), steps=4, lr_schedule="cosine", **common)
+    common = dict(batch_size=64, seed=0, **QUIET)
+    fit(small_maf(), gaussian(256), steps=4, lr_schedule="cosine", checkpoint_dir=tmp_path / "a",
+        **common)
     with pytest.raises(ValueError, match="'steps' is 8 but .* run of 4 steps"):
-        fit(small_maf(), gaussian(256), steps=8, lr_schedule="cosine", resume=True, **common)
-    fit(small_maf(), gaussian(256), steps=4, **common)  # overwrites the checkpoint
-    h = fit(small_maf(), gaussian(256), steps=8, resume=True, **common)
+        fit(small_maf(), gaussian(256), steps=8, lr_schedule="cosine", resume=True,
+            checkpoint_dir=tmp_path / "a", **common)
+    fit(small_maf(), gaussian(256), steps=4, checkpoint_dir=tmp_path / "b", **common)
+    h = fit(small_maf(), gaussian(256), steps=8, resume=True, checkpoint_dir=tmp_path / "b",
+            **common)
     assert len(h.train_loss) == 8
+
+
+def test_a_fresh_run_refuses_to_replace_a_checkpoint(tmp_path):
+    common = dict(steps=4, batch_size=64, seed=0, checkpoint_dir=tmp_path, **QUIET)
+    fit(small_maf(), gaussian(256), **common)
+    before = (tmp_path / CHECKPOINT_NAME).read_bytes()
+    flow = small_maf()
+    untouched = weights(flow)
+    expected = (
+        f"'{tmp_path / CHECKPOINT_NAME}' exists: pass resume=True to continue that run, or pick "
+        "another checkpoint_dir"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        fit(flow, gaussian(256), **common)
+    assert (tmp_path / CHECKPOINT_NAME).read_bytes() == before
+    assert_same_weights(weights(flow), untouched)
 
 
 def test_checkpoint_is_a_loadable_model(tmp_path):
@@ -362,18 +384,25 @@ def test_resume_checks(tmp_path):
         fit(small_maf(), gaussian(256), steps=5, resume=True, **QUIET)
 
 
-def test_nonfinite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    def poisoned(n, generator):
-        poisoned.calls += 1
-        x = gaussian(n, generator)
-        return x * float("nan") if poisoned.calls == 15 else x
+def poisoned_at(step: int):
+    """A sampling function of Gaussian data whose batch of ``step`` is NaN."""
+    calls = 0
 
-    poisoned.calls = 0
+    def sample(n, generator):
+        nonlocal calls
+        calls += 1
+        x = gaussian(n, generator)
+        return x * float("nan") if calls == step else x
+
+    return sample
+
+
+def test_nonfinite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     flow = small_maf()
     with pytest.raises(NonFiniteLossError, match=r"nan at step 15\. Usual fixes: lower") as info:
         fit(
             flow,
-            poisoned,
+            poisoned_at(15),
             steps=40,
             batch_size=32,
             seed=0,
@@ -389,6 +418,56 @@ def test_nonfinite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_pa
     assert all(torch.isfinite(v).all() for v in kept["model"]["state_dict"].values())
 
 
+def test_nonfinite_loss_before_the_first_checkpoint_says_when_it_is_due(tmp_path):
+    with pytest.raises(NonFiniteLossError, match=r"No checkpoint was written yet \(the first is "
+                       r"due at step 10\)\.$"):
+        fit(small_maf(), poisoned_at(3), steps=40, batch_size=32, seed=0, checkpoint_dir=tmp_path,
+            checkpoint_every=10, log_every=5, **QUIET)
+    assert not (tmp_path / CHECKPOINT_NAME).exists()
+
+
+class _InfiniteGradientAt(nn.Module):
+    """A Gaussian with a learnable mean whose loss at step ``bad`` is finite but has an infinite
+    gradient (that of sqrt at 0), from which Adam writes NaN weights."""
+
+    features = 2
+
+    def __init__(self, bad: int):
+        super().__init__()
+        self.loc = nn.Parameter(torch.zeros(2))
+        self.bad, self.calls = bad, 0
+
+    def log_prob(self, x):
+        log_p = -(x - self.loc).square().sum(-1)
+        if torch.is_grad_enabled():  # training steps only (checks and validation: no_grad)
+            self.calls += 1
+            if self.calls == self.bad:
+                log_p = log_p + (self.loc - self.loc.detach()).sqrt().sum()  # adds 0
+        return log_p
+
+
+def test_nonfinite_weights_are_not_checkpointed(tmp_path):
+    """The loss of step 20 is finite but its update makes the weights NaN: the checkpoint of step
+    20 refuses them (it used to save them) and the one of step 10 stays on disk."""
+    with pytest.raises(NonFiniteLossError, match=r"the model's 'loc' is nan at step 20, although "
+                       r"every loss so far was finite.*Usual fixes: lower") as info:
+        fit(_InfiniteGradientAt(bad=20), gaussian(256), steps=40, batch_size=32, seed=0,
+            checkpoint_dir=tmp_path, checkpoint_every=10, log_every=5, **QUIET)
+    assert info.value.step == 20 and math.isnan(info.value.value)
+    assert f"'{tmp_path / CHECKPOINT_NAME}' (step 10), was kept" in str(info.value)
+    kept = safe_load(tmp_path / CHECKPOINT_NAME)
+    assert kept["step"] == 10 and torch.isfinite(kept["model"]["state_dict"]["loc"]).all()
+
+
+def test_resuming_a_checkpoint_without_its_entries_names_them(tmp_path):
+    atomic_save({"flowkit_format": 1, "kind": "training"}, tmp_path / CHECKPOINT_NAME)
+    with pytest.raises(CheckpointError, match=r"training checkpoint without the entries "
+                       r"\['model', 'optimizer', .*'best'\]") as info:
+        fit(small_maf(), gaussian(256), steps=5, batch_size=64, checkpoint_dir=tmp_path,
+            resume=True, **QUIET)
+    assert str(tmp_path / CHECKPOINT_NAME) in str(info.value)
+
+
 # ------------------------------------------------------------------------------------ bad input
 
 
@@ -402,6 +481,18 @@ BAD_CALLS = {
         lambda m: fit(m, gaussian(100), valid=torch.randn(10, 5), steps=5, batch_size=10, **QUIET),
         ValueError,
         r"'valid' should have 2 features",
+    ),
+    "wrong-valid-features-loader": (
+        lambda m: fit(m, gaussian(100), valid=DataLoader(TensorDataset(torch.randn(10, 5)),
+                      batch_size=5), steps=5, batch_size=10, **QUIET),
+        ValueError,
+        r"'valid' should have 2 features to match the model.*\(5, 5\)",
+    ),
+    "empty-valid-loader": (
+        lambda m: fit(m, gaussian(100), valid=DataLoader(TensorDataset(torch.randn(0, 2))),
+                      steps=5, batch_size=10, **QUIET),
+        ValueError,
+        r"the DataLoader passed as 'valid' yields no batches",
     ),
     "no-log-prob": (
         lambda m: fit(nn.Linear(2, 2), gaussian(100), steps=5, **QUIET),
@@ -499,6 +590,16 @@ def test_bad_input_fails_before_training(case):
     assert_same_weights(weights(flow), before)
 
 
+def test_the_first_validation_batch_is_checked_without_moving_random_state():
+    g = torch.Generator().manual_seed(0)
+    loader = DataLoader(TensorDataset(gaussian(64)), batch_size=16, shuffle=True, generator=g)
+    torch_state, loader_state = torch.get_rng_state(), g.get_state()
+    x, c = first_batch("valid", loader, torch.device("cpu"), torch.float32)
+    assert x.shape == (16, 2) and c is None
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert torch.equal(g.get_state(), loader_state)
+
+
 # --------------------------------------------------------------------------- progress, history
 
 
@@ -526,6 +627,21 @@ def test_history_round_trips_through_json():
     d = json.loads(json.dumps(h.to_dict()))
     assert History.from_dict(d) == h
     assert d["seed"] == 4 and len(d["train_loss"]) == 8 and d["valid_steps"] == [4, 8]
+    assert len(d["epoch_loss"]) == 2
+
+
+@pytest.mark.parametrize("kind", ["tensor", "loader", "sampler"])
+def test_epoch_loss_is_the_mean_loss_of_each_completed_epoch(kind):
+    x = gaussian(200)
+    loader = DataLoader(TensorDataset(x), batch_size=50, shuffle=True)
+    data = {"tensor": x, "loader": loader, "sampler": gaussian}[kind]
+    h = fit(small_maf(), data, steps=10, batch_size=50, log_every=3, seed=0, **QUIET)
+    assert len(h.train_loss) == 10
+    if kind == "sampler":  # no epochs
+        assert h.epoch_loss == []
+    else:  # 4 steps per epoch: two complete epochs, the partial third one left out
+        expected = [np.mean(h.train_loss[:4]), np.mean(h.train_loss[4:8])]
+        assert h.epoch_loss == pytest.approx(expected, rel=1e-12)
 
 
 class _DenormalProbe(nn.Module):
@@ -571,9 +687,13 @@ def test_cli_help_lists_subcommands_and_common_options(capsys):
     assert "fit" in out and "flowkit <command> --help" in out
     with pytest.raises(SystemExit):
         cli.main(["fit", "--help"])
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # help lines joined
     for option in ("--device {auto,cpu,cuda}", "--seed", "--out", "--data", "--steps"):
         assert option in out
+    assert "--layers LAYERS autoregressive layers (default: 5)" in out
+    assert "--steps STEPS optimizer steps (default: 2000)" in out
+    assert "--clip-grad-norm NORM clip the global gradient norm to NORM" in out
+    assert "--threads N CPU threads for torch (default: torch's default)" in out
 
 
 @pytest.mark.parametrize("suffix", [".npy", ".npz"])
@@ -648,6 +768,27 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("flowkit fit: error: ") and "shape (N, D), got (10, 2, 2)" in err
+
+
+def test_cli_names_its_options_in_errors(tmp_path, capsys):
+    """fit()'s messages say resume=True, clip_grad_norm=1.0; the command says --resume, ..."""
+    out = tmp_path / "toy"
+    args = ["fit", "--data", "moons", "--steps", "4", "--valid-size", "64", "--hidden", "8",
+            "--layers", "1", "--quiet", "--device", "cpu", "--threads", "1", "--out", str(out)]
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    assert cli.main(args) == 2  # without --resume into the same folder
+    err = capsys.readouterr().err
+    assert (f"'{out / CHECKPOINT_NAME}' exists: pass --resume to continue that run, or pick "
+            "another --out") in err
+    np.save(tmp_path / "huge.npy", gaussian(600).numpy() * 1e30)  # log-densities overflow
+    code = cli.main(["fit", "--data", str(tmp_path / "huge.npy"), "--steps", "20", "--quiet",
+                     "--device", "cpu", "--out", str(tmp_path / "huge")])
+    err = capsys.readouterr().err
+    assert code == 2 and "the training loss is inf at step 1" in err
+    assert "(--lr 0.001 now)" in err and "(--clip-grad-norm 1.0)" in err
+    assert "No checkpoint was written yet (the first is due at step 20)" in err
+    assert "lr=" not in err and "clip_grad_norm" not in err
 
 
 def test_python_dash_m_flowkit_runs():

@@ -91,7 +91,7 @@ def test_bad_arguments_are_named():
         VAE(prior="vamp")
 
 
-def test_quick_command_runs_and_resumes(tmp_path, monkeypatch):
+def test_quick_command_runs_and_resumes(tmp_path, monkeypatch, capsys):
     import flowkit.experiments.vae
     from flowkit.cli import main
 
@@ -109,6 +109,21 @@ def test_quick_command_runs_and_resumes(tmp_path, monkeypatch):
     assert math.isfinite(r["nll"]) and r["nll"] <= r["neg_elbo"]
     assert math.isfinite(r["log_px_gain"])
     assert (tmp_path / "iaf" / "checkpoint.pt").is_file()
+    assert main(args) == 2  # without --resume the finished run is not replaced
+    assert "pass --resume to continue that run" in capsys.readouterr().err
     assert main([*args, "--resume"]) == 0  # finished run: reloaded, cached scores reused
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["iaf"]["nll"] == r["nll"] and again["iaf"]["steps"] == r["steps"]
+
+
+def test_missing_data_points_to_the_real_options(tmp_path, capsys):
+    from flowkit.cli import main
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["vae", "--quick", "--root", str(empty), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"binarized MNIST is missing from {empty}" in err
+    assert "'--root'" in err and "flowkit mnist --root" in err
+    assert f"binarized_mnist('train', root='{empty}')" in err
+    assert "download=True" not in err

@@ -12,8 +12,9 @@ grid; at wall = 0.1 it exceeds the log Z of the box alone by 0.031 nats for U2-U
 U1). The ELBO is compared with the former; both are reported.
 
 Writes to --out: gallery.png (one row per energy: target | model density | model samples),
-energy_<U>.png (one row each), losses.png (-ELBO per step against -log Z), table.md and
-metrics.json.
+energy_<U>.png (one row each), losses.png (-ELBO per step against -log Z), table.md,
+metrics.json and the trained flows, models/<U>_<flow>_<transformer>.pt (flowkit.load_model reads
+them).
 
 examples:
   flowkit energy --out runs/energy                  (U1-U4, IAF spline)
@@ -41,6 +42,7 @@ from flowkit.data.energy import (
     energy_log_normalizer,
 )
 from flowkit.data.toy import box_grid
+from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit_reverse_kl, resolve_device
 
@@ -56,6 +58,7 @@ from .toy import (
     markdown_table,
     names,
     run_label,
+    save_flow,
     settings_from_args,
     timed,
     use_one_cpu_thread,
@@ -107,7 +110,7 @@ def fit_energy(
     seed: int = 0,
     progress: bool = False,
     vmax: float | None = None,
-) -> tuple[dict[str, Any], History, list[Panel]]:
+) -> tuple[dict[str, Any], History, list[Panel], Flow]:
     """Fit one flow to one energy by reverse KL and evaluate it.
 
     Returns:
@@ -115,8 +118,8 @@ def fit_energy(
         standard error ``elbo_se``; ``log_z`` (of the walled target) and ``log_z_box`` (of
         exp(-U) on the box, :func:`flowkit.data.energy_log_normalizer`); ``kl = log_z - elbo``;
         ``outside`` (share of samples outside the box); ``train_s``, ``ms_per_step``. Also the
-        :class:`History` and the model's two figure panels (density colours up to ``vmax``,
-        see :class:`flowkit.plot.Panel`).
+        :class:`History`, the model's two figure panels (density colours up to ``vmax``,
+        see :class:`flowkit.plot.Panel`) and the trained model.
     """
     model = build_flow(flow, transformer, settings, seed=seed)
     history = fit_reverse_kl(
@@ -164,7 +167,7 @@ def fit_energy(
         ),
         Panel(f"{label} samples", box, samples=z[: settings.plot_samples].cpu()),
     ]
-    return metrics, history, panels
+    return metrics, history, panels, model
 
 
 def energy_table(records: Sequence[Mapping[str, Any]]) -> str:
@@ -190,11 +193,12 @@ def run_energy(
     seed: int = 0,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Fit every ``flow x transformer`` to every energy; with ``out``, write the figures and
-    ``table.md`` there.
+    """Fit every ``flow x transformer`` to every energy; with ``out``, write the figures,
+    ``table.md`` and each trained flow (:func:`flowkit.experiments.toy.save_flow`) there.
 
     Returns:
-        ``{"settings", "wall", "device", "runs": [metrics, see fit_energy], "figures"}``.
+        ``{"settings", "wall", "device", "runs": [metrics, see fit_energy], "figures",
+        "models"}`` (paths of the files).
     """
     check_choices("energies", energies, ENERGIES)
     check_choices("flows", flows, tuple(FLOWS))
@@ -205,6 +209,7 @@ def run_energy(
     rows: dict[str, list[Panel]] = {}
     histories: dict[str, dict[str, History]] = {}
     records = []
+    models: list[Path] = []
     for name in energies:
         box = ENERGY_BOXES[name]
         log_z = walled_log_normalizer(name, wall)
@@ -219,7 +224,7 @@ def run_energy(
         histories[name] = {}
         for flow in flows:
             for transformer in transformers:
-                metrics, history, panels = fit_energy(
+                metrics, history, panels, model = fit_energy(
                     name,
                     flow,
                     transformer,
@@ -231,6 +236,8 @@ def run_energy(
                     vmax=vmax,
                 )
                 records.append(metrics)
+                if out is not None:
+                    models.append(save_flow(model, Path(out), name, flow, transformer))
                 rows[name] += panels
                 histories[name][run_label(flow, transformer)] = history
     figures = []
@@ -244,6 +251,7 @@ def run_energy(
         "device": str(dev),
         "runs": records,
         "figures": [str(f) for f in figures],
+        "models": [str(m) for m in models],
     }
 
 

@@ -19,7 +19,8 @@ stable form :math:`\log(1 - \tanh^2 u) = 2(\log 2 - u - \mathrm{softplus}(-2u))`
 
 The rest is standard SAC: twin Q networks with Polyak-averaged targets, the entropy
 temperature tuned towards ``-dim(A)``, uniform random actions for the first steps. Each
-``(policy, seed)`` run writes ``OUT/POLICY-seedS.json``; ``--resume`` skips finished runs.
+``(policy, seed)`` run writes ``OUT/POLICY-seedS.json`` and its trained policy
+``OUT/POLICY-seedS.pt`` (:func:`save_policy`); ``--resume`` skips finished runs.
 
 References:
     Haarnoja, Zhou, Abbeel & Levine, "Soft Actor-Critic: Off-Policy Maximum Entropy Deep
@@ -49,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from flowkit.checkpoint import FORMAT_KEY, FORMAT_VERSION, atomic_save, model_entry, save_model
 from flowkit.flows.builders import IAF
 from flowkit.train import resolve_device
 
@@ -60,6 +62,7 @@ __all__ = [
     "SACConfig",
     "add_arguments",
     "run",
+    "save_policy",
     "squash",
     "train_sac",
 ]
@@ -158,6 +161,22 @@ class FlowPolicy(nn.Module):
         """The action of zero noise (the image of the base distribution's mode): ``(B, A)``."""
         zero = obs.new_zeros(obs.shape[0], self.flow.features)
         return self.flow.transform.inverse(zero, obs)[0]
+
+
+def save_policy(policy: nn.Module, path: str | Path) -> None:
+    """Save a trained policy atomically to ``path``, in a file read without unpickling objects.
+
+    A :class:`FlowPolicy` is saved as its IAF with :func:`flowkit.save_model`:
+    :func:`flowkit.load_model` rebuilds it, and ``flow.sample_and_log_prob(context=obs)`` draws
+    pre-squash actions. A :class:`GaussianPolicy` has no flowkit constructor; its weights are
+    saved in the same format without a config:
+    ``policy.load_state_dict(flowkit.checkpoint.safe_load(path)["model"]["state_dict"])``.
+    """
+    if isinstance(policy, FlowPolicy):
+        save_model(policy.flow, path)
+    else:
+        entry = model_entry(policy)
+        atomic_save({FORMAT_KEY: FORMAT_VERSION, "kind": "model", "model": entry}, path)
 
 
 class _QNetwork(nn.Module):
@@ -272,12 +291,17 @@ def _evaluate(env: Any, policy: nn.Module, low: Tensor, high: Tensor, episodes: 
 
 
 def train_sac(
-    config: SACConfig, seed: int, device: str | torch.device = "cpu", progress: bool = False
+    config: SACConfig,
+    seed: int,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+    policy_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run SAC once; returns the evaluation curve, training episode returns and wall time.
 
     One environment step and one update of every network per step: with these small networks
-    the CPU is usually faster than a GPU (``device="auto"`` picks CUDA if present).
+    the CPU is usually faster than a GPU (``device="auto"`` picks CUDA if present). With
+    ``policy_path``, the trained policy is saved there (:func:`save_policy`).
 
     Returns:
         ``{"eval_steps": [...], "eval_returns": [...], "episode_returns": [...],
@@ -366,6 +390,9 @@ def train_sac(
             eval_returns.append(
                 _evaluate(eval_env, policy, low, high, config.eval_episodes, 10_000 + seed)
             )
+    wall_seconds = time.perf_counter() - t0
+    if policy_path is not None:
+        save_policy(policy, policy_path)
     return {
         "config": asdict(config),
         "seed": seed,
@@ -373,7 +400,7 @@ def train_sac(
         "eval_returns": eval_returns,
         "episode_returns": episode_returns,
         "final_return": eval_returns[-1],
-        "wall_seconds": time.perf_counter() - t0,
+        "wall_seconds": wall_seconds,
         "policy_parameters": sum(p.numel() for p in policy.parameters()),
         "device": str(device),
     }
@@ -441,7 +468,8 @@ def _format_table(summary: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run SAC for every policy and seed; writes ``OUT/POLICY-seedS.json`` per run and
+    """Run SAC for every policy and seed; writes ``OUT/POLICY-seedS.json`` and the trained
+    policy ``OUT/POLICY-seedS.pt`` (:func:`save_policy`) per run and
     ``OUT/summary.json``/``OUT/summary.md``; returns the summary (per policy: final evaluation
     return over seeds, mean evaluation curve, wall time)."""
     torch.set_num_threads(args.threads)
@@ -467,7 +495,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"--resume: '{path}' was run with other settings; pick another --out"
                     )
             else:
-                result = train_sac(config, seed, args.device, progress=not args.quiet)
+                result = train_sac(config, seed, args.device, progress=not args.quiet,
+                                   policy_path=path.with_suffix(".pt"))
                 path.write_text(json.dumps(result, indent=2))
             print(f"{policy} seed {seed}: final return {result['final_return']:.1f}, "
                   f"{result['wall_seconds']:.0f} s")

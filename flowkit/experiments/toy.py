@@ -7,7 +7,8 @@ circles, rings), by KL(data || model) = test NLL - entropy(data).
 Writes to --out: gallery.png (one row per dataset: truth or data histogram | model density |
 model samples, for every flow), toy_<dataset>.png (one row each), losses.png (training NLL per
 step, with the entropy where known), table.md (the NLL/KL table, then the wall time of each
-flow's training, density and sampling) and metrics.json.
+flow's training, density and sampling), metrics.json and the trained flows,
+models/<dataset>_<flow>_<transformer>.pt (flowkit.save_model files: flowkit.load_model reads them).
 
 --sweep runs the robustness sweep instead: every selected dataset x flow x transformer at the
 learning rates 1e-4, 1e-3 and 1e-2 for --steps steps, checking that the loss and the parameters
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from flowkit.checkpoint import save_model
 from flowkit.data.toy import TOY_BOX, TOY_DATASETS, has_exact_density, sample_toy, toy_entropy
 from flowkit.data.toy import toy_log_prob as true_log_prob
 from flowkit.flows import IAF, MAF, Flow
@@ -130,6 +132,15 @@ def run_label(flow: str, transformer: str) -> str:
     return f"{flow.upper()} {transformer}"
 
 
+def save_flow(model: Flow, out: Path, row: str, flow: str, transformer: str) -> Path:
+    """Save a trained flow with :func:`flowkit.save_model` as
+    ``out/models/<row>_<flow>_<transformer>.pt`` (e.g. ``models/moons_maf_spline.pt``), which
+    :func:`flowkit.load_model` reads back; returns the path."""
+    path = out / "models" / f"{row}_{flow}_{transformer}.pt"
+    save_model(model, path)
+    return path
+
+
 def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
     """``fn()`` and its wall time in seconds (a CUDA device is synchronised before and after,
     outside any training loop)."""
@@ -211,10 +222,12 @@ def write_figures(
 
 @dataclass
 class ToyRun:
-    """One flow fitted to one dataset: its metrics, history and what the figures show."""
+    """One flow fitted to one dataset: its metrics, history, trained model and what the figures
+    show."""
 
     metrics: dict[str, Any]
     history: History
+    model: Flow
     log_density: Tensor  # (R, R) on the plotting grid, on the CPU
     samples: Tensor  # (plot_samples, 2), on the CPU
 
@@ -300,7 +313,7 @@ def fit_toy(
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     log_density = grid_log_density(model.log_prob, TOY_BOX, settings.resolution, device=device)
-    return ToyRun(metrics, history, log_density.cpu(), samples.cpu())
+    return ToyRun(metrics, history, model, log_density.cpu(), samples.cpu())
 
 
 def _truth_panel(dataset: str, test: Tensor, resolution: int) -> Panel:
@@ -354,11 +367,12 @@ def run_toy(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Fit every ``flow x transformer`` to every dataset; with ``out``, write the figures
-    (:func:`write_figures`) and ``table.md`` (:func:`toy_table` and :func:`cost_table`) there.
+    (:func:`write_figures`), ``table.md`` (:func:`toy_table` and :func:`cost_table`) and each
+    trained flow (:func:`save_flow`) there.
 
     Returns:
         ``{"settings", "device", "wall_s", "runs": [metrics of each run, see fit_toy],
-        "figures": [paths]}``, JSON-serialisable.
+        "figures": [paths], "models": [paths]}``, JSON-serialisable.
     """
     check_choices("datasets", datasets, TOY_DATASETS)
     check_choices("flows", flows, tuple(FLOWS))
@@ -369,6 +383,7 @@ def run_toy(
     rows: dict[str, list[Panel]] = {}
     histories: dict[str, dict[str, History]] = {}
     records = []
+    models: list[Path] = []
     for dataset in datasets:
         test = sample_toy(dataset, settings.eval_samples, seed=seed + _TEST_SEED_OFFSET, device=dev)
         rows[dataset] = [_truth_panel(dataset, test.cpu(), settings.resolution)]
@@ -386,6 +401,8 @@ def run_toy(
                     progress=progress,
                 )
                 records.append(run.metrics)
+                if out is not None:
+                    models.append(save_flow(run.model, Path(out), dataset, flow, transformer))
                 rows[dataset] += run.panels(vmax=rows[dataset][0].vmax)
                 histories[dataset][run.label] = run.history
     figures = []
@@ -399,6 +416,7 @@ def run_toy(
         "wall_s": time.perf_counter() - start,
         "runs": records,
         "figures": [str(f) for f in figures],
+        "models": [str(m) for m in models],
     }
 
 

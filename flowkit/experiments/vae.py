@@ -51,10 +51,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flowkit.checkpoint import FORMAT_KEY, FORMAT_VERSION, atomic_save, safe_load
-from flowkit.data.mnist import binarized_mnist
+from flowkit.data.mnist import binarized_mnist, data_root
 from flowkit.distributions.normal import StandardNormal
 from flowkit.flows.builders import IAF, MAF
-from flowkit.train import History, fit, resolve_device
+from flowkit.train import CHECKPOINT_NAME, History, fit, resolve_device
 
 from .common import mean_se, mlp
 
@@ -348,8 +348,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
-    x_train = binarized_mnist("train", root=args.root, download=False)
-    x_valid = binarized_mnist("valid", root=args.root, download=False)
+    try:
+        x_train = binarized_mnist("train", root=args.root, download=False)
+        x_valid = binarized_mnist("valid", root=args.root, download=False)
+    except FileNotFoundError as e:
+        folder = data_root(args.root)
+        raise FileNotFoundError(
+            f"binarized MNIST is missing from {folder} ('flowkit vae' needs its train and valid "
+            "splits and never downloads): pass '--root' a folder holding binarized_mnist.npz or "
+            "binarized_mnist_{train,valid}.amat, or download them there first with "
+            f"flowkit.data.binarized_mnist('train', root='{folder}') and "
+            f"binarized_mnist('valid', root='{folder}') (or 'flowkit mnist --root {folder}', "
+            "which downloads before it trains)"
+        ) from e
     if args.quick:
         return x_train[:300], x_valid[:100]
     return x_train, x_valid
@@ -373,11 +384,17 @@ def _format_table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Train and score each ``--variants`` entry with the same encoder/decoder, data order and
-    initial weights; writes ``OUT/VARIANT/checkpoint.pt``, ``OUT/VARIANT/scores.pt``,
+    """Train and score each ``--variants`` entry with the same encoder/decoder sizes, data order
+    and seed; writes ``OUT/VARIANT/checkpoint.pt``, ``OUT/VARIANT/scores.pt``,
     ``OUT/results.json`` and ``OUT/results.md``; returns ``{variant: metrics}`` (nats per
     image; ``nll`` is the ``L_k`` estimate of ``-log p(x)``, ``log_px_gain`` the paired mean
-    improvement over the first variant on the same images)."""
+    improvement over the first variant on the same images).
+
+    Every model is built right after ``torch.manual_seed(seed)``. Variants with the same
+    posterior start from identical encoder and decoder weights; an IAF posterior's encoder has a
+    larger output layer (it also gives ``h``), which draws more random numbers, so against a
+    Gaussian posterior only the encoder's first two layers (``x -> 300 -> 300`` by default)
+    start equal: its output layer and the decoder are other draws of the same initialisation."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     epochs, k = (2, 20) if args.quick else (args.epochs, args.iw_samples)
@@ -385,11 +402,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     x_train, x_valid = _load(args)
     x_eval = x_valid[: args.eval_images]
     out = Path(args.out)
+    for name in args.variants:  # before any training: a fresh run never replaces an old one
+        if (out / name / CHECKPOINT_NAME).exists() and not args.resume:
+            raise ValueError(
+                f"'{out / name / CHECKPOINT_NAME}' exists: pass --resume to continue that run, "
+                "or pick another --out"
+            )
     results: dict[str, dict[str, Any]] = {}
     first: Tensor | None = None
     for name in args.variants:
         posterior, prior = VARIANTS[name]
-        torch.manual_seed(args.seed)  # same initial encoder/decoder weights for every variant
+        torch.manual_seed(args.seed)  # initial weights: see the docstring for what is shared
         vae = VAE(
             data_features=x_train.shape[1], latent_features=args.latent,
             hidden_features=args.hidden, posterior=posterior, prior=prior,

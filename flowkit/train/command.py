@@ -6,13 +6,14 @@ file an array named 'x' (or its only array); a random --valid-fraction of its ro
 for validation.
 
 Writes to --out: checkpoint.pt (a training checkpoint: `flowkit.load_model` reads it, --resume
-continues from it), history.json (losses per step), loss.png and metrics.json. For toy datasets
-with an exact density, metrics.json also holds the entropy H(p) and the estimate
-KL(p || q) = valid_nll - H(p).
+continues from it, a run without --resume refuses to replace it), history.json (losses per step,
+and per epoch for files), loss.png and metrics.json. For toy datasets with an exact density,
+metrics.json also holds the entropy H(p) and the estimate KL(p || q) = valid_nll - H(p).
 
 examples:
   flowkit fit --data moons --steps 2000 --out runs/moons
   flowkit fit --data samples.npy --flow iaf --layers 3 --hidden 32 32 --out runs/file
+  flowkit fit --data moons --steps 500 --hidden 16 --threads 1 --out runs/small
   torchrun --standalone --nproc_per_node 2 -m flowkit fit --data moons --out runs/moons-2p
 """
 
@@ -28,7 +29,7 @@ import torch
 
 from .distributed import is_main_process
 from .history import History
-from .loop import CHECKPOINT_NAME
+from .loop import CHECKPOINT_NAME, NonFiniteLossError
 from .objectives import fit
 
 
@@ -54,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model = parser.add_argument_group("model")
     model.add_argument("--flow", choices=("maf", "iaf"), default="maf", help="(default: maf)")
-    model.add_argument("--layers", type=int, default=5, help="(default: %(default)s)")
+    model.add_argument(
+        "--layers", type=int, default=5, help="autoregressive layers (default: %(default)s)"
+    )
     model.add_argument(
         "--hidden",
         type=int,
@@ -65,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--batch-norm", action="store_true", help="batch norm between layers")
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=int, default=2000, help="(default: %(default)s)")
+    train.add_argument(
+        "--steps", type=int, default=2000, help="optimizer steps (default: %(default)s)"
+    )
     train.add_argument("--batch-size", type=int, default=256, help="(default: %(default)s)")
     train.add_argument("--lr", type=float, default=1e-3, help="(default: %(default)s)")
     train.add_argument(
@@ -74,7 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="cosine",
         help="(default: %(default)s)",
     )
-    train.add_argument("--clip-grad-norm", type=float, default=None, metavar="NORM")
+    train.add_argument(
+        "--clip-grad-norm",
+        type=float,
+        default=None,
+        metavar="NORM",
+        help="clip the global gradient norm to NORM at every step (default: off)",
+    )
     train.add_argument(
         "--valid-every",
         type=int,
@@ -93,12 +104,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-every", type=int, default=500, metavar="STEPS", help="(default: 500)"
     )
     train.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
+    train.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads for torch (default: torch's default); 1 is often fastest for small "
+        "models on a busy machine",
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import flowkit
     from flowkit.data import TOY_DATASETS, has_exact_density, toy_entropy
 
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"'--threads' should be a positive integer, got {args.threads}")
+        torch.set_num_threads(args.threads)
     if args.data in TOY_DATASETS:
         data, valid, features = _toy(args.data, args.valid_size, args.seed)
     else:
@@ -112,24 +135,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batch_norm=args.batch_norm,
         seed=args.seed,
     )
-    history = fit(
-        flow,
-        data,
-        valid=valid,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule,
-        clip_grad_norm=args.clip_grad_norm,
-        valid_every=args.valid_every,
-        early_stopping_patience=args.patience,
-        seed=args.seed,
-        device=args.device,
-        checkpoint_dir=args.out,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        progress=not args.quiet,
-    )
+    try:
+        history = fit(
+            flow,
+            data,
+            valid=valid,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule,
+            clip_grad_norm=args.clip_grad_norm,
+            valid_every=args.valid_every,
+            early_stopping_patience=args.patience,
+            seed=args.seed,
+            device=args.device,
+            checkpoint_dir=args.out,
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+            progress=not args.quiet,
+        )
+    except NonFiniteLossError as e:
+        raise NonFiniteLossError(_as_options(str(e)), e.step, e.value) from e
+    except ValueError as e:
+        raise ValueError(_as_options(str(e))) from e
     metrics: dict[str, Any] = {
         "data": args.data,
         "flow": args.flow,
@@ -153,6 +181,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         title = f"{args.flow.upper()} on {args.data}"
         plot_losses(history, args.out / "loss.png", title, entropy=metrics.get("entropy"))
     return metrics
+
+
+_OPTION_SPELLING = (
+    ("call fit again with resume=True", "run the command again with --resume"),
+    ("resume=True", "--resume"),
+    ("clip_grad_norm=1.0", "--clip-grad-norm 1.0"),
+    ("(lr=", "(--lr "),
+    ("checkpoint_dir", "--out"),
+)
+"""How :func:`~flowkit.train.fit`'s messages name its arguments, and this command's options."""
+
+
+def _as_options(message: str) -> str:
+    """A message of :func:`~flowkit.train.fit` with its arguments spelled as this command's
+    options (``--resume`` for ``resume=True``, ...)."""
+    for python, option in _OPTION_SPELLING:
+        message = message.replace(python, option)
+    return message
 
 
 def _toy(name: str, valid_size: int, seed: int) -> tuple[Any, torch.Tensor, int]:

@@ -174,6 +174,22 @@ def _generators(loader: DataLoader) -> list[torch.Generator]:
     return [g for i, g in enumerate(gens) if g is not None and g not in gens[:i]]
 
 
+def first_batch(name: str, loader: DataLoader, device: torch.device, dtype: torch.dtype) -> Batch:
+    """The first batch of ``loader`` as :func:`as_batch` makes it, for checks before training.
+
+    Every random state the iterator draws from (torch's global generators, the loader's own) is
+    put back afterwards, so that drawing it changes no result of the run.
+    """
+    states = [g.get_state() for g in _generators(loader)]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        batch = next(iter(loader), None)
+    for g, state in zip(_generators(loader), states, strict=True):
+        g.set_state(state)
+    if batch is None:
+        raise ValueError(f"the DataLoader passed as '{name}' yields no batches")
+    return as_batch(name, *split_pair(name, batch), device, dtype)
+
+
 class LoaderSource:
     """Batches of a :class:`~torch.utils.data.DataLoader`, resumable mid-epoch.
 

@@ -17,6 +17,9 @@ class History:
             bound, :func:`flowkit.train.fit_reverse_kl`).
         train_loss: one value per optimizer step; ``train_loss[i]`` is the batch loss of step
             ``i + 1`` (averaged over processes in distributed runs).
+        epoch_loss: mean of ``train_loss`` over each completed epoch, for data that has epochs
+            (arrays and DataLoaders with a length; a last, partial epoch is left out). Empty for
+            sampling functions and reverse KL.
         valid_steps: steps after which the validation loss was computed.
         valid_loss: mean loss over the whole validation set at those steps.
         best_step: step with the lowest validation loss (``None`` without validation data).
@@ -28,6 +31,7 @@ class History:
 
     objective: str = "nll"
     train_loss: list[float] = field(default_factory=list)
+    epoch_loss: list[float] = field(default_factory=list)
     valid_steps: list[int] = field(default_factory=list)
     valid_loss: list[float] = field(default_factory=list)
     best_step: int | None = None

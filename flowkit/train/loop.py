@@ -7,8 +7,10 @@ Implementation notes:
 * **No per-step host synchronisation.** Each step's loss stays on the device in a list; it is
   copied to the host (one ``.tolist()``, averaged over processes) only every ``log_every`` steps,
   at validations and at checkpoints. Non-finite losses are detected at those points; the error
-  names the first bad step, and a checkpoint is only written after the losses since the previous
-  one were checked, so the last checkpoint on disk is always a good one.
+  names the first bad step. A checkpoint is only written after the losses since the previous
+  one were checked and the weights and floating buffers were found finite (a step with a finite
+  loss but an infinite gradient makes Adam write NaN weights; one host copy per checkpoint tells),
+  so the last checkpoint on disk is always a good one.
 * **Denormals.** On the CPU, :func:`session` calls ``torch.set_flush_denormal(True)`` (and sets it
   back to ``False`` on exit). A weight that the current MADE mask hides gets a zero gradient. If it
   had gradients before (another mask set in order- or connectivity-agnostic training), Adam's first
@@ -58,6 +60,22 @@ from .history import History
 CHECKPOINT_NAME = "checkpoint.pt"
 """File name of the training checkpoint inside ``checkpoint_dir``."""
 
+_REQUIRED_KEYS = (
+    "model",
+    "optimizer",
+    "scheduler",
+    "step",
+    "total_steps",
+    "seed",
+    "lr",
+    "world_size",
+    "processes",
+    "history",
+    "best",
+)
+"""The entries of a training checkpoint that resuming reads (``save`` in :func:`train` writes
+them)."""
+
 _OPTIMIZERS: dict[str, type[Optimizer]] = {
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,
@@ -66,11 +84,12 @@ _OPTIMIZERS: dict[str, type[Optimizer]] = {
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite.
+    """The training loss, or the weights about to be checkpointed, became NaN or infinite.
 
     Attributes:
-        step: the first step (1-based) whose loss was not finite.
-        value: that loss.
+        step: the first step (1-based) whose loss was not finite, or the step of the checkpoint
+            at which non-finite weights were found.
+        value: that loss, or the first non-finite value of those weights.
     """
 
     def __init__(self, message: str, step: int, value: float):
@@ -120,8 +139,15 @@ def session(
         path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
         if resume and path is None:
             raise ValueError("'resume=True' needs 'checkpoint_dir'")
+        # rank 0 decides, so all ranks agree
+        exists = path is not None and dist.broadcast(path.is_file())
+        if exists and not resume:
+            raise ValueError(
+                f"'{path}' exists: pass resume=True to continue that run, or pick another "
+                "checkpoint_dir"
+            )
         ckpt = None
-        if resume and dist.broadcast(path.is_file()):  # rank 0 decides, so all ranks agree
+        if exists:
             ckpt = safe_load(path, map_location="cpu", kind="training")
             _check_resumable(ckpt, path, dist, objective)
         if path is not None:
@@ -134,6 +160,12 @@ def session(
 
 
 def _check_resumable(ckpt: dict[str, Any], path: Path, dist: Dist, objective: str) -> None:
+    missing = [key for key in _REQUIRED_KEYS if key not in ckpt]
+    if missing:
+        raise CheckpointError(
+            f"'{path}' is a flowkit training checkpoint without the entries {missing} (written "
+            "by another program, or edited): it cannot be resumed"
+        )
     if ckpt["history"]["objective"] != objective:
         raise CheckpointError(
             f"'{path}' was written by a run minimising {ckpt['history']['objective']!r}, "
@@ -312,6 +344,22 @@ def train(
         _set_rng_state(mine["rng"], s.device)
 
     def save() -> None:
+        """Write the checkpoint, or raise if the weights are not finite (keeping the last one)."""
+        bad = _first_nonfinite(model, s.dist)
+        if bad is not None:
+            name, value = bad
+            raise NonFiniteLossError(
+                _nonfinite_message(
+                    f"the model's '{name}' is {value} at step {step}, although every loss so far "
+                    "was finite (an infinite gradient, or a buffer such as a running statistic "
+                    "that overflowed)",
+                    o,
+                    s.path,
+                    saved_step,
+                ),
+                step,
+                value,
+            )
         history.wall_time = wall_start + time.perf_counter() - t0
         mine = {"rng": _rng_state(s.device), "data": source.state_dict()}
         processes = s.dist.gather(mine)
@@ -346,10 +394,12 @@ def train(
         first = len(history.train_loss) + 1
         for i, v in enumerate(values):
             if not math.isfinite(v):
+                problem = f"the training loss is {v} at step {first + i}"
                 raise NonFiniteLossError(
-                    _nonfinite_message(first + i, v, o, s.path, saved_step), first + i, v
+                    _nonfinite_message(problem, o, s.path, saved_step), first + i, v
                 )
         history.train_loss.extend(values)
+        _record_epochs(history, source.batches_per_epoch)
         return sum(values) / len(values)
 
     runner = s.dist.wrap(objective, s.device)
@@ -414,18 +464,47 @@ def train(
     return history
 
 
-def _nonfinite_message(
-    step: int, value: float, o: Options, path: Path | None, saved: int | None
-) -> str:
+def _first_nonfinite(model: nn.Module, dist: Dist) -> tuple[str, float] | None:
+    """The name and first bad value of the first parameter or floating buffer of ``model`` that
+    holds NaN or Inf on any process, or None when all are finite. One host copy when all are."""
+    named = [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
+    flags = dist.all_sum(torch.stack([(~torch.isfinite(v)).any() for _, v in named]).int())
+    first = next((i for i, flag in enumerate(flags.tolist()) if flag), None)
+    if first is None:
+        return None
+    name, v = named[first]
+    bad = v[~torch.isfinite(v)]  # empty on the processes whose copy is finite
+    return name, bad[0].item() if bad.numel() else math.nan
+
+
+def _record_epochs(history: History, steps_per_epoch: int | None) -> None:
+    """Append to ``history.epoch_loss`` the mean loss of each epoch that ``history.train_loss``
+    completes since the last call (nothing for data without epochs)."""
+    if steps_per_epoch is None:
+        return
+    while (len(history.epoch_loss) + 1) * steps_per_epoch <= len(history.train_loss):
+        start = len(history.epoch_loss) * steps_per_epoch
+        history.epoch_loss.append(
+            sum(history.train_loss[start : start + steps_per_epoch]) / steps_per_epoch
+        )
+
+
+def _nonfinite_message(problem: str, o: Options, path: Path | None, saved: int | None) -> str:
+    """The text of a :class:`NonFiniteLossError`: ``problem``, the usual fixes, and what became
+    of the checkpoint (in the spelling of :func:`~flowkit.train.fit`'s arguments; the
+    ``flowkit fit`` command rewords them as options)."""
     text = (
-        f"the training loss is {value} at step {step}. Usual fixes: lower the learning rate "
-        f"(lr={o.lr:g} now), clip gradients (clip_grad_norm=1.0), standardise the data (zero "
-        "mean and unit variance per feature) and check it for extreme values or duplicates "
-        "(continuous densities on repeated points grow without bound)."
+        f"{problem}. Usual fixes: lower the learning rate (lr={o.lr:g} now), clip gradients "
+        "(clip_grad_norm=1.0), standardise the data (zero mean and unit variance per feature) "
+        "and check it for extreme values or duplicates (continuous densities on repeated points "
+        "grow without bound)."
     )
     if saved is not None:
         return text + (
             f" The last good checkpoint, '{path}' (step {saved}), was kept: call fit again with "
             "resume=True and a lower lr to continue from it."
         )
+    if path is not None:
+        first = min(o.checkpoint_every, o.steps)
+        return text + f" No checkpoint was written yet (the first is due at step {first})."
     return text + " No checkpoint was written (pass checkpoint_dir to keep one)."

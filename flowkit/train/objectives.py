@@ -22,6 +22,7 @@ from .data import (
     SamplerSource,
     TensorSource,
     as_batch,
+    first_batch,
     load_arrays,
     local_batch_size,
     split_pair,
@@ -398,6 +399,7 @@ def _make_validation(
 ) -> Callable[[], float]:
     """A function returning the mean NLL over the whole validation set (all processes)."""
     if isinstance(valid, DataLoader):
+        _check_first_batch(model, *first_batch("valid", valid, s.device, dtype), "valid")
 
         def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
             for b in valid:
