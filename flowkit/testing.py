@@ -24,10 +24,13 @@ def check_autoregressive(
 ) -> None:
     """Assert that output ``d`` of ``model`` depends only on inputs before ``d`` in ``order``.
 
-    The model maps ``(N, D)`` to ``(N, D)`` or ``(N, D, P)`` (a :class:`flowkit.MADE` does).
-    The check differentiates every output with respect to every input (in float64, on a copy
-    of the model, at ``samples`` random points) and fails if any derivative that the ordering
-    forbids is non-zero, naming the output and the input.
+    The model maps ``(N, D)`` to ``(N, D)`` or ``(N, D, P)`` (a :class:`flowkit.MADE` does);
+    with ``m = model.inputs_per_feature > 1`` (e.g. one-hot blocks) it maps ``(N, D, m)``, and
+    output ``d`` must not depend on any of the ``m`` inputs of a later feature. The check
+    differentiates every output with respect to every input (in float64, on a copy of the
+    model, at ``samples`` random points; real-valued inputs, also in place of one-hot ones)
+    and fails if any derivative that the ordering forbids is non-zero, naming the output and
+    the input feature.
 
     Args:
         model: the network; called as ``model(x)`` or ``model(x, context)``.
@@ -44,12 +47,15 @@ def check_autoregressive(
     if context_features is None:
         context_features = getattr(model, "context_features", 0)
     features = order.numel()
+    m = getattr(model, "inputs_per_feature", 1)
+    feature_shape = (features,) if m == 1 else (features, m)
     position = torch.empty_like(order)
     position[order] = torch.arange(features)
     allowed = position[None, :] < position[:, None]  # allowed[d, j]: output d may see input j
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    x = torch.randn(samples, features, generator=generator, dtype=torch.float64).to(device)
+    x = torch.randn(samples, *feature_shape, generator=generator, dtype=torch.float64)
+    x = x.to(device)
     context = torch.randn(samples, context_features, generator=generator, dtype=torch.float64)
     context = context.to(device)
 
@@ -58,8 +64,8 @@ def check_autoregressive(
         return out[0].reshape(features, -1)
 
     for row, c in zip(x, context, strict=True):
-        jac = torch.autograd.functional.jacobian(lambda r, c=c: fn(r, c), row)  # (D, P, D)
-        depends = (jac != 0).any(dim=1).cpu()  # (D out, D in)
+        jac = torch.autograd.functional.jacobian(lambda r, c=c: fn(r, c), row)  # (D, P, D[, m])
+        depends = (jac != 0).transpose(1, 2).flatten(2).any(-1).cpu()  # (D out, D in)
         bad = (depends & ~allowed).nonzero()
         if len(bad):
             d, j = bad[0].tolist()

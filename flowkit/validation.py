@@ -1,9 +1,10 @@
 """Input checks shared by every public entry point.
 
-Errors name the argument and say what was expected. Shape, dtype and device checks are free;
-the finiteness check reads the tensor back to the host, so it can be switched off for hot
-loops with :func:`validate_values` (the fit loop checks its data once, up front). Code compiled
-with :func:`torch.compile` skips it.
+Errors name the argument and say what was expected. Type, shape, dtype and device checks are
+free (:func:`check_tensor`, :func:`check_width`: hot paths such as :class:`flowkit.MADE` and the
+transforms use only those); the finiteness check reads the tensor back to the host, so it can
+be switched off for hot loops with :func:`validate_values` (the fit loop checks its data once,
+up front). Code compiled with :func:`torch.compile` skips it.
 """
 
 from __future__ import annotations
@@ -29,24 +30,31 @@ def validate_values(enabled: bool) -> Iterator[None]:
         _check_values = previous
 
 
-def check_features(
-    name: str,
-    value: object,
-    features: int,
-    like: Tensor,
-    floating: bool = True,
+Shape = tuple[int | str, ...] | str
+"""An expected shape as error messages show it: sizes and names of free sizes, ``("N", 3)``
+or ``("...", 3)``, formatted only when a check fails; or the text itself."""
+
+
+def format_shape(shape: Shape) -> str:
+    """``("N", 3)`` as ``"(N, 3)"``, ``(3,)`` as ``"(3,)"``; a string as it is."""
+    if isinstance(shape, str):
+        return shape
+    return f"({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''})"
+
+
+def check_tensor(
+    name: str, value: object, shape: Shape, like: Tensor | None = None, floating: bool = True
 ) -> Tensor:
-    """Check that ``value`` is a ``(N, features)`` tensor, ``N >= 1``, on ``like``'s device,
-    with ``like``'s dtype (or any integer/bool dtype when ``floating`` is False), and finite."""
+    """Check that ``value`` is a tensor and, given ``like``, that it is on ``like``'s device
+    with ``like``'s dtype (any dtype when ``floating`` is False). Reads no values. ``shape`` is
+    the expected shape, for the messages; checking it is the caller's part."""
     if not isinstance(value, Tensor):
         raise TypeError(
-            f"'{name}' should be a torch.Tensor of shape (N, {features}), "
+            f"'{name}' should be a torch.Tensor of shape {format_shape(shape)}, "
             f"got {type(value).__name__}"
         )
-    if value.dim() != 2 or value.shape[1] != features:
-        raise ValueError(f"'{name}' should have shape (N, {features}), got {tuple(value.shape)}")
-    if value.shape[0] == 0:
-        raise ValueError(f"'{name}' is an empty batch: shape {tuple(value.shape)}")
+    if like is None:
+        return value
     if floating and value.dtype != like.dtype:
         raise TypeError(
             f"'{name}' should have dtype {like.dtype} (the model's), got {value.dtype}"
@@ -56,41 +64,108 @@ def check_features(
             f"'{name}' is on {value.device} but the model is on {like.device}; "
             f"move one of them with .to()"
         )
+    return value
+
+
+def check_width(
+    name: str,
+    value: object,
+    features: int,
+    like: Tensor | None = None,
+    floating: bool = True,
+) -> Tensor:
+    """:func:`check_tensor`, and that ``value`` has shape ``(N, features)``. Reads no values.
+    Without ``like`` (the transforms' check: the type and the width) this costs about as much
+    as reading a shape."""
+    value = check_tensor(name, value, ("N", features), like, floating)
+    if value.dim() != 2 or value.shape[1] != features:
+        raise ValueError(f"'{name}' should have shape (N, {features}), got {tuple(value.shape)}")
+    return value
+
+
+def _check_finite(name: str, value: Tensor) -> Tensor:
+    """Fail on NaN/Inf in ``value`` (reads it back: skipped when switched off or compiling)."""
     # A data-dependent branch would break a torch.compile graph: compiled code skips this one.
     checking = _check_values and not torch.compiler.is_compiling()
-    if floating and checking and not torch.isfinite(value).all():
+    if checking and not torch.isfinite(value).all():
         raise ValueError(f"'{name}' contains NaN or Inf values")
     return value
 
 
-def check_context(context: object, context_features: int, rows: int, like: Tensor) -> Tensor | None:
-    """Check a context against a model's ``context_features``; returns ``(rows, C)`` or None.
+def _check_rows(name: str, value: Tensor) -> Tensor:
+    """Fail on an empty batch (no rows)."""
+    if value.shape[0] == 0:
+        raise ValueError(f"'{name}' is an empty batch: shape {tuple(value.shape)}")
+    return value
 
-    A context of shape ``(C,)`` is one context for every row and is expanded explicitly;
-    ``(rows, C)`` gives one context per row. Anything else is an error.
+
+def check_features(
+    name: str,
+    value: object,
+    features: int,
+    like: Tensor,
+    floating: bool = True,
+) -> Tensor:
+    """Check that ``value`` is a ``(N, features)`` tensor, ``N >= 1``, on ``like``'s device,
+    with ``like``'s dtype (or any dtype when ``floating`` is False), and finite (floating
+    only)."""
+    value = _check_rows(name, check_width(name, value, features, like, floating))
+    return _check_finite(name, value) if floating else value
+
+
+def check_context(
+    context: object, context_features: int, rows: int | None, like: Tensor
+) -> Tensor | None:
+    """Check a user's context against a model's ``context_features`` ``C``.
+
+    A context of shape ``(C,)`` is one context for every row; ``(B, C)`` gives one context per
+    row, ``B >= 1`` (and ``B == rows`` when ``rows`` is given). It must have ``like``'s dtype
+    and device and be finite. Returns None when ``C = 0``; else, with ``rows`` given, the
+    context as ``(rows, C)`` (a ``(C,)`` one expanded, no copy), without, as it was given.
     """
     if context_features == 0:
         if context is not None:
             raise ValueError("'context' was given but the model has context_features=0")
         return None
+    shape = f"({'B' if rows is None else rows}, {context_features}) or ({context_features},)"
     if context is None:
-        raise ValueError(
-            f"'context' is required: a tensor of shape ({rows}, {context_features}) or "
-            f"({context_features},)"
-        )
-    if isinstance(context, Tensor) and context.dim() == 1:
-        context = context.expand(rows, -1) if context.shape[0] == context_features else context
-    check_features("context", context, context_features, like)
-    if context.shape[0] != rows:
-        raise ValueError(
-            f"'context' should have shape ({rows}, {context_features}) to match 'x', "
-            f"got {tuple(context.shape)}"
-        )
-    return context
+        raise ValueError(f"'context' is required: a tensor of shape {shape}")
+    context = check_tensor("context", context, shape, like)
+    if (
+        context.dim() not in (1, 2)
+        or context.shape[-1] != context_features
+        or (context.dim() == 2 and rows is not None and context.shape[0] != rows)
+    ):
+        raise ValueError(f"'context' should have shape {shape}, got {tuple(context.shape)}")
+    context = _check_finite("context", _check_rows("context", context))
+    return context if rows is None else context.expand(rows, -1)
+
+
+def _is_int(value: object) -> bool:
+    """An integer, Python or numpy, but not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """Check an integer argument (a size, a count, a seed): an ``int`` or numpy integer, not a
+    ``bool``, at least ``minimum``. Returns it as a Python ``int``. Anything else (``2.5``,
+    ``"2"``, ``True``, ``0`` for ``minimum=1``) is a ValueError, as for :func:`check_n`."""
+    if not _is_int(value):
+        raise ValueError(f"'{name}' should be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"'{name}' should be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Check a flag: ``True`` or ``False``, not a truthy string or number (a ValueError)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"'{name}' should be True or False, got {value!r}")
+    return value
 
 
 def check_n(n: object) -> int:
     """Check a number of samples ``n``: an integer >= 1 (Python or numpy, not bool)."""
-    if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+    if not _is_int(n) or n < 1:
         raise ValueError(f"'n' should be a positive number of samples, got {n!r}")
     return int(n)

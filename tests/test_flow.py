@@ -1,11 +1,15 @@
 """Flow: normalized densities, sampling shapes, conditional use, and bad input."""
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
 
 import flowkit
-from flowkit import IAF, MAF
+from flowkit import IAF, MADE, MAF
+from flowkit.nn.inversion import solve_with_params
+from flowkit.transforms import Compose, Permutation, autoregressive
 
 BUILDERS = {"MAF": MAF, "IAF": IAF}
 
@@ -105,6 +109,30 @@ def test_batch_norm_flow_trains_and_is_exact_in_eval():
     assert torch.allclose(flow.log_prob(x), log_p, atol=1e-8)
 
 
+def test_batch_norm_sample_and_log_prob_scores_the_inverse_it_applied():
+    """BatchNorm's inverse always uses the running averages: in both modes the flow samples
+    from the eval-mode model and sample_and_log_prob returns the eval-mode density, which is
+    log_prob in eval mode. In training mode log_prob uses the batch's statistics, another
+    bijection, and disagrees."""
+    flow = MAF(2, layers=3, hidden_features=(16,), batch_norm=True).double()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+        for _ in range(5):  # training-mode passes move the running averages
+            flow.log_prob(3 * two_moons(256, generator) + 1)
+    samples = {}
+    for training in (True, False):
+        flow.train(training)
+        torch.manual_seed(1)
+        samples[training] = flow.sample_and_log_prob(64)
+    (x, log_p), (x_eval, log_p_eval) = samples[True], samples[False]
+    assert torch.equal(x, x_eval) and torch.equal(log_p, log_p_eval)
+    torch.testing.assert_close(flow.log_prob(x), log_p)  # eval mode
+    flow.train()
+    assert (flow.log_prob(x) - log_p).abs().max() > 1e-2
+
+
 def test_random_permutation_and_learnable_base():
     flow = MAF(4, layers=3, hidden_features=(8,), permutation="random", learnable_base=True)
     assert isinstance(flow.base, flowkit.DiagonalGaussian)
@@ -118,6 +146,58 @@ def test_seeded_sampling_is_reproducible():
     a = flow.sample(10)
     torch.manual_seed(5)
     assert torch.equal(a, flow.sample(10))
+
+
+def _count_work(flow: flowkit.Flow, monkeypatch: pytest.MonkeyPatch) -> Counter:
+    """Counts of the MADEs' work: full passes (``forward`` calls), autoregressive solves, and
+    solver steps (calls of the step function, one per feature solved)."""
+    counts = Counter()
+    for m in flow.modules():
+        if isinstance(m, MADE):
+            m.register_forward_hook(lambda *_: counts.update(["passes"]))
+
+    def counted_solve(made, step, *args, **kwargs):
+        counts["solves"] += 1
+
+        def counted_step(params, index):
+            counts["steps"] += 1
+            assert index.numel() == 1
+            return step(params, index)
+
+        return solve_with_params(made, counted_step, *args, **kwargs)
+
+    monkeypatch.setattr(autoregressive, "solve_with_params", counted_solve)
+    return counts
+
+
+@pytest.mark.parametrize("transformer", ["affine", "spline"])
+@pytest.mark.parametrize(
+    "builder, method, sequential",
+    [
+        ("MAF", "log_prob", False),
+        ("MAF", "sample", True),
+        ("MAF", "sample_and_log_prob", True),
+        ("IAF", "log_prob", True),
+        ("IAF", "sample", False),
+        ("IAF", "sample_and_log_prob", False),
+    ],
+)
+def test_work_per_layer(builder, method, sequential, transformer, monkeypatch):
+    """The cheap direction is one MADE pass per layer and no solve; the sequential one is one
+    solve of exactly D steps per layer (the solver returns the parameters of the log-det too)
+    and no full MADE pass at all."""
+    features, layers, context = 4, 3, torch.randn(5, 2)
+    flow = BUILDERS[builder](features, layers=layers, hidden_features=(16, 16),
+                             context_features=2, transformer=transformer)
+    counts = _count_work(flow, monkeypatch)
+    if method == "log_prob":
+        flow.log_prob(torch.randn(5, features), context)
+    else:
+        getattr(flow, method)(3, context)
+    expected = (
+        {"solves": layers, "steps": layers * features} if sequential else {"passes": layers}
+    )
+    assert counts == Counter(expected)
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -139,15 +219,45 @@ def conditional():
         (torch.tensor([[0.0, float("nan")]]), torch.randn(1, 3), ValueError, "'x' contains NaN"),
         (torch.tensor([[0.0, float("inf")]]), torch.randn(1, 3), ValueError, "'x' contains NaN"),
         (torch.randn(4, 2), None, ValueError, "'context' is required"),
-        (torch.randn(4, 2), torch.randn(4, 5), ValueError, r"'context' should have shape \(N, 3\)"),
+        (torch.randn(4, 2), torch.randn(4, 5), ValueError, r"shape \(4, 3\) or \(3,\), got \(4, 5"),
         (torch.randn(4, 2), torch.randn(3, 3), ValueError, r"'context' should have shape \(4, 3\)"),
         (torch.randn(4, 2), torch.randn(4, 3, 1), ValueError, "'context' should have shape"),
+        (torch.randn(4, 2), torch.randn(2), ValueError, r"shape \(4, 3\) or \(3,\), got \(2,\)"),
+        (torch.randn(4, 2), torch.randn(0, 3), ValueError, r"\(4, 3\) or \(3,\), got \(0, 3\)"),
+        (torch.randn(4, 2), torch.randn(4, 3).double(), TypeError, "'context' should have dtype"),
+        (torch.randn(4, 2), torch.ones(3, dtype=torch.long), TypeError, "'context' should have dt"),
+        (torch.randn(1, 2), torch.tensor([[0.0, float("nan"), 0.0]]), ValueError, "'context' cont"),
+        (torch.randn(4, 2), torch.tensor([0.0, float("inf"), 0.0]), ValueError, "'context' cont"),
         ([[0.0, 1.0]], torch.randn(1, 3), TypeError, "'x' should be a torch.Tensor"),
     ],
 )
 def test_bad_input_names_the_argument(conditional, x, context, error, match):
     with pytest.raises(error, match=match):
         conditional.log_prob(x, context)
+
+
+BAD_SAMPLE_CONTEXTS = {
+    "wrong-width-rows": (torch.randn(5, 2), ValueError, r"\(B, 3\) or \(3,\), got \(5, 2\)$"),
+    "wrong-width-single": (torch.randn(2), ValueError, r"\(B, 3\) or \(3,\), got \(2,\)$"),
+    "three-dims": (torch.randn(2, 2, 3), ValueError, r"\(B, 3\) or \(3,\), got \(2, 2, 3\)$"),
+    "scalar": (torch.tensor(1.0), ValueError, r"\(B, 3\) or \(3,\), got \(\)$"),
+    "empty": (torch.randn(0, 3), ValueError, r"'context' is an empty batch: shape \(0, 3\)"),
+    "float64": (torch.randn(5, 3).double(), TypeError, "'context' should have dtype torch.float32"),
+    "long": (torch.ones(3, dtype=torch.long), TypeError, "'context' should have dtype"),
+    "nan": (torch.tensor([[0.0, float("nan"), 0.0]]), ValueError, "'context' contains NaN"),
+    "inf": (torch.tensor([0.0, float("inf"), 0.0]), ValueError, "'context' contains NaN"),
+}
+
+
+@pytest.mark.parametrize("n", [None, 3])
+@pytest.mark.parametrize("method", ["sample", "rsample", "sample_and_log_prob"])
+@pytest.mark.parametrize("case", BAD_SAMPLE_CONTEXTS)
+def test_bad_sample_context_is_reported_as_given(conditional, method, n, case):
+    """The user's context is checked before it is expanded to n rows per context: errors show
+    the shape that was passed, and an empty context is an error, not a failed reshape."""
+    context, error, match = BAD_SAMPLE_CONTEXTS[case]
+    with pytest.raises(error, match=match):
+        getattr(conditional, method)(n, context)
 
 
 def test_extra_context_is_an_error():
@@ -190,17 +300,75 @@ def test_context_that_is_not_a_tensor_is_a_type_error(conditional, method):
         getattr(conditional, method)(*args)
 
 
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(layers=0), "'layers'"),
-        (dict(permutation="shuffle"), "'permutation'"),
+        (dict(layers=0), "'layers' should be >= 1, got 0"),
+        (dict(layers=2.5), "'layers' should be an integer >= 1, got 2.5"),
+        (dict(layers=True), "'layers' should be an integer >= 1, got True"),
+        (dict(features=2.5), "'features' should be an integer >= 1, got 2.5"),
+        (dict(features="2"), "'features' should be an integer >= 1, got '2'"),
+        (dict(features=True), "'features' should be an integer >= 1, got True"),
+        (dict(features=0), "'features' should be >= 1, got 0"),
+        (dict(context_features=1.5), "'context_features' should be an integer >= 0, got 1.5"),
+        (dict(context_features=-1), "'context_features' should be >= 0, got -1"),
+        (dict(hidden_features=(8.5,)), r"'hidden_features\[0\]' should be an integer >= 1"),
+        (dict(hidden_features=(8, 0)), r"'hidden_features\[1\]' should be >= 1, got 0"),
+        (dict(hidden_features=64), "'hidden_features' should be a sequence of layer sizes"),
+        (dict(seed=1.5), "'seed' should be an integer >= 0, got 1.5"),
+        (dict(batch_norm="yes"), "'batch_norm' should be True or False, got 'yes'"),
+        (dict(residual=1), "'residual' should be True or False, got 1"),
+        (dict(learnable_base="no"), "'learnable_base' should be True or False, got 'no'"),
+        (dict(permutation="shuffle"), "'permutation' should be 'reverse', 'random', 'none', a "),
+        (dict(permutation=[0, 1, 2]), r"'permutation' should be .* of range\(2\)"),
+        (dict(permutation=[[0, 1]] * 3), r"or 4 of them .*got \[\[0, 1\], \[0, 1\], \[0, 1\]\]"),
+        (dict(permutation=[[0, 1], [1]]), "'permutation' should be 'reverse'"),
+        (dict(permutation=None), "'permutation' should be 'reverse'"),
+        (dict(permutation=[0, 0]), r"'permutation' should be a permutation of range\(2\) \(ints\)"),
+        (dict(permutation=[1.0, 0.0]), r"'permutation' should be a permutation of range\(2\)"),
         (dict(transformer="planar"), "'transformer'"),
     ],
 )
-def test_bad_builder_arguments(kwargs, match):
+def test_bad_builder_arguments(builder, kwargs, match):
+    """Each bad hyper-parameter is a ValueError naming it (they used to reach torch, fail with
+    a message about empty()'s 'size', or be silently truncated or accepted)."""
+    kwargs = {"features": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
-        MAF(2, **kwargs)
+        BUILDERS[builder](**kwargs)
+
+
+def test_numpy_integers_are_accepted_as_sizes():
+    flow = MAF(np.int64(2), layers=np.int64(2), hidden_features=[np.int64(8)])
+    assert flow.sample(3).shape == (3, 2)
+    assert flow.transform.transforms[0].made.hidden_features == (8,)
+
+
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_given_permutations(builder, tmp_path):
+    """One permutation for every gap between layers, or one per gap; saved in the config."""
+    layers, per_gap = 3, [[2, 0, 1], [1, 2, 0]]
+    for permutation, expected in [([2, 0, 1], [[2, 0, 1]] * 2), (per_gap, per_gap),
+                                  (torch.tensor(per_gap), per_gap)]:
+        flow = BUILDERS[builder](3, layers=layers, hidden_features=(8,),
+                                 permutation=permutation)
+        perms = [t for t in flow.transform.transforms if isinstance(t, Permutation)]
+        assert [p.permutation.tolist() for p in perms] == expected
+    flowkit.save_model(flow, tmp_path / "flow.pt")
+    loaded = flowkit.load_model(tmp_path / "flow.pt")
+    assert [p.permutation.tolist() for p in loaded.transform.transforms
+            if isinstance(p, Permutation)] == per_gap
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(loaded.log_prob(x), flow.log_prob(x))
+
+
+def test_transform_and_base_widths_must_agree():
+    transform = MAF(3, layers=2, hidden_features=(8,)).transform
+    with pytest.raises(ValueError, match="'transform' acts on 3 features but 'base' has 2"):
+        flowkit.Flow(transform, flowkit.StandardNormal(2))
+    # a transform of no fixed width fits any base
+    flow = flowkit.Flow(Compose([]), flowkit.StandardNormal(2))
+    assert flow.log_prob(torch.randn(3, 2)).shape == (3,)
 
 
 @pytest.mark.parametrize(

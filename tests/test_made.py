@@ -182,11 +182,35 @@ def test_one_hot_inputs():
     assert torch.equal(made(x), made(y))
 
 
+def test_check_autoregressive_handles_one_hot_blocks():
+    """With inputs_per_feature = m > 1 the check feeds (N, D, m) inputs and reports a leak from
+    any of a later feature's m inputs (it used to fail on the input shape)."""
+    made = MADE(3, (16,), params_per_feature=4, inputs_per_feature=4, order="random", seed=2)
+    torch.nn.init.normal_(made.output.weight)
+    check_autoregressive(made)
+    made.hidden[0].mask.fill_(1.0)  # every hidden unit sees every input
+    with pytest.raises(AssertionError, match="depends on input"):
+        check_autoregressive(made)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(features=0), "'features'"),
-        (dict(features=3, hidden_features=(0,)), "'hidden_features'"),
+        (dict(features=0), "'features' should be >= 1, got 0"),
+        (dict(features=2.5), "'features' should be an integer >= 1, got 2.5"),
+        (dict(features="2"), "'features' should be an integer >= 1, got '2'"),
+        (dict(features=True), "'features' should be an integer >= 1, got True"),
+        (dict(features=3, hidden_features=(0,)), r"'hidden_features\[0\]' should be >= 1"),
+        (dict(features=3, hidden_features=(8.5,)), r"'hidden_features\[0\]' .* got 8.5"),
+        (dict(features=3, hidden_features=8), "'hidden_features' should be a sequence"),
+        (dict(features=3, hidden_features="64"), "'hidden_features' should be a sequence"),
+        (dict(features=3, params_per_feature=0), "'params_per_feature' should be >= 1"),
+        (dict(features=3, inputs_per_feature=1.0), "'inputs_per_feature' should be an integer"),
+        (dict(features=3, context_features=1.5), "'context_features' should be an integer >= 0"),
+        (dict(features=3, num_masks=0), "'num_masks' should be >= 1"),
+        (dict(features=3, seed=0.5), "'seed' should be an integer >= 0"),
+        (dict(features=3, residual="yes"), "'residual' should be True or False, got 'yes'"),
+        (dict(features=3, direct_connection=1), "'direct_connection' should be True or False"),
         (dict(features=3, hidden_features=(4, 5), residual=True), "'residual'"),
         (dict(features=3, num_masks=2, order="natural", hidden_degrees="even"), "'num_masks'"),
         (dict(features=3, hidden_degrees="odd"), "'hidden_degrees'"),
@@ -198,16 +222,38 @@ def test_bad_arguments(kwargs, match):
         MADE(**kwargs)
 
 
-def test_bad_inputs():
-    made = MADE(3, (8,), context_features=2)
-    with pytest.raises(ValueError, match="'x' should have 3 features"):
-        made(torch.randn(4, 2), torch.randn(4, 2))
-    with pytest.raises(ValueError, match="'context'"):
-        made(torch.randn(4, 3))
-    with pytest.raises(ValueError, match="'context' should have shape"):
-        made(torch.randn(4, 3), torch.randn(4, 5))
+@pytest.mark.parametrize(
+    "x, context, error, match",
+    [
+        (torch.randn(4, 2), torch.randn(4, 2), ValueError, r"'x' should have shape \(\.\.\., 3\)"),
+        (torch.tensor(1.0), torch.randn(2), ValueError, r"shape \(\.\.\., 3\), got \(\)"),
+        ([[0.0, 1.0, 2.0]], torch.randn(1, 2), TypeError, "'x' should be a torch.Tensor of shape"),
+        (torch.randn(4, 3).double(), torch.randn(4, 2), TypeError, "'x' should have dtype torch"),
+        (torch.ones(4, 3, dtype=torch.long), torch.randn(4, 2), TypeError, "'x' should have dtype"),
+        (torch.empty(4, 3, device="meta"), torch.randn(4, 2), ValueError, "'x' is on meta but"),
+        (torch.randn(4, 3), None, ValueError, r"'context' should be a tensor of shape \(\.\.\."),
+        (torch.randn(4, 3), torch.randn(4, 5), ValueError, r"'context' should have shape \(4, 2\)"),
+        (torch.randn(4, 3), torch.randn(2), ValueError, r"'context' should have shape \(4, 2\)"),
+        (torch.randn(3), torch.randn(1, 2), ValueError, r"'context' should have shape \(2,\)"),
+        (torch.randn(4, 3), [[0.0, 1.0]] * 4, TypeError, r"'context' should be a torch.Tensor of"),
+        (torch.randn(4, 3), torch.randn(4, 2).double(), TypeError, "'context' should have dtype"),
+        (torch.randn(4, 3), torch.ones(4, 2, dtype=torch.long), TypeError, "'context' should have"),
+    ],
+)
+def test_bad_inputs(x, context, error, match):
+    """Checked from shapes, dtypes and devices only (no values read): a float64 or integer 'x'
+    used to fail inside torch or be promoted silently, a 0-d one to raise IndexError."""
+    with pytest.raises(error, match=match):
+        MADE(3, (8,), context_features=2)(x, context)
+
+
+def test_bad_inputs_without_context_and_with_one_hot_blocks():
     with pytest.raises(ValueError, match="context_features=0"):
         MADE(3, (8,))(torch.randn(4, 3), torch.randn(4, 2))
+    made = MADE(3, (8,), params_per_feature=4, inputs_per_feature=4)
+    assert made(torch.randn(2, 5, 3, 4)).shape == (2, 5, 3, 4)
+    with pytest.raises(ValueError, match=r"'x' should have shape \(\.\.\., 3, 4\), got \(5, 3\)"):
+        made(torch.randn(5, 3))
 
 
 class _OneDevice(TorchFunctionMode):

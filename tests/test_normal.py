@@ -21,9 +21,14 @@ def test_log_prob_matches_torch_and_rsample_has_the_modules_shape():
     assert {"loc", "log_scale"} <= set(StandardNormal(2).state_dict())
 
 
-@pytest.mark.parametrize("features", [0, -1])
+@pytest.mark.parametrize("features", [0, -1, 2.5, "2", True])
 def test_bad_features(features):
-    with pytest.raises(ValueError, match="'features' should be >= 1"):
+    with pytest.raises(ValueError, match="'features' should be (an integer )?>= 1, got "):
         DiagonalGaussian(features)
-    with pytest.raises(ValueError, match="'features' should be >= 1"):
+    with pytest.raises(ValueError, match="'features' should be (an integer )?>= 1, got "):
         StandardNormal(features)
+
+
+def test_learnable_must_be_a_bool():
+    with pytest.raises(ValueError, match="'learnable' should be True or False, got 'no'"):
+        DiagonalGaussian(2, learnable="no")  # a truthy string used to make it learnable

@@ -7,9 +7,11 @@ from flowkit import MADE
 from flowkit.flows.builders import make_transformer
 from flowkit.testing import jacobian
 from flowkit.transforms import (
+    Affine,
     BatchNorm,
     Compose,
     Inverse,
+    MaskedAffineAutoregressive,
     MaskedAutoregressive,
     Permutation,
 )
@@ -17,14 +19,22 @@ from flowkit.transforms import (
 D, C = 4, 3
 
 
-def autoregressive(direction, transformer, context=0, **made_kwargs):
-    tau = make_transformer(transformer)
-    made = MADE(D, (24, 24), tau.params_per_feature, context_features=context, **made_kwargs)
-    layer = MaskedAutoregressive(made, tau, direction)
+def perturbed(layer):
     with torch.no_grad():  # leave the identity: random, non-trivial parameters
         for p in layer.parameters():
             p.add_(0.3 * torch.randn_like(p))
     return layer
+
+
+def autoregressive(direction, transformer, context=0, **made_kwargs):
+    tau = make_transformer(transformer)
+    made = MADE(D, (24, 24), tau.params_per_feature, context_features=context, **made_kwargs)
+    return perturbed(MaskedAutoregressive(made, tau, direction))
+
+
+def masked_affine(direction):
+    made = MADE(D, (24, 24), 2, context_features=C, order="random", seed=2)
+    return perturbed(MaskedAffineAutoregressive(made, direction, log_scale_bound=2.0))
 
 
 def batch_norm():
@@ -46,6 +56,8 @@ TRANSFORMS = {
     "iaf-spline-residual": lambda: autoregressive("iaf", "spline", residual=True, seed=1),
     "maf-affine-context": lambda: autoregressive("maf", "affine", context=C),
     "iaf-spline-context": lambda: autoregressive("iaf", "spline", context=C),
+    "masked-affine-maf": lambda: masked_affine("maf"),
+    "masked-affine-iaf": lambda: masked_affine("iaf"),
     "batch-norm": batch_norm,
     "permutation-reverse": lambda: Permutation.reverse(D),
     "permutation-random": lambda: Permutation.random(D, seed=1),
@@ -136,10 +148,29 @@ def test_batch_norm_training_mode_uses_batch_statistics():
         bn(x[:1])
 
 
+def test_batch_norm_inverse_uses_the_running_averages_in_both_modes():
+    """Documented behaviour: in training mode forward (batch statistics) and inverse (running
+    averages) are different bijections; in eval mode they are exact inverses."""
+    bn = BatchNorm(D).double()
+    x = 3 + 2 * torch.randn(64, D, dtype=torch.float64)
+    z, log_det = bn(x)
+    x_back, log_det_inv = bn.inverse(z)
+    assert not torch.allclose(x_back, x, atol=1e-3)
+    assert not torch.allclose(log_det, -log_det_inv, atol=1e-3)
+    expected = bn.eval().inverse(z)  # the running averages did not move since forward
+    torch.testing.assert_close(bn.train().inverse(z), expected)
+    bn.eval()
+    z, log_det = bn(x)
+    x_back, log_det_inv = bn.inverse(z)
+    torch.testing.assert_close(x_back, x)
+    torch.testing.assert_close(log_det + log_det_inv, torch.zeros(64, dtype=torch.float64))
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(features=0), "'features' should be >= 1"),
+        (dict(features=0), "'features' should be >= 1, got 0"),
+        (dict(features=2.5), "'features' should be an integer >= 1, got 2.5"),
         (dict(features=D, momentum=1.5), r"'momentum' should be in \[0, 1\]"),
         (dict(features=D, momentum=-0.1), "'momentum'"),
         (dict(features=D, eps=0.0), "'eps' should be positive"),
@@ -157,6 +188,56 @@ def test_compose_needs_one_context_width():
                                                                             context=3)])
 
 
+def test_compose_needs_one_width_and_reports_it():
+    assert Compose([Permutation.reverse(3), Inverse(BatchNorm(3))]).features == 3
+    assert Compose([]).features is None
+    with pytest.raises(ValueError, match=r"'transforms' should agree on features .*\[3, 4\]"):
+        Compose([Permutation.reverse(3), autoregressive("maf", "affine")])
+
+
+@pytest.mark.parametrize("name", TRANSFORMS)
+def test_wrong_width_names_the_argument(name):
+    """Every transform checks its input's width in both directions, naming 'x' or 'z' (a
+    permutation used to return a silently truncated tensor, BatchNorm to fail inside torch, an
+    IAF's forward to name the solver's internal argument 'like'). Inverse passes its input
+    on, so the error names the argument of the wrapped transform's other direction."""
+    t = make(name)
+    _, c = inputs(t)
+    names = ("z", "x") if name == "inverse" else ("x", "z")
+    for method, arg in zip((t, t.inverse), names, strict=True):
+        match = rf"'{arg}' should have shape \(N, {D}\), got \(6, 5\)"
+        with pytest.raises(ValueError, match=match):
+            method(torch.randn(6, D + 1, dtype=torch.float64), c)
+
+
+@pytest.mark.parametrize("direction", ["maf", "iaf"])
+def test_autoregressive_layer_checks_dtype_in_both_directions(direction):
+    """Before the solver the layer checks the dtype itself; in the one-pass direction the MADE
+    does (naming its own argument, 'x')."""
+    layer = autoregressive(direction, "affine")
+    solved = {"maf": "z", "iaf": "x"}[direction]
+    for method, arg in ((layer, "x"), (layer.inverse, "z")):
+        name = arg if arg == solved else "x"
+        with pytest.raises(TypeError, match=rf"'{name}' should have dtype torch.float32"):
+            method(torch.randn(3, D, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("direction", ["maf", "iaf"])
+def test_masked_affine_autoregressive_is_the_affine_layer(direction):
+    made = MADE(D, (16,), 2, order="random", seed=1)
+    reference = perturbed(MaskedAutoregressive(made, Affine(log_scale_bound=2.0), direction))
+    layer = MaskedAffineAutoregressive(made, direction, log_scale_bound=2.0, identity_init=False)
+    assert isinstance(layer, MaskedAutoregressive)
+    assert layer.extra_repr() == reference.extra_repr()
+    x = torch.randn(5, D)
+    torch.testing.assert_close(layer(x), reference(x))
+    torch.testing.assert_close(layer.inverse(x), reference.inverse(x))
+    with pytest.raises(ValueError, match="'made' gives 3 parameters per feature"):
+        MaskedAffineAutoregressive(MADE(D, (8,), 3))
+    with pytest.raises(ValueError, match="'identity_init' should be True or False"):
+        MaskedAffineAutoregressive(MADE(D, (8,), 2), identity_init="no")
+
+
 def test_batch_norm_state_is_in_buffers():
     assert {"running_mean", "running_var"} <= set(BatchNorm(D).state_dict())
 
@@ -169,6 +250,17 @@ def test_permutation_state_and_errors():
                        Permutation.random(5, seed=3).permutation)
     with pytest.raises(ValueError, match="'permutation'"):
         Permutation([0, 0, 1])
+    with pytest.raises(ValueError, match=r"'permutation' should be a permutation of range\(2\)"):
+        Permutation([1.7, 0.2])  # used to be truncated to [1, 0]
+    given = torch.tensor([1, 0])
+    q = Permutation(given)
+    given[0] = 0
+    assert q.permutation.tolist() == [1, 0]  # copied, not shared
+    for bad in (2.5, True, 0):
+        with pytest.raises(ValueError, match="'features' should be (an integer )?>= 1"):
+            Permutation.reverse(bad)
+    with pytest.raises(ValueError, match="'seed' should be an integer >= 0"):
+        Permutation.random(3, seed=0.5)
 
 
 def test_mismatched_transformer_is_an_error():

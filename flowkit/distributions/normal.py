@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from flowkit.validation import check_bool, check_int
+
 
 class DiagonalGaussian(nn.Module):
     r"""``N(loc, diag(exp(log_scale))^2)`` over ``D`` features.
@@ -20,11 +22,9 @@ class DiagonalGaussian(nn.Module):
 
     def __init__(self, features: int, learnable: bool = True):
         super().__init__()
-        if features < 1:
-            raise ValueError(f"'features' should be >= 1, got {features}")
-        self.features = features
+        self.features = check_int("features", features, 1)
         loc, log_scale = torch.zeros(features), torch.zeros(features)
-        if learnable:
+        if check_bool("learnable", learnable):
             self.loc, self.log_scale = nn.Parameter(loc), nn.Parameter(log_scale)
         else:
             self.register_buffer("loc", loc)

@@ -10,6 +10,8 @@ import inspect
 from collections.abc import Sequence
 from typing import Literal
 
+import torch
+
 from flowkit.checkpoint import model_config
 from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
 from flowkit.flows.flow import Flow
@@ -18,8 +20,9 @@ from flowkit.transforms.autoregressive import BatchNorm, Direction, MaskedAutore
 from flowkit.transforms.base import Compose, Permutation, Transform
 from flowkit.transforms.elementwise import Affine
 from flowkit.transforms.spline import RationalQuadraticSpline
+from flowkit.validation import check_bool, check_int
 
-PermutationSpec = Literal["reverse", "random", "none"]
+PermutationSpec = Literal["reverse", "random", "none"] | Sequence[int] | Sequence[Sequence[int]]
 
 
 _TRANSFORMERS: dict[str, type[Affine | RationalQuadraticSpline]] = {
@@ -51,6 +54,32 @@ def make_transformer(name: str, **kwargs: float) -> Affine | RationalQuadraticSp
     return cls(**kwargs)
 
 
+def _permutations(
+    permutation: PermutationSpec, features: int, layers: int, seed: int
+) -> list[Permutation | None]:
+    """The permutation after each layer but the last (``None``: no permutation there)."""
+    if isinstance(permutation, str) and permutation in ("reverse", "random", "none"):
+        if permutation == "none":
+            return [None] * (layers - 1)
+        if permutation == "reverse":
+            return [Permutation.reverse(features) for _ in range(layers - 1)]
+        return [Permutation.random(features, seed=seed + i) for i in range(layers - 1)]
+    try:
+        given = torch.as_tensor(permutation)
+    except (TypeError, ValueError, RuntimeError):  # a string, ragged lists, not numbers
+        given = torch.empty(0)
+    # Only the shape is checked here; Permutation checks the values.
+    if given.dim() == 1 and given.shape[0] == features:
+        return [Permutation(given) for _ in range(layers - 1)]
+    if given.shape == (layers - 1, features):
+        return [Permutation(row) for row in given]
+    raise ValueError(
+        "'permutation' should be 'reverse', 'random', 'none', a permutation of "
+        f"range({features}) (the same after every layer) or {layers - 1} of them (one after "
+        f"each layer but the last), got {permutation!r}"
+    )
+
+
 def _autoregressive_flow(
     direction: Direction,
     features: int,
@@ -65,12 +94,13 @@ def _autoregressive_flow(
     learnable_base: bool,
     seed: int,
 ) -> Flow:
-    if layers < 1:
-        raise ValueError(f"'layers' should be >= 1, got {layers}")
-    if permutation not in ("reverse", "random", "none"):
-        raise ValueError(
-            f"'permutation' should be 'reverse', 'random' or 'none', got {permutation!r}"
-        )
+    # MADE checks hidden_features, context_features and residual; the rest is checked here.
+    features = check_int("features", features, 1)
+    layers = check_int("layers", layers, 1)
+    seed = check_int("seed", seed, 0)
+    batch_norm = check_bool("batch_norm", batch_norm)
+    learnable_base = check_bool("learnable_base", learnable_base)
+    permutations = _permutations(permutation, features, layers, seed)
     transforms: list[Transform] = []
     for i in range(layers):
         tau = make_transformer(transformer, **(transformer_kwargs or {}))
@@ -87,10 +117,8 @@ def _autoregressive_flow(
             break
         if batch_norm:
             transforms.append(BatchNorm(features))
-        if permutation == "reverse":
-            transforms.append(Permutation.reverse(features))
-        elif permutation == "random":
-            transforms.append(Permutation.random(features, seed=seed + i))
+        if permutations[i] is not None:
+            transforms.append(permutations[i])
     base = DiagonalGaussian(features) if learnable_base else StandardNormal(features)
     return Flow(Compose(transforms), base)
 
@@ -119,7 +147,9 @@ def MAF(
         transformer: ``"affine"`` or ``"spline"`` (rational-quadratic, Durkan et al. 2019).
         transformer_kwargs: e.g. ``{"bins": 8, "bound": 3.0}`` for the spline or
             ``{"log_scale_bound": 3.0}`` for the affine transformer.
-        permutation: between layers: ``"reverse"``, ``"random"`` (seeded) or ``"none"``.
+        permutation: between layers: ``"reverse"``, ``"random"`` (seeded), ``"none"``, a
+            permutation of ``range(D)`` (the same after every layer), or ``layers - 1`` of them
+            (one after each layer but the last); see :class:`flowkit.transforms.Permutation`.
         batch_norm: insert :class:`flowkit.transforms.BatchNorm` between layers.
         residual: residual masked blocks in each MADE.
         learnable_base: learn the mean and scale of the Gaussian base.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +35,11 @@ class Flow(nn.Module):
 
     def __init__(self, transform: Transform, base: nn.Module):
         super().__init__()
+        if transform.features is not None and transform.features != base.features:
+            raise ValueError(
+                f"'transform' acts on {transform.features} features but 'base' has "
+                f"{base.features}"
+            )
         self.transform = transform
         self.base = base
         self.features: int = base.features
@@ -56,28 +62,19 @@ class Flow(nn.Module):
     def _noise_and_context(
         self, n: int | None, context: Tensor | None
     ) -> tuple[Tensor, Tensor | None, tuple[int, ...]]:
-        ref = self._reference()
-        if context is not None and not isinstance(context, Tensor):
-            raise TypeError(
-                f"'context' should be a torch.Tensor of shape ({self.context_features},) or "
-                f"(B, {self.context_features}), got {type(context).__name__}"
-            )
+        """Base noise ``(rows, D)``, the context expanded to ``(rows, C)`` (or None) and the
+        shape of the samples without their last axis, from the user's ``n`` and ``context``
+        (checked as given, before any expansion)."""
+        context = check_context(context, self.context_features, None, self._reference())
         if context is None or context.dim() == 1:
-            n = check_n(n)
-            rows, shape = n, (n,)
+            shape: tuple[int, ...] = (check_n(n),)
+        elif n is None:
+            shape = (context.shape[0],)
         else:
-            if context.dim() != 2:
-                raise ValueError(
-                    f"'context' should have shape ({self.context_features},) or "
-                    f"(B, {self.context_features}), got {tuple(context.shape)}"
-                )
-            if n is None:
-                rows, shape = context.shape[0], (context.shape[0],)
-            else:
-                n = check_n(n)
-                rows, shape = n * context.shape[0], (n, context.shape[0])
-                context = context.expand(n, -1, -1).reshape(rows, -1)
-        context = check_context(context, self.context_features, rows, ref)
+            shape = (check_n(n), context.shape[0])
+        rows = math.prod(shape)
+        if context is not None:
+            context = context.expand(*shape, -1).reshape(rows, -1)
         return self.base.rsample(rows), context, shape
 
     def rsample(self, n: int | None = None, context: Tensor | None = None) -> Tensor:
@@ -96,7 +93,14 @@ class Flow(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Reparameterized samples and their exact log-density from the same inverse pass
         (one MADE pass per layer for an IAF). Returns ``x`` and ``log p(x)`` shaped as the
-        samples without the last axis."""
+        samples without the last axis.
+
+        The log-density uses the log-determinant of the inverse actually applied. It equals
+        :meth:`log_prob` of the samples in eval mode; in training mode with
+        :class:`flowkit.transforms.BatchNorm` layers (whose ``inverse`` always uses the running
+        averages) it is the eval-mode density, which :meth:`log_prob` in training mode (batch
+        statistics) is not.
+        """
         z, context, shape = self._noise_and_context(n, context)
         log_pz = self.base.log_prob(z)
         x, log_det = self.transform.inverse(z, context)

@@ -22,6 +22,7 @@ from torch.utils.hooks import RemovableHandle
 
 from flowkit.nn import masks
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
+from flowkit.validation import check_bool, check_int, check_tensor, format_shape
 
 
 class MaskedLinear(nn.Linear):
@@ -180,24 +181,27 @@ class MADE(nn.Module):
         residual: bool = False,
     ):
         super().__init__()
-        hidden_features = tuple(int(h) for h in hidden_features)
-        if features < 1:
-            raise ValueError(f"'features' should be >= 1, got {features}")
-        if params_per_feature < 1:
-            raise ValueError(f"'params_per_feature' should be >= 1, got {params_per_feature}")
-        if inputs_per_feature < 1:
-            raise ValueError(f"'inputs_per_feature' should be >= 1, got {inputs_per_feature}")
-        if context_features < 0:
-            raise ValueError(f"'context_features' should be >= 0, got {context_features}")
-        if any(h < 1 for h in hidden_features):
-            raise ValueError(f"'hidden_features' should be positive, got {hidden_features}")
+        features = check_int("features", features, 1)
+        if isinstance(hidden_features, str) or not isinstance(hidden_features, Sequence):
+            raise ValueError(
+                "'hidden_features' should be a sequence of layer sizes, e.g. (64, 64), got "
+                f"{hidden_features!r}"
+            )
+        hidden_features = tuple(
+            check_int(f"hidden_features[{i}]", h, 1) for i, h in enumerate(hidden_features)
+        )
+        params_per_feature = check_int("params_per_feature", params_per_feature, 1)
+        inputs_per_feature = check_int("inputs_per_feature", inputs_per_feature, 1)
+        context_features = check_int("context_features", context_features, 0)
+        num_masks = check_int("num_masks", num_masks, 1)
+        seed = check_int("seed", seed, 0)
+        direct_connection = check_bool("direct_connection", direct_connection)
+        residual = check_bool("residual", residual)
         if residual and len(set(hidden_features)) != 1:
             raise ValueError(
                 "'residual' blocks need hidden layers of one size, got "
                 f"hidden_features={hidden_features}"
             )
-        if num_masks < 1:
-            raise ValueError(f"'num_masks' should be >= 1, got {num_masks}")
         if hidden_degrees not in ("random", "even"):
             raise ValueError(
                 f"'hidden_degrees' should be 'random' or 'even', got {hidden_degrees!r}"
@@ -317,19 +321,19 @@ class MADE(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """``x``: ``(..., D)`` (or ``(..., D, m)`` when ``inputs_per_feature = m > 1``),
-        ``context``: ``(..., C)`` or ``None``. Returns ``(..., D, P)``."""
-        if self.inputs_per_feature == 1:
-            if x.shape[-1] != self.features:
-                raise ValueError(
-                    f"'x' should have {self.features} features in its last dimension, got "
-                    f"shape {tuple(x.shape)}"
-                )
-        else:
-            if x.shape[-2:] != (self.features, self.inputs_per_feature):
-                raise ValueError(
-                    f"'x' should have shape (..., {self.features}, {self.inputs_per_feature}), "
-                    f"got {tuple(x.shape)}"
-                )
+        ``context``: ``(..., C)`` or ``None``; both with the MADE's dtype and device. Returns
+        ``(..., D, P)``. The checks read only shapes, dtypes and devices (no values)."""
+        ref = self.output.weight
+        m = self.inputs_per_feature
+        feature_shape = (self.features,) if m == 1 else (self.features, m)
+        x = check_tensor("x", x, ("...", *feature_shape), ref)
+        if x.shape[-len(feature_shape) :] != feature_shape:
+            raise ValueError(
+                f"'x' should have shape {format_shape(('...', *feature_shape))}, got "
+                f"{tuple(x.shape)}"
+            )
+        batch = x.shape[: x.dim() - len(feature_shape)]
+        if m > 1:
             x = x.flatten(-2)
         if (context is None) != (self.context_features == 0):
             raise ValueError(
@@ -338,10 +342,11 @@ class MADE(nn.Module):
                 else "'context' was given but this MADE has context_features=0"
             )
         if context is not None:
-            if context.shape[:-1] != x.shape[:-1] or context.shape[-1] != self.context_features:
+            expected = (*batch, self.context_features)
+            context = check_tensor("context", context, expected, ref)
+            if context.shape != expected:
                 raise ValueError(
-                    f"'context' should have shape {(*x.shape[:-1], self.context_features)}, "
-                    f"got {tuple(context.shape)}"
+                    f"'context' should have shape {expected}, got {tuple(context.shape)}"
                 )
             x = torch.cat([x, context], dim=-1)
         h = x

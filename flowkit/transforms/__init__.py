@@ -1,6 +1,11 @@
 """Bijections ``x -> z`` with log-determinants (data to noise is ``forward``)."""
 
-from flowkit.transforms.autoregressive import BatchNorm, MaskedAutoregressive, Transformer
+from flowkit.transforms.autoregressive import (
+    BatchNorm,
+    MaskedAffineAutoregressive,
+    MaskedAutoregressive,
+    Transformer,
+)
 from flowkit.transforms.base import Compose, Inverse, Permutation, Transform
 from flowkit.transforms.elementwise import Affine
 from flowkit.transforms.spline import RationalQuadraticSpline
@@ -10,6 +15,7 @@ __all__ = [
     "BatchNorm",
     "Compose",
     "Inverse",
+    "MaskedAffineAutoregressive",
     "MaskedAutoregressive",
     "Permutation",
     "RationalQuadraticSpline",

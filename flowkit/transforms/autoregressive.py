@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from flowkit.nn.inversion import solve_with_params
 from flowkit.nn.made import MADE
 from flowkit.transforms.base import Transform
+from flowkit.transforms.elementwise import Affine
+from flowkit.validation import check_bool, check_int, check_width
 
 Direction = Literal["maf", "iaf"]
 
@@ -65,6 +67,7 @@ class MaskedAutoregressive(Transform):
             )
         if direction not in ("maf", "iaf"):
             raise ValueError(f"'direction' should be 'maf' or 'iaf', got {direction!r}")
+        check_bool("identity_init", identity_init)
         self.made = made
         self.transformer = transformer
         self.direction = direction
@@ -78,9 +81,11 @@ class MaskedAutoregressive(Transform):
                     made.direct.weight.zero_()
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        # Type and width here; dtype and device in the MADE, or here before the solver.
         if self.direction == "maf":
-            params = self.made(x, context)
+            params = self.made(check_width("x", x, self.features), context)
         else:
+            x = check_width("x", x, self.features, self.made.output.weight)
             # the solver also returns made(z), the parameters of the log-determinant
             _, params = solve_with_params(
                 self.made, lambda p, i: self.transformer.forward(x[:, i], p)[0], x, context
@@ -90,8 +95,9 @@ class MaskedAutoregressive(Transform):
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if self.direction == "iaf":
-            params = self.made(z, context)
+            params = self.made(check_width("z", z, self.features), context)
         else:
+            z = check_width("z", z, self.features, self.made.output.weight)
             _, params = solve_with_params(
                 self.made, lambda p, i: self.transformer.inverse(z[:, i], p)[0], z, context
             )
@@ -102,17 +108,57 @@ class MaskedAutoregressive(Transform):
         return f"direction={self.direction!r}, transformer={self.transformer!r}"
 
 
+class MaskedAffineAutoregressive(MaskedAutoregressive):
+    r"""The layer of the MAF and IAF papers: :class:`MaskedAutoregressive` with the
+    :class:`flowkit.transforms.Affine` transformer, ``z_d = (x_d - \mu_d) e^{-\alpha_d}`` with
+    ``(\mu_d, \alpha_d)`` from the MADE.
+
+    Args:
+        made: the conditioner, with ``params_per_feature=2``.
+        direction: ``"maf"`` (cheap density) or ``"iaf"`` (cheap sampling).
+        log_scale_bound: bound of the log-scale, see :class:`flowkit.transforms.Affine`.
+        identity_init: as :class:`MaskedAutoregressive`.
+
+    Example:
+        >>> layer = MaskedAffineAutoregressive(MADE(3, (16,), params_per_feature=2), "iaf")
+        >>> z, log_det = layer(torch.randn(4, 3))
+        >>> z.shape, log_det.shape
+        (torch.Size([4, 3]), torch.Size([4]))
+    """
+
+    def __init__(
+        self,
+        made: MADE,
+        direction: Direction = "maf",
+        log_scale_bound: float = 3.0,
+        identity_init: bool = True,
+    ):
+        super().__init__(made, Affine(log_scale_bound), direction, identity_init)
+
+
 class BatchNorm(Transform):
     r"""Batch normalization as a bijection (MAF paper, section 3.4).
 
     ``forward``: :math:`z = (x - \mu) / \sqrt{v + \epsilon} \cdot e^{\gamma} + \beta`, with
     :math:`\log|\det dz/dx| = \sum_d \gamma_d - \tfrac12 \log(v_d + \epsilon)`.
 
-    In training mode ``forward`` uses the batch mean and (biased) variance and updates running
-    averages; in eval mode it uses the running averages. ``inverse`` always uses the running
-    averages (the batch statistics of noise have no meaning), so in training mode
-    ``inverse(forward(x))`` is only approximately ``x``; in eval mode the layer is an exact,
-    fixed bijection.
+    **Eval mode**: both directions use the running averages: one fixed, exact bijection.
+
+    **Training mode** (the MAF paper's choice): ``forward`` uses the mean and (biased) variance
+    of the batch it is given, and updates the running averages. It is then a different
+    bijection for every batch, and the log-density of a row depends on the other rows.
+    ``inverse`` has no batch of data to take statistics from (those of the noise mean nothing),
+    so it *always* uses the running averages, in both modes. Consequences in training mode:
+
+    * ``inverse(forward(x))`` is not ``x`` (nor are the two log-determinants opposite);
+    * sampling (:meth:`flowkit.Flow.sample`) draws from the eval-mode bijection, and
+      :meth:`flowkit.Flow.sample_and_log_prob` scores its samples with that inverse's own
+      log-determinant: its log-density is the eval-mode density of the samples (exact for the
+      distribution sampled from), not the training-mode ``log_prob`` of the same batch, which
+      uses the batch's statistics;
+    * every training-mode ``forward`` moves the running averages, so the eval-mode model changes.
+
+    Call ``.eval()`` before evaluating densities or sampling.
 
     Args:
         features: ``D``.
@@ -122,18 +168,17 @@ class BatchNorm(Transform):
 
     def __init__(self, features: int, momentum: float = 0.1, eps: float = 1e-5):
         super().__init__()
-        if features < 1:
-            raise ValueError(f"'features' should be >= 1, got {features}")
+        self.features = check_int("features", features, 1)
         if not 0 <= momentum <= 1:
             raise ValueError(f"'momentum' should be in [0, 1], got {momentum}")
         if not eps > 0:
             raise ValueError(f"'eps' should be positive, got {eps}")
         self.momentum = momentum
         self.eps = eps
-        self.log_gamma = nn.Parameter(torch.zeros(features))
-        self.beta = nn.Parameter(torch.zeros(features))
-        self.register_buffer("running_mean", torch.zeros(features))
-        self.register_buffer("running_var", torch.ones(features))
+        self.log_gamma = nn.Parameter(torch.zeros(self.features))
+        self.beta = nn.Parameter(torch.zeros(self.features))
+        self.register_buffer("running_mean", torch.zeros(self.features))
+        self.register_buffer("running_var", torch.ones(self.features))
 
     def _statistics(self, x: Tensor | None) -> tuple[Tensor, Tensor]:
         if x is None or not self.training:
@@ -150,12 +195,14 @@ class BatchNorm(Transform):
         return mean, var
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        x = check_width("x", x, self.features)
         mean, var = self._statistics(x)
         z = (x - mean) * torch.rsqrt(var + self.eps) * self.log_gamma.exp() + self.beta
         log_det = (self.log_gamma - 0.5 * torch.log(var + self.eps)).sum()
         return z, log_det.expand(x.shape[0])
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        z = check_width("z", z, self.features)
         mean, var = self._statistics(None)
         x = (z - self.beta) * (-self.log_gamma).exp() * torch.sqrt(var + self.eps) + mean
         log_det = (0.5 * torch.log(var + self.eps) - self.log_gamma).sum()

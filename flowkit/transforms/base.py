@@ -13,25 +13,31 @@ the opposite naming; nflows and zuko use this one.
 
 All transforms act on 2-D tensors: ``x`` of shape ``(N, features)``, ``context`` of shape
 ``(N, context_features)`` or ``None``. :class:`flowkit.Flow` validates user input and reshapes it;
-transforms trust their caller.
+transforms check only what is free (shapes, dtypes, devices: no values are read) and trust
+their caller for the rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from flowkit.validation import check_int, check_width
 
 
 class Transform(nn.Module):
     """A bijection ``x -> z`` with a tractable log-Jacobian determinant.
 
     Subclasses implement :meth:`forward` and :meth:`inverse`. A transform that reads a context
-    vector sets ``context_features`` to its width; all others leave it at 0.
+    vector sets ``context_features`` to its width; all others leave it at 0. A transform that
+    acts on a fixed number of features sets ``features`` (:class:`flowkit.Flow` checks it
+    against its base distribution); one that acts on any width leaves it at ``None``.
     """
 
     context_features: int = 0
+    features: int | None = None
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Data to noise. ``x``: ``(N, D)``. Returns ``z``: ``(N, D)`` and
@@ -46,18 +52,14 @@ class Transform(nn.Module):
 
 class Compose(Transform):
     """Apply transforms in order: ``forward`` runs ``transforms[0]`` first (on the data side),
-    ``inverse`` runs them in reverse. Log-determinants add up."""
+    ``inverse`` runs them in reverse. Log-determinants add up. The transforms must agree on
+    ``features`` and on ``context_features`` (where they fix them)."""
 
     def __init__(self, transforms: Iterable[Transform]):
         super().__init__()
         self.transforms = nn.ModuleList(transforms)
-        widths = {t.context_features for t in self.transforms} - {0}
-        if len(widths) > 1:
-            raise ValueError(
-                "'transforms' should agree on context_features (or have 0), got "
-                f"{sorted(widths)}"
-            )
-        self.context_features = widths.pop() if widths else 0
+        self.context_features = _common(self.transforms, "context_features", 0)
+        self.features = _common(self.transforms, "features", None)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = x.new_zeros(x.shape[0])
@@ -74,6 +76,17 @@ class Compose(Transform):
         return z, total
 
 
+def _common(transforms: Iterable[Transform], name: str, unset: int | None) -> int | None:
+    """The one value of attribute ``name`` among ``transforms`` that set it (not ``unset``),
+    or ``unset`` if none does; an error if they disagree."""
+    values = {getattr(t, name) for t in transforms} - {unset}
+    if len(values) > 1:
+        raise ValueError(
+            f"'transforms' should agree on {name} (or have {unset}), got {sorted(values)}"
+        )
+    return values.pop() if values else unset
+
+
 class Inverse(Transform):
     """Swap the two directions of a transform (e.g. turn a MAF layer into an IAF-like one)."""
 
@@ -81,6 +94,7 @@ class Inverse(Transform):
         super().__init__()
         self.transform = transform
         self.context_features = transform.context_features
+        self.features = transform.features
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.transform.inverse(x, context)
@@ -93,38 +107,48 @@ class Permutation(Transform):
     """Reorder features: ``z = x[:, permutation]``; log-determinant 0.
 
     Args:
-        permutation: a permutation of ``range(features)``.
+        permutation: a permutation of ``range(features)``: integers, e.g. ``[2, 0, 1]``
+            (copied).
     """
 
-    def __init__(self, permutation: Tensor | list[int]):
+    def __init__(self, permutation: Tensor | Sequence[int]):
         super().__init__()
-        permutation = torch.as_tensor(permutation, dtype=torch.long)
-        features = permutation.numel()
-        if permutation.dim() != 1 or not torch.equal(
-            permutation.sort().values, torch.arange(features)
+        given = torch.as_tensor(permutation, device="cpu")
+        features = given.numel()
+        if (
+            given.is_floating_point()
+            or given.is_complex()
+            or given.dtype == torch.bool
+            or given.dim() != 1
+            or not torch.equal(given.long().sort().values, torch.arange(features))
         ):
             raise ValueError(
-                f"'permutation' should be a permutation of range({features}), got "
-                f"{permutation.tolist()}"
+                f"'permutation' should be a permutation of range({features}) (ints), got "
+                f"{given.tolist()}"
             )
-        self.register_buffer("permutation", permutation)
-        self.register_buffer("inverse_permutation", torch.argsort(permutation))
+        self.features = features
+        self.register_buffer("permutation", given.long().clone())
+        self.register_buffer("inverse_permutation", torch.argsort(self.permutation))
 
     @classmethod
     def reverse(cls, features: int) -> Permutation:
         """The permutation ``D-1, ..., 0``."""
+        features = check_int("features", features, 1)
         return cls(torch.arange(features - 1, -1, -1))
 
     @classmethod
     def random(cls, features: int, seed: int) -> Permutation:
         """A uniformly random permutation drawn from ``seed`` (independent of the global RNG)."""
-        generator = torch.Generator().manual_seed(seed)
+        features = check_int("features", features, 1)
+        generator = torch.Generator().manual_seed(check_int("seed", seed, 0))
         return cls(torch.randperm(features, generator=generator))
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        x = check_width("x", x, self.features)
         return x[:, self.permutation], x.new_zeros(x.shape[0])
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        z = check_width("z", z, self.features)
         return z[:, self.inverse_permutation], z.new_zeros(z.shape[0])
 
     def extra_repr(self) -> str:
