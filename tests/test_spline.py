@@ -249,7 +249,8 @@ def test_repr_shows_every_option():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"bins": 1}, "'bins' should be an integer >= 2"),
+        ({"bins": 1}, "'bins' should be >= 2, got 1"),
+        ({"bins": "8"}, "'bins' should be an integer >= 2"),
         ({"bins": 2.5}, "'bins' should be an integer >= 2"),
         ({"bound": 0.0}, "'bound' should be positive"),
         ({"bins": 10, "min_bin_width": 0.1}, r"'min_bin_width' should be in \(0, 1 / bins\)"),

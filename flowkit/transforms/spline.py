@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flowkit.validation import check_int
+
 
 class RationalQuadraticSpline:
     r"""Elementwise monotonic rational-quadratic (RQ) spline on ``[-B, B]``, identity outside.
@@ -98,8 +100,7 @@ class RationalQuadraticSpline:
         min_bin_height: float = 1e-3,
         min_derivative: float = 1e-3,
     ):
-        if int(bins) != bins or bins < 2:
-            raise ValueError(f"'bins' should be an integer >= 2, got {bins}")
+        bins = check_int("bins", bins, 2)
         if bound <= 0:
             raise ValueError(f"'bound' should be positive, got {bound}")
         for name, value in (("min_bin_width", min_bin_width), ("min_bin_height", min_bin_height)):
@@ -109,7 +110,7 @@ class RationalQuadraticSpline:
                 )
         if not 0 < min_derivative < 1:
             raise ValueError(f"'min_derivative' should be in (0, 1), got {min_derivative}")
-        self.bins = int(bins)
+        self.bins = bins
         self.bound = float(bound)
         self.min_bin_width = float(min_bin_width)
         self.min_bin_height = float(min_bin_height)
