@@ -254,3 +254,27 @@ def test_shared_valid_matches_published_checksum(tmp_path):
     path = tmp_path / "binarized_mnist_valid.amat"
     path.write_bytes(content)
     assert np.array_equal(load_split_file(path).numpy(), valid)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"", "is not a readable .npz archive"),
+        (b"garbage\n", "is not a readable .npz archive"),
+        (None, "is not an .npz archive but a single .npy array"),
+    ],
+    ids=["empty", "text", "npy"],
+)
+def test_unreadable_npz_names_the_file(tmp_path, content, match):
+    root = tmp_path / "root"
+    root.mkdir()
+    path = root / "binarized_mnist.npz"
+    if content is None:
+        with open(path, "wb") as f:
+            np.save(f, _images(1))
+    else:
+        path.write_bytes(content)
+    for read in (lambda: load_split_file(path, "valid"),
+                 lambda: binarized_mnist("valid", root=root, download=False)):
+        with pytest.raises(ValueError, match=re.escape(str(path)) + " " + match):
+            read()

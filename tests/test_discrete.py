@@ -6,6 +6,7 @@ import doctest
 import itertools
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +23,15 @@ BERNOULLI = {
     "random-4-masks": dict(order="random", num_masks=4),
     "connectivity-4-masks": dict(num_masks=4),
     "residual-3-masks": dict(order="random", num_masks=3, residual=True),
+    "one-layer-direct-2-masks": dict(hidden_features=(24,), order="random", num_masks=2,
+                                     direct_connection=True),  # the MNIST models' shape
+}
+CATEGORICAL = {
+    "natural": dict(order="natural"),
+    "reversed-2-masks": dict(order="reversed", num_masks=2),
+    "random-3-masks": dict(order="random", num_masks=3),
+    "residual-direct-2-masks": dict(hidden_features=(16, 16), order="random", num_masks=2,
+                                    residual=True, direct_connection=True),
 }
 
 
@@ -33,8 +43,8 @@ def all_categorical(features: int, classes: int) -> torch.Tensor:
     return torch.tensor(list(itertools.product(range(classes), repeat=features)))
 
 
-def bernoulli(features: int = 10, **kwargs) -> BernoulliMADE:
-    model = BernoulliMADE(features, hidden_features=(24, 24), seed=1, **kwargs).double()
+def bernoulli(features: int = 10, hidden_features=(24, 24), **kwargs) -> BernoulliMADE:
+    model = BernoulliMADE(features, hidden_features=hidden_features, seed=1, **kwargs).double()
     for p in model.parameters():  # larger weights than the default init: peaked conditionals
         torch.nn.init.normal_(p, std=0.7)
     return model
@@ -56,16 +66,24 @@ def test_bernoulli_sums_to_one_for_every_mask_set_and_the_ensemble(kwargs):
         assert total == pytest.approx(0.0, abs=1e-10)
 
 
-@pytest.mark.parametrize("order,num_masks", [("natural", 1), ("random", 3), ("reversed", 2)])
-def test_categorical_sums_to_one_for_every_mask_set_and_the_ensemble(order, num_masks):
-    model = CategoricalMADE(3, classes=4, hidden_features=(16,), order=order,
-                            num_masks=num_masks, direct_connection=True, seed=2).double()
+def categorical(features: int, classes: int, hidden_features=(16,), **kwargs) -> CategoricalMADE:
+    model = CategoricalMADE(features, classes, hidden_features=hidden_features, seed=2, **kwargs)
+    for p in model.parameters():  # larger weights than the default init: peaked conditionals
+        torch.nn.init.normal_(p, std=0.7)
+    return model.double()
+
+
+@pytest.mark.parametrize("kwargs", CATEGORICAL.values(), ids=CATEGORICAL.keys())
+def test_categorical_sums_to_one_for_every_mask_set_and_the_ensemble(kwargs):
+    model = categorical(3, 4, **kwargs)
     x = all_categorical(3, 4)
-    for k in range(num_masks):
+    for k in range(model.num_masks):
         model.set_mask(k)
         assert torch.logsumexp(model.log_prob(x), 0).item() == pytest.approx(0.0, abs=1e-10)
-    total = torch.logsumexp(model.log_prob(x, mask_ensemble=num_masks), 0).item()
-    assert total == pytest.approx(0.0, abs=1e-10)
+    model.set_mask(0)
+    for size in range(1, model.num_masks + 1):
+        total = torch.logsumexp(model.log_prob(x, mask_ensemble=size), 0).item()
+        assert total == pytest.approx(0.0, abs=1e-10)
 
 
 def test_categorical_two_features_two_hundred_classes_sums_to_one():
@@ -133,13 +151,10 @@ def test_bernoulli_samples_equal_the_naive_solver_given_the_same_noise(kwargs, m
         assert ((fast == 0) | (fast == 1)).all()
 
 
-@pytest.mark.parametrize("order,num_masks", [("natural", 1), ("random", 3)])
-def test_categorical_samples_equal_the_naive_solver_given_the_same_noise(
-    order, num_masks, monkeypatch
-):
-    model = CategoricalMADE(4, classes=6, hidden_features=(16, 16), order=order,
-                            num_masks=num_masks, seed=3)
-    for k in range(num_masks):
+@pytest.mark.parametrize("kwargs", CATEGORICAL.values(), ids=CATEGORICAL.keys())
+def test_categorical_samples_equal_the_naive_solver_given_the_same_noise(kwargs, monkeypatch):
+    model = categorical(4, 6, **kwargs).float()
+    for k in range(model.num_masks):
         model.set_mask(k)
         fast = model.sample(50, generator=torch.Generator().manual_seed(k))
         with monkeypatch.context() as m:
@@ -233,6 +248,7 @@ def test_next_mask_cycles_through_the_mask_sets():
         (torch.zeros(4), ValueError, r"'x' should have shape \(N, 4\)"),
         (torch.zeros(0, 4), ValueError, "'x' is an empty batch"),
         ([[0, 1, 0, 1]], TypeError, "'x' should be a torch.Tensor"),
+        (torch.zeros(2, 4, dtype=torch.complex64), TypeError, "'x' should be a real"),
     ],
 )
 def test_bernoulli_rejects_bad_input(x, error, match):
@@ -262,14 +278,27 @@ def test_mask_ensemble_must_be_a_count_of_mask_sets(bad):
         model.log_prob(torch.zeros(1, 4), mask_ensemble=bad)
 
 
-@pytest.mark.parametrize("n", [0, 2.5, True])
-def test_bad_sample_count_and_class_count(n):
+def test_mask_ensemble_and_classes_accept_numpy_integers_as_sample_counts_do():
+    model = BernoulliMADE(4, hidden_features=(8,), num_masks=3, order="random")
+    x = model.sample(np.int64(2), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(model.log_prob(x, mask_ensemble=np.int64(2)),
+                               model.log_prob(x, mask_ensemble=2))
+    categorical = CategoricalMADE(2, classes=np.int64(3), hidden_features=(8,))
+    assert categorical.classes == 3 and type(categorical.config["kwargs"]["classes"]) is int
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, True, None, torch.tensor(3)])
+def test_bad_sample_count(n):
     with pytest.raises(ValueError, match="'n' should be a positive number"):
         BernoulliMADE(4, hidden_features=(8,)).sample(n)
     with pytest.raises(ValueError, match="'n' should be a positive number"):
         CategoricalMADE(2, classes=3, hidden_features=(8,)).sample(n)
-    with pytest.raises(ValueError, match="'classes' should be an int >= 2"):
-        CategoricalMADE(2, classes=1)
+
+
+@pytest.mark.parametrize("classes", [1, 0, 2.0, True, "3"])
+def test_bad_class_count(classes):
+    with pytest.raises(ValueError, match="'classes' should be"):
+        CategoricalMADE(2, classes=classes)
 
 
 # ------------------------------------------------------------------------ save / load, docs

@@ -173,3 +173,32 @@ def test_eval_of_several_models_scores_their_mixture(data, tmp_path, capsys):
     assert result["mixture_nll"] == pytest.approx(mnist.mixture_nll(nlls).mean().item())
     assert result["mixture_nll"] < max(n.mean().item() for n in nlls)
     assert "uniform mixture of the 2 models" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "option, match",
+    [
+        (["--ensemble", "3"], r"'--ensemble' should be at most --masks \(2\), got 3"),
+        (["--ensemble", "0"], "'--ensemble' should be >= 1, got 0"),
+        (["--batch-size", "0"], "'--batch-size' should be >= 1, got 0"),
+        (["--subset", "-5"], "'--subset' should be >= 1, got -5"),
+        (["--patience", "0"], "'--patience' should be >= 1, got 0"),
+        (["--epochs", "0"], "'--epochs' should be >= 1, got 0"),
+        (["--masks", "0"], "'--masks' should be >= 1, got 0"),
+    ],
+)
+def test_bad_options_fail_before_the_data_is_read(tmp_path, option, match):
+    """A missing data file proves that the check comes first (not after hours of training)."""
+    with pytest.raises(ValueError, match=match):
+        train(tmp_path / "missing.npz", tmp_path / "run", "--epochs", "1", *option)
+
+
+def test_eval_refuses_an_ensemble_larger_than_a_models_mask_sets(data, tmp_path):
+    train(data, tmp_path / "run", "--epochs", "1")
+    model = str(tmp_path / "run" / "model.pt")
+    for ensemble, match in (("3", "at most the 2 mask sets of '.*model.pt', got 3"),
+                            ("0", "'--ensemble' should be >= 1, got 0")):
+        argv = [model, "--file", str(tmp_path / "missing.npz"), "--ensemble", ensemble,
+                "--out", str(tmp_path / "eval")]
+        with pytest.raises(ValueError, match=match):
+            mnist_eval.run(parse(mnist_eval, argv))

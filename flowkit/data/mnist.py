@@ -130,8 +130,20 @@ def _read_amat(path: Path) -> np.ndarray:
     return chars - ord("0")
 
 
+def _open_npz(path: Path) -> np.lib.npyio.NpzFile:
+    """Open an ``.npz`` archive; anything else (an empty or text file, a bare ``.npy``) is a
+    ValueError naming the file."""
+    try:
+        archive = np.load(path)
+    except (ValueError, OSError, EOFError) as error:
+        raise ValueError(f"{path} is not a readable .npz archive: {error}") from error
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} is not an .npz archive but a single .npy array")
+    return archive
+
+
 def _read_npz(path: Path, key: str | None) -> np.ndarray:
-    with np.load(path) as archive:
+    with _open_npz(path) as archive:
         keys = archive.files
         if key is None:
             if len(keys) != 1:
@@ -192,7 +204,7 @@ def binarized_mnist(
     npz, amat = directory / NPZ_NAME, directory / f"binarized_mnist_{split}.amat"
     npz_keys: list[str] = []
     if npz.is_file():
-        with np.load(npz) as archive:
+        with _open_npz(npz) as archive:
             npz_keys = archive.files
     if split in npz_keys:
         source, data = npz, load_split_file(npz, split)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ from flowkit.checkpoint import model_config
 from flowkit.nn.inversion import OneHot, solve
 from flowkit.nn.made import MADE
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
-from flowkit.validation import check_features, check_n
+from flowkit.validation import check_features, check_int, check_n
 
 __all__ = ["BernoulliMADE", "CategoricalMADE"]
 
@@ -107,7 +108,7 @@ class _DiscreteMADE(nn.Module):
         x = self._check(x)
         if mask_ensemble is None:
             return self._log_prob(x)
-        if isinstance(mask_ensemble, bool) or not isinstance(mask_ensemble, int) or not (
+        if isinstance(mask_ensemble, bool) or not isinstance(mask_ensemble, Integral) or not (
             1 <= mask_ensemble <= self.num_masks
         ):
             raise ValueError(
@@ -183,6 +184,10 @@ class BernoulliMADE(_DiscreteMADE):
     def _check(self, x: object) -> Tensor:
         ref = self._reference()
         x = check_features("x", x, self.features, ref, floating=False)
+        if x.is_complex():
+            raise TypeError(
+                f"'x' should be a real (float, int or bool) tensor, got dtype {x.dtype}"
+            )
         binary = (x == 0) | (x == 1)
         # torch.compile cannot trace a data-dependent branch: compiled code skips this check.
         if not torch.compiler.is_compiling() and not binary.all():
@@ -262,8 +267,7 @@ class CategoricalMADE(_DiscreteMADE):
         direct_connection: bool = False,
         seed: int = 0,
     ):
-        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
-            raise ValueError(f"'classes' should be an int >= 2, got {classes!r}")
+        classes = check_int("classes", classes, 2)
         config = model_config(
             "CategoricalMADE", features=features, classes=classes,
             hidden_features=hidden_features, num_masks=num_masks, order=order,

@@ -265,6 +265,15 @@ def _check_resume(saved: dict[str, Any], args: argparse.Namespace, path: Path) -
             )
 
 
+def _check_minimums(args: argparse.Namespace, minimums: dict[str, int]) -> None:
+    """Fail early (before any data is read) on an option below its minimum; options left at
+    None are not checked."""
+    for option, minimum in minimums.items():
+        value = getattr(args, option.replace("-", "_"))
+        if value is not None and value < minimum:
+            raise ValueError(f"'--{option}' should be >= {minimum}, got {value}")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train a Bernoulli-MADE on binarized MNIST (see the module docstring).
 
@@ -273,6 +282,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     from tqdm.auto import tqdm
 
+    _check_minimums(args, {"subset": 1, "masks": 1, "epochs": 1, "batch-size": 1, "patience": 1,
+                           "ensemble": 1, "checkpoint-every": 1})
+    if args.ensemble is not None and args.ensemble > args.masks:
+        raise ValueError(
+            f"'--ensemble' should be at most --masks ({args.masks}), got {args.ensemble}"
+        )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # masked-out weights decay into denormals, slow on x86
@@ -308,8 +323,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if sched is not None:
             sched.load_state_dict(ckpt["scheduler"])
         history, best, start = ckpt["history"], ckpt["best"], ckpt["epoch"]
-    if args.checkpoint_every < 1:
-        raise ValueError(f"'--checkpoint-every' should be >= 1, got {args.checkpoint_every}")
     log = open(out / "log.txt", "a")  # noqa: SIM115 (closed in finally)
     saved = start  # the epoch that the checkpoint on disk ends with
 
@@ -442,6 +455,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         ``{"models": [those scores, ...], "mixture_nll": ..., "mixture_nll_se": ...,
         "seconds": ...}``.
     """
+    _check_minimums(args, {"ensemble": 1, "batch-size": 1})
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -451,6 +465,11 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         model = load_model(path, map_location=device)
         if not isinstance(model, BernoulliMADE):
             raise ValueError(f"'{path}' holds a {type(model).__name__}, not a BernoulliMADE")
+        if args.ensemble is not None and args.ensemble > model.num_masks:
+            raise ValueError(
+                f"'--ensemble' should be at most the {model.num_masks} mask sets of '{path}', "
+                f"got {args.ensemble}"
+            )
         models.append(model)
     if args.file is not None:
         x, name = load_split_file(args.file, args.key), f"{args.file}" + (
