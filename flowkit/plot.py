@@ -29,6 +29,7 @@ from PIL import Image
 from torch import Tensor
 
 from flowkit.data.toy import Box, box_grid
+from flowkit.validation import check_int
 
 if TYPE_CHECKING:
     from flowkit.train import History
@@ -75,6 +76,7 @@ def grid_log_density(
         tensor([[1., 3.],
                 [1., 3.]])
     """
+    chunk = check_int("chunk", chunk, 1)
     points, _ = box_grid(box, resolution, dtype=dtype, device=device)
     values = torch.cat([log_prob(p) for p in points.split(chunk)])
     return values.view(resolution, resolution)
@@ -205,7 +207,8 @@ def panel_figure(
 
 
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
-    """Mean of the last ``window`` values at each step (fewer at the start)."""
+    """Mean of the last ``window`` values at each step (fewer at the start); ``window >= 1``."""
+    window = check_int("window", window, 1)
     sums = np.cumsum(np.insert(values, 0, 0.0))
     counts = np.minimum(np.arange(1, len(values) + 1), window)
     return (sums[1:] - sums[np.arange(1, len(values) + 1) - counts]) / counts
@@ -248,6 +251,9 @@ def loss_figure(
     """
     if not histories:
         raise ValueError("'histories' should name at least one group")
+    empty = [group for group, runs in histories.items() if not runs]
+    if empty:
+        raise ValueError(f"'histories' should have at least one run per group; {empty} have none")
     references = references or {}
     ncols = min(columns, len(histories))
     nrows = -(-len(histories) // ncols)

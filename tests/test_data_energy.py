@@ -70,6 +70,8 @@ def test_errors():
         energy_log_normalizer("u1")
     with pytest.raises(ValueError, match=r"'z' should have shape \(n, 2\), got \(2,\)"):
         energy_log_density("U1", torch.zeros(2))
+    with pytest.raises(ValueError, match="'z' should have a floating dtype, got torch.int64"):
+        energy_log_density("U2", torch.zeros(2, 2, dtype=torch.int64))
 
 
 @pytest.mark.parametrize("name", ENERGIES)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from flowkit.data import toy
 from flowkit.data.toy import (
     TOY_BOX,
     TOY_DATASETS,
@@ -35,6 +36,26 @@ def test_shape_dtype_device(name, dtype):
     assert x.dtype == dtype
     assert x.device.type == "cpu"
     assert torch.isfinite(x).all()
+
+
+@pytest.mark.parametrize("name", TOY_DATASETS)
+def test_single_sample(name):
+    x = sample_toy(name, 1, seed=0)
+    assert x.shape == (1, 2) and torch.isfinite(x).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_checkerboard_stays_on_its_support_when_uniforms_round_up(monkeypatch, dtype):
+    # The largest uniform below 1: corner + 2u rounds to the square's far edge in float32.
+    top = 1.0 - torch.finfo(dtype).eps / 2
+
+    def uniform(draw, n):
+        return torch.full((n,), top, dtype=draw.dtype, device=draw.device)
+
+    monkeypatch.setattr(toy._Draw, "uniform", uniform)
+    x = sample_toy("checkerboard", 1000, seed=0, dtype=dtype)
+    assert torch.isfinite(toy_log_prob("checkerboard", x)).all()
+    assert (x < 4.0).all()
 
 
 @pytest.mark.parametrize("name", TOY_DATASETS)
@@ -79,6 +100,22 @@ def test_cuda(name):
         assert toy_log_prob(name, x).device.type == "cuda"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", TOY_DATASETS)
+def test_cuda_without_host_sync(name):
+    # A training loop draws a batch per step: no copy from the host (which synchronises).
+    g = torch.Generator(device="cuda").manual_seed(0)
+    sample_toy(name, 8, generator=g)  # warm-up: lazy CUDA initialisation may synchronise
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        x = sample_toy(name, 64, generator=g)
+        if has_exact_density(name):
+            toy_log_prob(name, x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -86,7 +123,9 @@ def test_cuda(name):
         ({"name": "moons", "n": 0}, "'n' should be a positive integer"),
         ({"name": "moons", "n": -3}, "'n' should be a positive integer"),
         ({"name": "moons", "n": 2.0}, "'n' should be a positive integer"),
-        ({"name": "moons", "n": 5, "dtype": torch.int64}, "floating dtype"),
+        ({"name": "moons", "n": 5, "dtype": torch.int64}, "floating torch.dtype"),
+        ({"name": "moons", "n": 5, "dtype": "float32"}, "'dtype' should be a floating"),
+        ({"name": "moons", "n": 5, "seed": 1.5}, "'seed' should be an integer, got 1.5"),
         ({"name": "moons", "n": 5, "seed": 0, "generator": torch.Generator()}, "at most one"),
     ],
 )
@@ -104,6 +143,8 @@ def test_density_errors():
         has_exact_density("nope")
     with pytest.raises(ValueError, match=r"'x' should have shape \(n, 2\), got \(3, 3\)"):
         toy_log_prob("8gaussians", torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="'x' should have a floating dtype, got torch.int64"):
+        toy_log_prob("checkerboard", torch.zeros(3, 2, dtype=torch.int64))
 
 
 # ----------------------------------------------------------------------------- exact densities
@@ -116,6 +157,9 @@ def test_box_grid():
     assert points[::4, 1].tolist() == [-0.75, -0.25, 0.25, 0.75]
     with pytest.raises(ValueError, match="'box'"):
         box_grid((1.0, 0.0, 0.0, 1.0), 4)
+    for resolution in (0, 2.5):
+        with pytest.raises(ValueError, match="'resolution' should be"):
+            box_grid((0.0, 1.0, 0.0, 1.0), resolution)
 
 
 @pytest.mark.parametrize("name", EXACT)

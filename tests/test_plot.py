@@ -104,6 +104,15 @@ def test_moving_average_matches_the_definition():
     values = np.random.default_rng(0).normal(size=57)
     expected = [values[max(0, i - 9) : i + 1].mean() for i in range(57)]
     np.testing.assert_allclose(moving_average(values, 10), expected)
+    np.testing.assert_allclose(moving_average(values, 100), np.cumsum(values) / np.arange(1, 58))
+    for window in (0, 2.5):
+        with pytest.raises(ValueError, match="'window' should be"):
+            moving_average(values, window)
+
+
+def test_grid_checks_chunk():
+    with pytest.raises(ValueError, match="'chunk' should be >= 1, got 0"):
+        grid_log_density(lambda x: x[:, 0], BOX, 4, chunk=0)
 
 
 def test_loss_figure(tmp_path):
@@ -132,6 +141,8 @@ def test_loss_figure(tmp_path):
     assert save_figure(fig, tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(ValueError, match="'histories'"):
         loss_figure({})
+    with pytest.raises(ValueError, match=r"at least one run per group; \['U2'\] have none"):
+        loss_figure({"U1": {"IAF": elbo}, "U2": {}})
 
 
 def test_density_colour_scale():

@@ -95,6 +95,19 @@ def test_interpolates_knots_with_their_derivatives(case):
 
 
 @FAST
+@given(cases())
+def test_continuous_at_the_knots_and_the_bound(case):
+    """Approaching every knot (and +-B, where the identity tails start) from the left gives
+    the knot's value and derivative: the bins join with C^1 continuity."""
+    spline, params, _ = case
+    x_knots, y_knots, derivatives = spline.knots(params)
+    left = torch.nextafter(x_knots.T, torch.tensor(-math.inf, dtype=torch.float64))
+    z, log_det = spline.forward(left, params)
+    torch.testing.assert_close(z, y_knots.T, atol=1e-10, rtol=0)
+    torch.testing.assert_close(log_det, derivatives.T.log(), atol=1e-6, rtol=0)
+
+
+@FAST
 @given(cases(max_scale=5.0))
 def test_strictly_monotonic(case):
     spline, params, _ = case

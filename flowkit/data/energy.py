@@ -124,6 +124,8 @@ def energy_log_density(name: str, z: Tensor) -> Tensor:
     _check_name(name)
     if z.dim() != 2 or z.shape[1] != 2:
         raise ValueError(f"'z' should have shape (n, 2), got {tuple(z.shape)}")
+    if not z.dtype.is_floating_point:
+        raise ValueError(f"'z' should have a floating dtype, got {z.dtype}")
     return _LOG_DENSITIES[name](z)
 
 

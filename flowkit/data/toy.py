@@ -37,6 +37,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from flowkit.validation import check_int
+
 Box = tuple[float, float, float, float]
 """``(xmin, xmax, ymin, ymax)``, the order of matplotlib's ``extent``."""
 
@@ -92,22 +94,29 @@ def _polar(radius: Tensor, angle: Tensor) -> Tensor:
     return torch.stack((radius * torch.cos(angle), radius * torch.sin(angle)), dim=-1)
 
 
+def _constants(values: tuple[float, ...], like: Tensor) -> Tensor:
+    """``(len(values),)`` tensor of ``values`` with ``like``'s dtype and device, filled on the
+    device: ``torch.tensor(values, device=...)`` copies from the host, which on CUDA waits for
+    the device to finish its queued work."""
+    return torch.stack([like.new_full((), value) for value in values])
+
+
 def _moons(n: int, d: _Draw) -> Tensor:
     # sklearn's make_moons(noise=0.1), then FFJORD's 2 x + (-1, -0.2).
     t = math.pi * d.uniform(n)
-    lower = d.integers(2, n)  # 1 for the lower moon
-    upper = torch.stack((torch.cos(t), torch.sin(t)), dim=-1)
-    x = torch.where(lower[:, None] > 0, upper.new_tensor([1.0, 0.5]) - upper, upper)
+    lower = d.integers(2, n) > 0
+    cos, sin = torch.cos(t), torch.sin(t)
+    x = torch.stack((torch.where(lower, 1.0 - cos, cos), torch.where(lower, 0.5 - sin, sin)), -1)
     x = x + 0.1 * d.normal(n, 2)
-    return 2.0 * x + x.new_tensor([-1.0, -0.2])
+    return torch.stack((2.0 * x[:, 0] - 1.0, 2.0 * x[:, 1] - 0.2), dim=-1)
 
 
 def _ring_mixture(name: str) -> Callable[[int, _Draw], Tensor]:
     radii, std = _RINGS[name]
 
     def sample(n: int, d: _Draw) -> Tensor:
-        which = d.integers(len(radii), n).long()
-        radius = torch.tensor(radii, dtype=d.dtype, device=d.device)[which]
+        which = d.integers(len(radii), n)
+        radius = _constants(radii, which)[which.long()]
         return _polar(radius, 2.0 * math.pi * d.uniform(n)) + std * d.normal(n, 2)
 
     return sample
@@ -140,7 +149,11 @@ def _checkerboard(n: int, d: _Draw) -> Tensor:
     # Dark squares: cells (i, j) of side 2 with i + j even, for i, j in {-2, -1, 0, 1}.
     col = d.integers(4, n) - 2.0
     row = 2.0 * d.integers(2, n) - 2.0 + torch.remainder(col, 2.0)
-    return 2.0 * (torch.stack((col, row), dim=-1) + d.uniform(2 * n).view(n, 2))
+    corner = 2.0 * torch.stack((col, row), dim=-1)
+    x = corner + 2.0 * d.uniform(2 * n).view(n, 2)
+    # corner + 2u rounds up to the square's far edge (off the support) when u is within
+    # rounding of 1, e.g. for u = 1 - 2^-24 in float32: keep it on the near side.
+    return torch.minimum(x, torch.nextafter(corner + 2.0, corner))
 
 
 def _swissroll(n: int, d: _Draw) -> Tensor:
@@ -197,8 +210,10 @@ def sample_toy(
     _check_name(name)
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ValueError(f"'n' should be a positive integer, got {n!r}")
-    if not dtype.is_floating_point:
-        raise ValueError(f"'dtype' should be a floating dtype, got {dtype}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"'dtype' should be a floating torch.dtype, got {dtype!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"'seed' should be an integer, got {seed!r}")
     if seed is not None and generator is not None:
         raise ValueError("pass at most one of 'seed' and 'generator'")
     if device is None:
@@ -225,7 +240,7 @@ def _eight_gaussians_log_prob(x: Tensor) -> Tensor:
 def _checkerboard_log_prob(x: Tensor) -> Tensor:
     cell = torch.floor(x / 2.0)
     inside = ((x >= -4.0) & (x < 4.0)).all(dim=1) & (torch.remainder(cell.sum(1), 2.0) == 0)
-    return torch.where(inside, x.new_tensor(-math.log(32.0)), x.new_tensor(-math.inf))
+    return x.new_full(inside.shape, -math.log(32.0)).masked_fill(~inside, -math.inf)
 
 
 def _ring_log_prob(name: str) -> Callable[[Tensor], Tensor]:
@@ -233,7 +248,7 @@ def _ring_log_prob(name: str) -> Callable[[Tensor], Tensor]:
     var = std**2
 
     def log_prob(x: Tensor) -> Tensor:
-        r = torch.tensor(radii, dtype=x.dtype, device=x.device)
+        r = _constants(radii, x)
         rho = torch.linalg.vector_norm(x, dim=1, keepdim=True)  # (n, 1)
         # exp(-(rho^2 + r^2) / 2v) I0(rho r / v) = exp(-(rho - r)^2 / 2v) i0e(rho r / v)
         log_ring = -(rho - r).square() / (2 * var) + torch.log(torch.special.i0e(rho * r / var))
@@ -276,6 +291,8 @@ def toy_log_prob(name: str, x: Tensor) -> Tensor:
     _check_exact(name)
     if x.dim() != 2 or x.shape[1] != 2:
         raise ValueError(f"'x' should have shape (n, 2), got {tuple(x.shape)}")
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"'x' should have a floating dtype, got {x.dtype}")
     return _LOG_PROBS[name](x)
 
 
@@ -300,8 +317,7 @@ def box_grid(
     xmin, xmax, ymin, ymax = box
     if not (xmin < xmax and ymin < ymax):
         raise ValueError(f"'box' should be (xmin, xmax, ymin, ymax) with min < max, got {box}")
-    if resolution <= 0:
-        raise ValueError(f"'resolution' should be positive, got {resolution}")
+    resolution = check_int("resolution", resolution, 1)
     hx, hy = (xmax - xmin) / resolution, (ymax - ymin) / resolution
     steps = torch.arange(resolution, dtype=dtype, device=device) + 0.5
     ys, xs = torch.meshgrid(ymin + hy * steps, xmin + hx * steps, indexing="ij")
