@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from flowkit.validation import is_permutation
+
 __all__ = [
     "CheckpointError",
     "atomic_save",
@@ -334,13 +336,13 @@ def _check_structure(model: nn.Module, path: str | os.PathLike) -> None:
 
     for name, module in model.named_modules():
         if isinstance(module, Permutation):
-            if not _is_permutation(module.permutation):
+            if not is_permutation(module.permutation):
                 refuse(name, "permutation", "a permutation of range(features)")
             if not torch.equal(module.inverse_permutation, module.permutation.argsort()):
                 refuse(name, "inverse_permutation", "the inverse of 'permutation'")
         if not isinstance(module, MADE):
             continue
-        if not all(_is_permutation(order) for order in module.orders):
+        if not all(is_permutation(order) for order in module.orders):
             refuse(name, "orders", "permutations of range(features)")
         index = int(module.mask_index)
         if not 0 <= index < module.num_masks:
@@ -355,11 +357,6 @@ def _check_structure(model: nn.Module, path: str | os.PathLike) -> None:
                     f"{layer}.mask",
                     f"the mask that the stored orders and degrees give for mask set {index}",
                 )
-
-
-def _is_permutation(t: torch.Tensor) -> bool:
-    """Whether the 1-D tensor ``t`` holds each of ``0 .. len(t) - 1`` once."""
-    return torch.equal(t.sort().values, torch.arange(t.numel(), device=t.device))
 
 
 def _saved_dtype(state_dict: dict[str, Any]) -> torch.dtype | None:

@@ -26,7 +26,7 @@ import functools
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from flowkit.flows.builders import MAF
 from flowkit.train import fit as fit_flow
+from flowkit.validation import is_int
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -136,10 +137,10 @@ class FlowDensity(DensityMixin, BaseEstimator):
     def _check_params(self) -> None:
         for name in ("max_epochs", "batch_size"):
             value = getattr(self, name)
-            if not isinstance(value, Integral) or isinstance(value, bool) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"'{name}' should be a positive integer, got {value!r}")
         n = self.n_iter_no_change
-        if n is not None and (not isinstance(n, Integral) or isinstance(n, bool) or n < 1):
+        if n is not None and (not is_int(n) or n < 1):
             raise ValueError(f"'n_iter_no_change' should be None or a positive integer, got {n!r}")
         if not isinstance(self.lr, Real) or not self.lr > 0:
             raise ValueError(f"'lr' should be a positive number, got {self.lr!r}")
@@ -235,7 +236,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
 
         ``random_state`` seeds the draw (the global torch generators are left untouched)."""
         check_is_fitted(self)
-        if not isinstance(n_samples, Integral) or isinstance(n_samples, bool) or n_samples < 1:
+        if not is_int(n_samples) or n_samples < 1:
             raise ValueError(f"'n_samples' should be a positive integer, got {n_samples!r}")
         with _torch_seed(_seed(random_state)):
             u = self.flow_.sample(int(n_samples)).cpu().double().numpy()

@@ -141,7 +141,12 @@ def check_context(
     return context if rows is None else context.expand(rows, -1)
 
 
-def _is_int(value: object) -> bool:
+def is_permutation(t: Tensor) -> bool:
+    """Whether ``t`` is a 1-D integer tensor holding each of ``0 .. len(t) - 1`` once."""
+    return t.dim() == 1 and torch.equal(t.sort().values, torch.arange(t.numel(), device=t.device))
+
+
+def is_int(value: object) -> bool:
     """An integer, Python or numpy, but not a bool."""
     return isinstance(value, Integral) and not isinstance(value, bool)
 
@@ -150,7 +155,7 @@ def check_int(name: str, value: object, minimum: int) -> int:
     """Check an integer argument (a size, a count, a seed): an ``int`` or numpy integer, not a
     ``bool``, at least ``minimum``. Returns it as a Python ``int``. Anything else (``2.5``,
     ``"2"``, ``True``, ``0`` for ``minimum=1``) is a ValueError, as for :func:`check_n`."""
-    if not _is_int(value):
+    if not is_int(value):
         raise ValueError(f"'{name}' should be an integer >= {minimum}, got {value!r}")
     if value < minimum:
         raise ValueError(f"'{name}' should be >= {minimum}, got {value!r}")
@@ -166,6 +171,6 @@ def check_bool(name: str, value: object) -> bool:
 
 def check_n(n: object) -> int:
     """Check a number of samples ``n``: an integer >= 1 (Python or numpy, not bool)."""
-    if not _is_int(n) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(f"'n' should be a positive number of samples, got {n!r}")
     return int(n)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from numbers import Integral
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +45,7 @@ from flowkit.checkpoint import model_config
 from flowkit.nn.inversion import OneHot, solve
 from flowkit.nn.made import MADE
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
-from flowkit.validation import check_features, check_int, check_n
+from flowkit.validation import check_features, check_int, check_n, is_int
 
 __all__ = ["BernoulliMADE", "CategoricalMADE"]
 
@@ -108,9 +107,7 @@ class _DiscreteMADE(nn.Module):
         x = self._check(x)
         if mask_ensemble is None:
             return self._log_prob(x)
-        if isinstance(mask_ensemble, bool) or not isinstance(mask_ensemble, Integral) or not (
-            1 <= mask_ensemble <= self.num_masks
-        ):
+        if not is_int(mask_ensemble) or not 1 <= mask_ensemble <= self.num_masks:
             raise ValueError(
                 f"'mask_ensemble' should be None or an int in [1, {self.num_masks}] "
                 f"(num_masks={self.num_masks}), got {mask_ensemble!r}"

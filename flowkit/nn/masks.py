@@ -24,6 +24,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from flowkit.validation import is_permutation
+
 OrderSpec = Literal["natural", "reversed", "random"] | Sequence[int] | Tensor
 HiddenDegrees = Literal["random", "even"]
 
@@ -54,7 +56,7 @@ def ordering(features: int, order: OrderSpec, generator: torch.Generator | None 
             f"'order' should be 'natural', 'reversed', 'random' or a sequence, got {order!r}"
         )
     perm = torch.as_tensor(order, dtype=torch.long).flatten().cpu()
-    if perm.numel() != features or not torch.equal(perm.sort().values, torch.arange(features)):
+    if perm.numel() != features or not is_permutation(perm):
         raise ValueError(
             f"'order' should be a permutation of range({features}), got {perm.tolist()}"
         )

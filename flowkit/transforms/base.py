@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import check_int, check_width
+from flowkit.validation import check_int, check_width, is_permutation
 
 
 class Transform(nn.Module):
@@ -119,8 +119,7 @@ class Permutation(Transform):
             given.is_floating_point()
             or given.is_complex()
             or given.dtype == torch.bool
-            or given.dim() != 1
-            or not torch.equal(given.long().sort().values, torch.arange(features))
+            or not is_permutation(given.long())
         ):
             raise ValueError(
                 f"'permutation' should be a permutation of range({features}) (ints), got "
