@@ -1,13 +1,15 @@
-"""Small helpers shared by the experiments: a mean with its standard error, a plain MLP."""
+"""Small helpers shared by the experiments: a mean with its standard error, a plain MLP, the
+refusal to replace an earlier run."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from torch import Tensor, nn
 
-__all__ = ["mean_se", "mlp"]
+__all__ = ["mean_se", "mlp", "refuse_to_replace"]
 
 
 def mean_se(values: Tensor) -> tuple[float, float]:
@@ -56,3 +58,12 @@ def mlp(sizes: Sequence[int], activation: Callable[[], nn.Module]) -> nn.Sequent
             layers.append(activation())
         layers.append(nn.Linear(a, b))
     return nn.Sequential(*layers)
+
+
+def refuse_to_replace(checkpoint: Path, resume: bool) -> None:
+    """Fail if ``checkpoint`` exists and the command was not asked to ``--resume`` it: a fresh
+    run never replaces an earlier one."""
+    if checkpoint.exists() and not resume:
+        raise ValueError(
+            f"'{checkpoint}' exists: pass --resume to continue that run, or pick another --out"
+        )

@@ -50,6 +50,7 @@ from flowkit.checkpoint import (
 from flowkit.data.mnist import binarized_mnist, load_split_file
 from flowkit.distributions.discrete import BernoulliMADE
 from flowkit.experiments.common import mean_se as nll_stats
+from flowkit.experiments.common import refuse_to_replace
 from flowkit.plot import save_figure
 from flowkit.train import CHECKPOINT_NAME, resolve_device
 
@@ -295,10 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT_NAME
-    if ckpt_path.exists() and not args.resume:
-        raise ValueError(
-            f"'{ckpt_path}' exists: pass --resume to continue that run, or pick another --out"
-        )
+    refuse_to_replace(ckpt_path, args.resume)
     x_train, x_valid = _load_data(args)
     x_train, x_valid = x_train.to(device), x_valid.to(device)
     torch.manual_seed(args.seed)  # the weight initialization

@@ -56,7 +56,7 @@ from flowkit.distributions.normal import StandardNormal
 from flowkit.flows.builders import IAF, MAF
 from flowkit.train import CHECKPOINT_NAME, History, fit, resolve_device
 
-from .common import mean_se, mlp
+from .common import mean_se, mlp, refuse_to_replace
 
 __all__ = ["VAE", "VARIANTS", "add_arguments", "evaluate", "run", "train"]
 
@@ -402,12 +402,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     x_train, x_valid = _load(args)
     x_eval = x_valid[: args.eval_images]
     out = Path(args.out)
-    for name in args.variants:  # before any training: a fresh run never replaces an old one
-        if (out / name / CHECKPOINT_NAME).exists() and not args.resume:
-            raise ValueError(
-                f"'{out / name / CHECKPOINT_NAME}' exists: pass --resume to continue that run, "
-                "or pick another --out"
-            )
+    for name in args.variants:  # before any training
+        refuse_to_replace(out / name / CHECKPOINT_NAME, args.resume)
     results: dict[str, dict[str, Any]] = {}
     first: Tensor | None = None
     for name in args.variants:
