@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from flowkit import BernoulliMADE
-from flowkit.data.mnist import binarized_mnist
-from flowkit.experiments.common import mean_se
-from flowkit.experiments.mnist import evaluate, save_sample_grid
+from flowkit.app.common import mean_se
+from flowkit.app.mnist import evaluate, save_sample_grid
+from flowkit.data import binarized_mnist
 
 
 def main() -> None:

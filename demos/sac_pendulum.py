@@ -9,7 +9,7 @@ example::
 
 import sys
 
-from flowkit.cli import main
+from flowkit.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["rl", *sys.argv[1:]]))

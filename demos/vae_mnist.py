@@ -11,7 +11,7 @@ The data are read from ``--root`` (else ``$FLOWKIT_DATA``, else ``~/.cache/flowk
 
 import sys
 
-from flowkit.cli import main
+from flowkit.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["vae", *sys.argv[1:]]))

@@ -1,5 +1,5 @@
 """``python -m flowkit``: the same as the ``flowkit`` command."""
 
-from flowkit.cli import main
+from flowkit.app.cli import main
 
 raise SystemExit(main())

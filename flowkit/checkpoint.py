@@ -10,7 +10,7 @@ key ``"flowkit_format"`` (currently ``1``) and a ``"kind"`` (see :data:`KINDS`):
 
 * a **training checkpoint** written by :func:`flowkit.train.fit`, which has the same ``"model"``
   entry plus optimizer, scheduler, step, RNG states and history (``"kind": "training"``);
-* a **training checkpoint of** ``flowkit mnist`` (:mod:`flowkit.experiments.mnist`), with the
+* a **training checkpoint of** ``flowkit mnist`` (:mod:`flowkit.app.mnist`), with the
   ``"model"`` entry, its own training state and the run's ``"settings"``
   (``"kind": "mnist-training"``; files of older versions say ``"training"``, see
   :func:`checkpoint_kind`).

@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from flowkit.experiments import bench
+from flowkit.app import bench
 
 
 def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):

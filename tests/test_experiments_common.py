@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from flowkit.experiments.common import mean_se, mlp
+from flowkit.app.common import mean_se, mlp
 
 
 def test_mean_se_is_the_mean_and_sample_std_over_sqrt_n():

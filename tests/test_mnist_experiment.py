@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import flowkit
+from flowkit.app import mnist, mnist_eval
+from flowkit.app.cli import add_common_arguments
 from flowkit.checkpoint import CheckpointError, atomic_save, load_model, safe_load
-from flowkit.cli import add_common_arguments
 from flowkit.distributions.discrete import BernoulliMADE
-from flowkit.experiments import mnist, mnist_eval
 from flowkit.train import fit
 
 

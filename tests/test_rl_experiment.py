@@ -15,8 +15,8 @@ from torch.distributions import (
 )
 
 from flowkit import load_model
+from flowkit.app.rl import FlowPolicy, GaussianPolicy, _evaluate, squash
 from flowkit.checkpoint import safe_load
-from flowkit.experiments.rl import FlowPolicy, GaussianPolicy, _evaluate, squash
 
 LOW = torch.tensor([-2.0, 0.0], dtype=torch.float64)
 HIGH = torch.tensor([2.0, 1.0], dtype=torch.float64)
@@ -83,7 +83,7 @@ def test_flow_policy_log_prob_of_its_samples_is_exact(transformer):
 
 def test_quick_command_on_pendulum(tmp_path):
     gym = pytest.importorskip("gymnasium")
-    from flowkit.cli import main
+    from flowkit.app.cli import main
 
     args = ["rl", "--quick", "--out", str(tmp_path), "--quiet"]
     assert main(args) == 0

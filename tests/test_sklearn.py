@@ -15,8 +15,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils import check_random_state
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from flowkit.cli import main
-from flowkit.experiments.sklearn_compare import load_dataset
+from flowkit.app.cli import main
+from flowkit.app.sklearn_compare import load_dataset
 from flowkit.sklearn import FlowDensity
 
 

@@ -12,16 +12,14 @@ import pytest
 import torch
 
 from flowkit import load_model
-from flowkit.cli import main
-from flowkit.data.energy import ENERGIES, ENERGY_BOXES, energy_log_density, energy_log_normalizer
-from flowkit.data.toy import TOY_DATASETS, has_exact_density, sample_toy
-from flowkit.experiments.energy import (
+from flowkit.app.cli import main
+from flowkit.app.energy import (
     ENERGY_SETTINGS,
     fit_energy,
     walled_log_density,
     walled_log_normalizer,
 )
-from flowkit.experiments.toy import (
+from flowkit.app.toy import (
     _TEST_SEED_OFFSET,
     FLOWS,
     QUICK,
@@ -33,6 +31,8 @@ from flowkit.experiments.toy import (
     robustness_sweep,
     toy_table,
 )
+from flowkit.data.energy import ENERGIES, ENERGY_BOXES, energy_log_density, energy_log_normalizer
+from flowkit.data.toy import TOY_DATASETS, has_exact_density, sample_toy
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import flowkit
-from flowkit import cli
+from flowkit.app import cli
 from flowkit.checkpoint import CheckpointError, atomic_save, load_model, safe_load
 from flowkit.train import (
     CHECKPOINT_NAME,

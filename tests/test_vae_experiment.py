@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from flowkit.experiments.vae import VAE, evaluate
+from flowkit.app.vae import VAE, evaluate
 
 
 def small_vae(posterior: str, prior: str = "normal", latent: int = 3) -> VAE:
@@ -92,13 +92,13 @@ def test_bad_arguments_are_named():
 
 
 def test_quick_command_runs_and_resumes(tmp_path, monkeypatch, capsys):
-    import flowkit.experiments.vae
-    from flowkit.cli import main
+    import flowkit.app.vae
+    from flowkit.app.cli import main
 
     g = torch.Generator().manual_seed(0)
     fake = {s: torch.randint(0, 2, (n, 784), generator=g, dtype=torch.uint8)
             for s, n in [("train", 400), ("valid", 150)]}
-    monkeypatch.setattr(flowkit.experiments.vae, "binarized_mnist", lambda split, **kw: fake[split])
+    monkeypatch.setattr(flowkit.app.vae, "binarized_mnist", lambda split, **kw: fake[split])
     args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
             "--hidden", "32", "--flow-hidden", "32", "--context", "8", "--latent", "4"]
     assert main(args) == 0
@@ -117,7 +117,7 @@ def test_quick_command_runs_and_resumes(tmp_path, monkeypatch, capsys):
 
 
 def test_missing_data_points_to_the_real_options(tmp_path, capsys):
-    from flowkit.cli import main
+    from flowkit.app.cli import main
 
     empty = tmp_path / "empty"
     empty.mkdir()

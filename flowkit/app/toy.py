@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 
 from flowkit.checkpoint import save_model
-from flowkit.data.toy import TOY_BOX, TOY_DATASETS, has_exact_density, sample_toy, toy_entropy
-from flowkit.data.toy import toy_log_prob as true_log_prob
+from flowkit.data import TOY_BOX, TOY_DATASETS, has_exact_density, sample_toy, toy_entropy
+from flowkit.data import toy_log_prob as true_log_prob
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.plot import Panel, grid_log_density, loss_figure, panel_figure, save_figure
 from flowkit.train import History, NonFiniteLossError, fit, resolve_device

@@ -27,10 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .distributed import is_main_process
-from .history import History
-from .loop import CHECKPOINT_NAME, NonFiniteLossError
-from .objectives import fit
+from flowkit.train import CHECKPOINT_NAME, History, NonFiniteLossError, fit, is_main_process
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ arguments and the metrics it returned. Errors in the user's input (``ValueError`
 
 Adding a subcommand
 -------------------
-1. Write a module with two functions (see :mod:`flowkit.train.command` for a complete one)::
+1. Write a module with two functions (see :mod:`flowkit.app.fit` for a complete one)::
 
        def add_arguments(parser: argparse.ArgumentParser) -> None:
            parser.add_argument("--energy", default="U1", help="...")
@@ -45,28 +45,28 @@ from pathlib import Path
 from types import ModuleType
 
 from flowkit import __version__
-from flowkit.train.distributed import is_main_process
+from flowkit.train import is_main_process
 
 COMMANDS: list[tuple[str, str, str]] = [
     (
         "fit",
-        "flowkit.train.command",
+        "flowkit.app.fit",
         "fit a MAF or IAF to a 2-D toy dataset or to samples in a .npy/.npz file",
     ),
-    ("toy", "flowkit.experiments.toy", "MAF/IAF density estimation on the 2-D toy datasets"),
-    ("energy", "flowkit.experiments.energy", "IAF fitted by reverse KL to the energies U1-U4"),
-    ("mnist", "flowkit.experiments.mnist", "Bernoulli-MADE on binarized MNIST: train, sample"),
+    ("toy", "flowkit.app.toy", "MAF/IAF density estimation on the 2-D toy datasets"),
+    ("energy", "flowkit.app.energy", "IAF fitted by reverse KL to the energies U1-U4"),
+    ("mnist", "flowkit.app.mnist", "Bernoulli-MADE on binarized MNIST: train, sample"),
     (
         "mnist-eval",
-        "flowkit.experiments.mnist_eval",
+        "flowkit.app.mnist_eval",
         "score a saved MADE on a split file: NLL, single mask and ensemble",
     ),
-    ("bench", "flowkit.experiments.bench", "benchmark suite: density, sampling, memory"),
-    ("vae", "flowkit.experiments.vae", "VAE on binarized MNIST: Gaussian vs IAF posterior"),
-    ("rl", "flowkit.experiments.rl", "SAC on Pendulum-v1: conditional IAF vs Gaussian policy"),
+    ("bench", "flowkit.app.bench", "benchmark suite: density, sampling, memory"),
+    ("vae", "flowkit.app.vae", "VAE on binarized MNIST: Gaussian vs IAF posterior"),
+    ("rl", "flowkit.app.rl", "SAC on Pendulum-v1: conditional IAF vs Gaussian policy"),
     (
         "sklearn-compare",
-        "flowkit.experiments.sklearn_compare",
+        "flowkit.app.sklearn_compare",
         "test log-likelihood of a MAF vs GaussianMixture and KernelDensity (toy, digits)",
     ),
 ]

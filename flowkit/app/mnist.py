@@ -8,7 +8,7 @@ The code of two CLI subcommands lives here:
   ``model.pt`` (best weights, readable by :func:`flowkit.load_model`), ``samples.png`` (100
   samples), ``curves.png`` (learning curves) and ``log.txt``; the CLI adds ``metrics.json``.
 * ``flowkit mnist-eval`` (:func:`add_eval_arguments`, :func:`run_eval`, registered through
-  :mod:`flowkit.experiments.mnist_eval`) scores saved models on a split and prints the mean
+  :mod:`flowkit.app.mnist_eval`) scores saved models on a split and prints the mean
   NLL with its standard error, for mask set 0 and for a mask ensemble of each, and for the
   uniform mixture of several models (:func:`mixture_nll`).
 
@@ -38,6 +38,8 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from flowkit.app.common import mean_se as nll_stats
+from flowkit.app.common import refuse_to_replace
 from flowkit.checkpoint import (
     FORMAT_KEY,
     FORMAT_VERSION,
@@ -47,10 +49,8 @@ from flowkit.checkpoint import (
     safe_load,
     save_model,
 )
-from flowkit.data.mnist import binarized_mnist, load_split_file
-from flowkit.distributions.discrete import BernoulliMADE
-from flowkit.experiments.common import mean_se as nll_stats
-from flowkit.experiments.common import refuse_to_replace
+from flowkit.data import binarized_mnist, load_split_file
+from flowkit.distributions import BernoulliMADE
 from flowkit.plot import save_figure
 from flowkit.train import CHECKPOINT_NAME, resolve_device
 

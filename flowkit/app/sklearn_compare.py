@@ -40,7 +40,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.neighbors import KernelDensity
 from threadpoolctl import threadpool_limits
 
-from flowkit.data.toy import TOY_DATASETS, has_exact_density, sample_toy, toy_log_prob
+from flowkit.data import TOY_DATASETS, has_exact_density, sample_toy, toy_log_prob
 from flowkit.sklearn import FlowDensity
 
 from .common import mean_se

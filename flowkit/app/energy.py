@@ -35,13 +35,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowkit.data.energy import (
+from flowkit.data import (
     ENERGIES,
     ENERGY_BOXES,
+    box_grid,
     energy_log_density,
     energy_log_normalizer,
 )
-from flowkit.data.toy import box_grid
 from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit_reverse_kl, resolve_device
@@ -172,7 +172,7 @@ def fit_energy(
 
 def energy_table(records: Sequence[Mapping[str, Any]]) -> str:
     """The ELBO/KL table of :func:`run_energy` records (see
-    :func:`flowkit.experiments.toy.markdown_table`)."""
+    :func:`flowkit.app.toy.markdown_table`)."""
     return markdown_table(
         records,
         row_key="energy",
@@ -194,7 +194,7 @@ def run_energy(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Fit every ``flow x transformer`` to every energy; with ``out``, write the figures,
-    ``table.md`` and each trained flow (:func:`flowkit.experiments.toy.save_flow`) there.
+    ``table.md`` and each trained flow (:func:`flowkit.app.toy.save_flow`) there.
 
     Returns:
         ``{"settings", "wall", "device", "runs": [metrics, see fit_energy], "figures",

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from flowkit.checkpoint import FORMAT_KEY, FORMAT_VERSION, atomic_save, model_entry, save_model
-from flowkit.flows.builders import IAF
+from flowkit.flows import IAF
 from flowkit.train import resolve_device
 
 from .common import mlp

@@ -28,7 +28,7 @@ torch.cuda.max_memory_allocated minus the memory allocated before the call.
 examples:
   flowkit bench --out runs/bench
   flowkit bench --quick --out runs/bench-quick        # a few seconds, tiny configurations
-  python -m flowkit.experiments.bench --sections bernoulli
+  python -m flowkit.app.bench --sections bernoulli
 """
 
 from __future__ import annotations
@@ -476,7 +476,7 @@ def _peak_memory(probe: dict, device: torch.device) -> float:
     """Peak memory in MB of one call described by ``probe`` (see :func:`_probe`)."""
     if device.type == "cuda":
         return _probe(probe, device)
-    code = ("import json, sys, torch; from flowkit.experiments.bench import _probe; "
+    code = ("import json, sys, torch; from flowkit.app.bench import _probe; "
             "torch.set_num_threads(int(sys.argv[2])); "
             "print(json.dumps(_probe(json.loads(sys.argv[1]), torch.device('cpu'))))")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(probe),
@@ -565,11 +565,11 @@ def format_table(rows: list[dict], cuda: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flowkit.experiments.bench``: the same as ``flowkit bench``."""
-    from flowkit.cli import add_common_arguments
+    """``python -m flowkit.app.bench``: the same as ``flowkit bench``."""
+    from flowkit.app.cli import add_common_arguments
 
     parser = argparse.ArgumentParser(
-        prog="python -m flowkit.experiments.bench", description=__doc__,
+        prog="python -m flowkit.app.bench", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)

@@ -3,7 +3,7 @@ split or a split file (an .npz key or an .amat): mean NLL in nats with its stand
 mask set 0 and the mask ensemble of each model and, given several models, for their uniform
 mixture."""
 
-from flowkit.experiments.mnist import add_eval_arguments as add_arguments
-from flowkit.experiments.mnist import run_eval as run
+from flowkit.app.mnist import add_eval_arguments as add_arguments
+from flowkit.app.mnist import run_eval as run
 
 __all__ = ["add_arguments", "run"]

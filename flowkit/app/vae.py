@@ -51,9 +51,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flowkit.checkpoint import FORMAT_KEY, FORMAT_VERSION, atomic_save, safe_load
-from flowkit.data.mnist import binarized_mnist, data_root
-from flowkit.distributions.normal import StandardNormal
-from flowkit.flows.builders import IAF, MAF
+from flowkit.data import binarized_mnist, data_root
+from flowkit.distributions import StandardNormal
+from flowkit.flows import IAF, MAF
 from flowkit.train import CHECKPOINT_NAME, History, fit, resolve_device
 
 from .common import mean_se, mlp, refuse_to_replace
