@@ -309,3 +309,21 @@ class TestMaskedLinearCache:
         layer(x).sum().backward()  # would fail on an inference tensor saved for backward
         assert x.grad is not None
 
+
+
+def test_made_solver_naive_switches_to_the_reference():
+    made = MADE(4, (16,), params_per_feature=1, order="random", seed=3)
+    u = torch.rand(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    made = made.double()
+
+    def step(params, index):
+        return (u[:, index] < params[..., 0].sigmoid()).double()
+
+    fast = solve_with_params(made, step, u)
+    made.solver = "naive"
+    naive = solve_with_params(made, step, u)
+    assert torch.equal(fast[0], naive[0])
+    torch.testing.assert_close(fast[1], naive[1])
+    with pytest.raises(ValueError, match="'solver' should be 'fast' or 'naive'"):
+        made.solver = "quick"
+    assert made.solver == "naive"

@@ -158,7 +158,12 @@ def solve_with_params(
     encode: Encode | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`solve`, also returning ``made(y, context)`` ``(N, D, P)`` at no extra cost (the
-    outputs are computed on the way), e.g. for the log-determinant of a flow layer."""
+    outputs are computed on the way), e.g. for the log-determinant of a flow layer.
+
+    A MADE whose :attr:`~flowkit.nn.MADE.solver` is ``"naive"`` is solved by
+    :func:`solve_naive_with_params` instead (a reference for tests and benchmarks)."""
+    if made.solver == "naive":
+        return solve_naive_with_params(made, step, like, context, encode)
     _check_arguments(made, like, context)
     layout = _layout(made)
     one_hot = isinstance(encode, OneHot)

@@ -255,6 +255,7 @@ class MADE(nn.Module):
         # (read on every call without a device synchronisation).
         self.register_buffer("mask_index", torch.zeros((), dtype=torch.long))
         self._active = 0
+        self._solver = "fast"
         self.register_load_state_dict_post_hook(MADE._after_load)
         self.set_mask(0)
 
@@ -363,6 +364,20 @@ class MADE(nn.Module):
         if self.direct is not None:
             out = out + self.direct(x)
         return out.unflatten(-1, (self.features, self.params_per_feature))
+
+    @property
+    def solver(self) -> str:
+        """How :func:`flowkit.nn.inversion.solve` solves this MADE's autoregressive equations
+        (MAF sampling, IAF density of outside points, discrete sampling): ``"fast"`` (the
+        default: about one MADE pass) or ``"naive"`` (the reference, one full pass per feature;
+        for tests and benchmarks). A run-time setting, not saved with the model."""
+        return self._solver
+
+    @solver.setter
+    def solver(self, name: str) -> None:
+        if name not in ("fast", "naive"):
+            raise ValueError(f"'solver' should be 'fast' or 'naive', got {name!r}")
+        self._solver = name
 
     def extra_repr(self) -> str:
         return (
