@@ -72,7 +72,29 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 """Subcommands as ``(name, module, one-line summary)``; see "Adding a subcommand" above."""
 
-USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError)
+USER_ERRORS = (ValueError, OSError, FloatingPointError)
+"""Errors printed as one line (exit status 2): bad input (``ValueError``, which includes
+:class:`flowkit.CheckpointError`), files that cannot be read or written (``OSError``: missing,
+no permission, disk full) and diverged training (``FloatingPointError``). Anything else is a bug
+and keeps its traceback."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written (plain text, see "Adding a subcommand"), and every option's
+    default after its help, unless the help already says it or there is none to show
+    (``None``, a switch that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+        ):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
+        return f"{text} (default: {str(shown).replace('%', '%%')})".lstrip()
 
 
 def _load(module_path: str) -> ModuleType:
@@ -121,7 +143,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             name,
             help=summary,
             description=(module.__doc__ or summary).strip(),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         module.add_arguments(p)
         add_common_arguments(p, name)
@@ -145,17 +167,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.out is None:
         args.out = Path("runs") / f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if is_main_process():
-        args.out.mkdir(parents=True, exist_ok=True)
     module = args.__dict__.pop("_module")
+    created: list[Path] = []
     try:
+        if is_main_process():
+            created = _make_folder(args.out)
         metrics = module.run(args)
     except USER_ERRORS as e:
         print(f"flowkit {args.command}: error: {e}", file=sys.stderr)
+        _remove_if_empty(created)
         return 2
+    except BaseException:
+        _remove_if_empty(created)
+        raise
     if is_main_process():
         record = {"command": args.command, "args": vars(args), "metrics": metrics}
         path = args.out / "metrics.json"
         path.write_text(json.dumps(record, indent=2, default=str) + "\n")
         print(f"flowkit {args.command}: wrote {path}")
     return 0
+
+
+def _make_folder(out: Path) -> list[Path]:
+    """Create the output folder ``out`` and its missing parents; returns the folders created,
+    deepest first. An ``out`` that exists as a file is a ``NotADirectoryError`` naming it."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out '{out}' exists and is not a folder")
+    missing = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"--out '{out}' cannot be created: {e.strerror or e}") from e
+    return missing
+
+
+def _remove_if_empty(created: list[Path]) -> None:
+    """After a failed command: remove the folders it created if nothing was written to them,
+    so a failed invocation leaves no empty output folder behind."""
+    for folder in created:
+        try:
+            folder.rmdir()  # only succeeds on an empty folder
+        except OSError:
+            return

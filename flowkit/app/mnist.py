@@ -1,28 +1,24 @@
-"""Binarized MNIST with a :class:`~flowkit.distributions.discrete.BernoulliMADE`.
+"""Train a Bernoulli MADE on binarized MNIST (flowkit mnist) and score saved models
+(flowkit mnist-eval).
 
-The code of two CLI subcommands lives here:
+flowkit mnist writes to --out: checkpoint.pt (atomically, every epoch or every
+--checkpoint-every epochs, and at the end; --resume continues from it), model.pt (the best
+weights, readable by flowkit.load_model), samples.png (100 samples), curves.png (learning
+curves) and log.txt; the CLI adds metrics.json.
 
-* ``flowkit mnist`` (:func:`add_arguments`, :func:`run`) trains a model and writes to
-  ``--out``: ``checkpoint.pt`` (atomically, every epoch or every ``--checkpoint-every``
-  epochs, and at the end; ``--resume`` continues from it),
-  ``model.pt`` (best weights, readable by :func:`flowkit.load_model`), ``samples.png`` (100
-  samples), ``curves.png`` (learning curves) and ``log.txt``; the CLI adds ``metrics.json``.
-* ``flowkit mnist-eval`` (:func:`add_eval_arguments`, :func:`run_eval`, registered through
-  :mod:`flowkit.app.mnist_eval`) scores saved models on a split and prints the mean
-  NLL with its standard error, for mask set 0 and for a mask ensemble of each, and for the
-  uniform mixture of several models (:func:`mixture_nll`).
+flowkit mnist-eval scores saved models on a split and prints the mean NLL with its standard
+error, for mask set 0 and for a mask ensemble of each, and for the uniform mixture of several
+models.
 
-The CLI adds ``--device``, ``--seed``, ``--out`` and ``--quiet`` to both.
+NLLs are in nats per image: the mean over the split of -log p(x), with standard error
+std / sqrt(n).
 
-NLLs are in nats per image: the mean over the split of ``-log p(x)``, with standard error
-``std / sqrt(n)``.
-
-Training schedule: Adam on mini-batches, one optimizer step per batch, then
-``model.next_mask()`` (order/connectivity-agnostic training cycles the mask sets
-``0, 1, ..., K-1, 0, ...``, one per step); after each epoch the validation NLL of mask set 0
-decides the best weights (and early stopping with ``--patience``). Epoch ``e`` visits the
-training images in an order drawn from a generator seeded by ``(seed, e)``, so a run resumed
-from an epoch's checkpoint continues exactly as the uninterrupted run would have.
+Training schedule: Adam on mini-batches, one optimizer step per batch, then model.next_mask()
+(order/connectivity-agnostic training cycles the mask sets 0, 1, ..., K-1, 0, ..., one per
+step); after each epoch the validation NLL of mask set 0 decides the best weights (and early
+stopping with --patience). Epoch e visits the training images in an order drawn from a
+generator seeded by (seed, e), so a run resumed from an epoch's checkpoint continues exactly as
+the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -200,8 +196,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--direct", action="store_true",
                        help="direct masked connections from the inputs to the logits")
     train = parser.add_argument_group("training")
-    train.add_argument("--epochs", type=int, default=100)
-    train.add_argument("--batch-size", type=int, default=100)
+    train.add_argument("--epochs", type=int, default=100, help="passes over the training set")
+    train.add_argument("--batch-size", type=int, default=100,
+                        help="images per optimizer step")
     train.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     train.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
                        help="learning-rate schedule over the steps of the run")
@@ -438,7 +435,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ensemble", type=int, default=None,
                         help="mask sets in each model's ensemble score (default: all of the "
                         "model's)")
-    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=1000,
+                        help="images per evaluation batch")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
 
 

@@ -1,34 +1,31 @@
-r"""Soft actor-critic with a conditional IAF policy vs a Gaussian policy (``flowkit rl``).
+"""Soft actor-critic with a conditional IAF policy vs a Gaussian policy (flowkit rl).
 
 Soft actor-critic (Haarnoja et al. 2018) needs from its policy exactly what an IAF gives in one
-pass: a reparameterized action and the exact log-density of that action. Both policies here
-draw a pre-squash action ``u`` given the observation ``s`` and squash it into the action box
-``[low, high]``:
+pass: a reparameterized action and the exact log-density of that action. Both policies draw a
+pre-squash action u given the observation s and squash it into the action box [low, high]:
 
-* ``"gaussian"``: ``u = mu(s) + sigma(s) * eps``, an MLP giving ``mu`` and ``log sigma``;
-* ``"iaf"``: ``u, log pi(u | s) = flow.sample_and_log_prob(context=s)`` with ``flow`` a
-  :func:`flowkit.IAF` whose MADEs read ``s`` as context (rational-quadratic spline layers by
-  default: with the affine transformer and a one-dimensional action, as in Pendulum, an IAF is
-  again a Gaussian).
+  "gaussian"  u = mu(s) + sigma(s) * eps, an MLP giving mu and log sigma
+  "iaf"       u, log pi(u | s) = flow.sample_and_log_prob(context=s), with flow a flowkit.IAF
+              whose MADEs read s as context (rational-quadratic spline layers by default: with
+              the affine transformer and a one-dimensional action, as in Pendulum, an IAF is
+              again a Gaussian)
 
-Squashing ``a = c + r * tanh(u)`` (``c``, ``r`` the box's centre and half-width) changes the
-density by the Jacobian, elementwise,
-:math:`\log \pi(a|s) = \log \pi(u|s) - \sum_j [\log r_j + \log(1 - \tanh^2 u_j)]`, with the
-stable form :math:`\log(1 - \tanh^2 u) = 2(\log 2 - u - \mathrm{softplus}(-2u))`
-(:func:`squash`).
+Squashing a = c + r * tanh(u) (c, r the box's centre and half-width) changes the density by
+the Jacobian: log pi(a | s) = log pi(u | s) - sum_j [log r_j + log(1 - tanh(u_j)^2)], with the
+stable form log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)).
 
-The rest is standard SAC: twin Q networks with Polyak-averaged targets, the entropy
-temperature tuned towards ``-dim(A)``, uniform random actions for the first steps. Each
-``(policy, seed)`` run writes ``OUT/POLICY-seedS.json`` and its trained policy
-``OUT/POLICY-seedS.pt`` (:func:`save_policy`); ``--resume`` skips finished runs.
+The rest is standard SAC: twin Q networks with Polyak-averaged targets, the entropy temperature
+tuned towards -dim(A), uniform random actions for the first steps. Each (policy, seed) run
+writes OUT/POLICY-seedS.json and its trained policy OUT/POLICY-seedS.pt; --resume skips
+finished runs.
 
 References:
-    Haarnoja, Zhou, Abbeel & Levine, "Soft Actor-Critic: Off-Policy Maximum Entropy Deep
-    Reinforcement Learning with a Stochastic Actor", ICML 2018; and "Soft Actor-Critic
-    Algorithms and Applications", arXiv:1812.05905 (temperature tuning).
-    Kingma et al., "Improved Variational Inference with Inverse Autoregressive Flow", 2016.
-    Mazoure, Doan, Durand, Pineau & Hjelm, "Leveraging exploration in off-policy algorithms
-    via normalizing flows", CoRL 2019 (flow policies in SAC).
+  Haarnoja, Zhou, Abbeel & Levine, "Soft Actor-Critic: Off-Policy Maximum Entropy Deep
+  Reinforcement Learning with a Stochastic Actor", ICML 2018; and "Soft Actor-Critic
+  Algorithms and Applications", arXiv:1812.05905 (temperature tuning).
+  Kingma et al., "Improved Variational Inference with Inverse Autoregressive Flow", 2016.
+  Mazoure, Doan, Durand, Pineau & Hjelm, "Leveraging exploration in off-policy algorithms via
+  normalizing flows", CoRL 2019 (flow policies in SAC).
 """
 
 from __future__ import annotations
@@ -311,7 +308,10 @@ def train_sac(
 
     device = resolve_device(device)
     torch.manual_seed(seed)
-    env, eval_env = gym.make(config.env_id), gym.make(config.env_id)
+    try:
+        env, eval_env = gym.make(config.env_id), gym.make(config.env_id)
+    except gym.error.Error as e:
+        raise ValueError(f"'env_id' {config.env_id!r} is not a gymnasium environment: {e}") from e
     env.action_space.seed(seed)
     obs_features = int(np.prod(env.observation_space.shape))
     action_features = int(np.prod(env.action_space.shape))
@@ -413,22 +413,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flowkit rl`` (the CLI adds ``--device``, ``--seed``, ``--out``
     and ``--quiet``)."""
     d = SACConfig()
-    parser.add_argument("--env", default=d.env_id, help=f"gymnasium id (default {d.env_id})")
+    parser.add_argument("--env", default=d.env_id, help=f"gymnasium id (default: {d.env_id})")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                         help="policies to compare (default: gaussian iaf)")
     parser.add_argument("--seeds", type=int, default=3,
-                        help="runs per policy, seeds SEED, SEED+1, ... (default 3)")
+                        help="runs per policy, seeds SEED, SEED+1, ... (default: 3)")
     parser.add_argument("--steps", type=int, default=d.steps,
-                        help=f"environment steps per run (default {d.steps})")
+                        help=f"environment steps per run (default: {d.steps})")
     parser.add_argument("--hidden", type=int, nargs="+", default=list(d.hidden),
-                        help="hidden sizes of every network (default 128 128)")
-    parser.add_argument("--flow-layers", type=int, default=d.flow_layers)
+                        help="hidden sizes of every network (default: 128 128)")
+    parser.add_argument("--flow-layers", type=int, default=d.flow_layers,
+                        help="autoregressive layers of the IAF policy")
     parser.add_argument("--flow-transformer", choices=["spline", "affine"],
                         default=d.flow_transformer)
-    parser.add_argument("--lr", type=float, default=d.lr)
-    parser.add_argument("--eval-every", type=int, default=d.eval_every)
+    parser.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
+    parser.add_argument("--eval-every", type=int, default=d.eval_every,
+                        help="environment steps between evaluations")
     parser.add_argument("--resume", action="store_true", help="skip runs whose results exist")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default: 1)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 150 steps (100 random), one seed, 32-unit networks")
 

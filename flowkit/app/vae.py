@@ -1,38 +1,30 @@
-r"""A variational auto-encoder on binarized MNIST with a flow posterior (``flowkit vae``).
+"""A variational auto-encoder on binarized MNIST with a flow posterior (flowkit vae).
 
-The model (Kingma & Welling 2014) has a Bernoulli decoder ``p(x | z)``, a prior ``p(z)`` and an
-approximate posterior ``q(z | x)``, all with MLPs of the same sizes whatever the posterior:
+The model (Kingma & Welling 2014) has a Bernoulli decoder p(x | z), a prior p(z) and an
+approximate posterior q(z | x), with MLPs of the same sizes whatever the posterior:
 
-* encoder: ``x -> 300 -> 300 -> (mu, log sigma, h)`` (ELU), ``z`` of 32 dimensions;
-* decoder: ``z -> 300 -> 300 -> 784`` Bernoulli logits;
-* posterior ``"gaussian"``: ``z = mu + sigma * eps``, ``eps ~ N(0, I)``;
-* posterior ``"iaf"`` (Kingma et al. 2016): the same ``z_0 = mu + sigma * eps``, then ``T``
-  inverse autoregressive layers conditioned on the encoder's context vector ``h``,
-  ``z_t = f_t(z_{t-1}; h)``, each the sampling pass of a :func:`flowkit.IAF` layer. The density
-  of the sample comes from the same pass:
-  :math:`\log q(z_T|x) = \log \mathcal N(z_0; \mu, \sigma^2) - \sum_t \log|\det \partial z_t /
-  \partial z_{t-1}|`;
-* prior ``"normal"`` (``N(0, I)``) or ``"maf"``: a :func:`flowkit.MAF`, whose density at the
-  posterior's samples is one pass.
+  encoder    x -> 300 -> 300 -> (mu, log sigma, h) (ELU), z of 32 dimensions
+  decoder    z -> 300 -> 300 -> 784 Bernoulli logits
+  posterior  "gaussian": z = mu + sigma * eps, eps ~ N(0, I)
+             "iaf" (Kingma et al. 2016): the same z_0, then T inverse autoregressive layers
+             conditioned on the encoder's context h, z_t = f_t(z_(t-1); h); the density of the
+             sample comes from the same pass:
+             log q(z_T | x) = log N(z_0; mu, sigma^2) - sum_t log|det dz_t / dz_(t-1)|
+  prior      "normal" (N(0, I)) or "maf" (a MAF, whose density at the posterior's samples is
+             one pass)
 
-Training maximises the one-sample ELBO,
-:math:`\mathcal L(x) = \mathbb E_q[\log p(x|z) + \log p(z) - \log q(z|x)] \le \log p(x)`,
-with :func:`flowkit.train.fit` (checkpoints every epoch, ``--resume``). Evaluation reports, on
-the validation split, the ELBO and the importance-weighted bound of Burda et al. (2016),
-
-.. math::
-
-    \mathcal L_k(x) = \log \frac1k \sum_{i=1}^k \frac{p(x, z_i)}{q(z_i|x)}, \quad z_i \sim q(z|x),
-
-which increases with ``k`` towards ``log p(x)``; both from the same ``k`` samples, drawn as one
-batch of ``k x B`` rows per chunk of ``B`` images.
+Training maximises the one-sample ELBO, E_q[log p(x|z) + log p(z) - log q(z|x)] <= log p(x),
+with flowkit.train.fit (a checkpoint every epoch, --resume). Evaluation reports, on the
+validation split, the ELBO and the importance-weighted bound of Burda et al. (2016),
+L_k(x) = log (1/k) sum_i p(x, z_i) / q(z_i | x) with z_i ~ q(z | x), which increases with k
+towards log p(x); both from the same k samples.
 
 References:
-    Kingma & Welling, "Auto-Encoding Variational Bayes", ICLR 2014.
-    Kingma, Salimans, Jozefowicz, Chen, Sutskever & Welling, "Improved Variational Inference
-    with Inverse Autoregressive Flow", NeurIPS 2016.
-    Burda, Grosse & Salakhutdinov, "Importance Weighted Autoencoders", ICLR 2016.
-    Rezende & Mohamed, "Variational Inference with Normalizing Flows", ICML 2015.
+  Kingma & Welling, "Auto-Encoding Variational Bayes", ICLR 2014.
+  Kingma, Salimans, Jozefowicz, Chen, Sutskever & Welling, "Improved Variational Inference
+  with Inverse Autoregressive Flow", NeurIPS 2016.
+  Burda, Grosse & Salakhutdinov, "Importance Weighted Autoencoders", ICLR 2016.
+  Rezende & Mohamed, "Variational Inference with Normalizing Flows", ICML 2015.
 """
 
 from __future__ import annotations
@@ -318,22 +310,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS),
                         default=["gaussian", "iaf"],
                         help="(posterior, prior) pairs to compare (default: gaussian iaf)")
-    parser.add_argument("--latent", type=int, default=32, help="latent dimensions (default 32)")
+    parser.add_argument("--latent", type=int, default=32, help="latent dimensions (default: 32)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[300, 300],
-                        help="encoder hidden sizes; the decoder mirrors them (default 300 300)")
+                        help="encoder hidden sizes; the decoder mirrors them (default: 300 300)")
     parser.add_argument("--flow-layers", type=int, default=2,
-                        help="IAF layers of the posterior / MAF layers of the prior (default 2)")
+                        help="IAF layers of the posterior / MAF layers of the prior (default: 2)")
     parser.add_argument("--flow-hidden", type=int, nargs="+", default=[300, 300],
-                        help="hidden sizes of each flow layer's MADE (default 300 300)")
+                        help="hidden sizes of each flow layer's MADE (default: 300 300)")
     parser.add_argument("--context", type=int, default=100,
-                        help="width of the encoder context h read by the IAF (default 100)")
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=100)
+                        help="width of the encoder context h read by the IAF (default: 100)")
+    parser.add_argument("--epochs", type=int, default=20, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=100,
+                        help="images per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     parser.add_argument("--schedule", choices=["constant", "cosine"], default="cosine",
-                        help="learning-rate schedule over the run (default cosine)")
+                        help="learning-rate schedule over the run (default: cosine)")
     parser.add_argument("--iw-samples", type=int, default=1000,
-                        help="k of the importance-weighted log p(x) estimate (default 1000)")
+                        help="k of the importance-weighted log p(x) estimate (default: 1000)")
     parser.add_argument("--eval-images", type=int, default=None,
                         help="score the first N validation images (default: all 10000)")
     parser.add_argument("--root", default=None,

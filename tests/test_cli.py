@@ -1,0 +1,60 @@
+"""The ``flowkit`` command itself: help text, option defaults, one-line errors, and no output
+folder left behind by a failed invocation."""
+
+import re
+
+import pytest
+
+from flowkit.app import cli
+
+COMMANDS = [name for name, _, _ in cli.COMMANDS]
+MARKUP = re.compile(r":(func|class|mod|meth|attr|math|data):`|``|^\s*\.\. \w+::", re.MULTILINE)
+
+
+def _help(command: str, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_is_plain_text(command, capsys):
+    text = _help(command, capsys)
+    assert not MARKUP.search(text), MARKUP.search(text).group(0)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_shows_every_default(command, capsys):
+    parser = cli.build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, cli.argparse._SubParsersAction))
+    formatter = cli.HelpFormatter(command)
+    for action in sub.choices[command]._actions:
+        if not action.option_strings or action.default in (None, False, cli.argparse.SUPPRESS):
+            continue
+        assert "default" in formatter._get_help_string(action), action.option_strings
+
+
+def test_failed_command_leaves_no_output_folder(tmp_path, capsys):
+    out = tmp_path / "runs" / "missing"
+    assert cli.main(["fit", "--data", str(tmp_path / "nothing.npy"), "--out", str(out)]) == 2
+    assert "nothing.npy" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_out_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
+    target = tmp_path / "a-file"
+    target.write_text("keep me")
+    assert cli.main(["fit", "--data", "moons", "--steps", "1", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "not a folder" in err
+    assert target.read_text() == "keep me"
+
+
+def test_unknown_gymnasium_environment_is_a_one_line_error(tmp_path, capsys):
+    pytest.importorskip("gymnasium")
+    out = tmp_path / "rl"
+    assert cli.main(["rl", "--env", "NoSuchEnv-v0", "--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NoSuchEnv-v0" in err
+    assert not out.exists()
