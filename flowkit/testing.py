@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from flowkit.validation import check_int, is_permutation
+
 
 def jacobian(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """Jacobian of ``fn`` at every row of ``x``: ``(N, out..., D)`` for ``x`` of shape
@@ -42,10 +44,15 @@ def check_autoregressive(
     Raises:
         AssertionError: if an output depends on an input at or after its own position.
     """
+    samples = check_int("samples", samples, 1)
+    seed = check_int("seed", seed, 0)
     model = copy.deepcopy(model).double()
     order = torch.as_tensor(model.order if order is None else order).cpu()
+    if order.is_floating_point() or order.dtype == torch.bool or not is_permutation(order):
+        raise ValueError(f"'order' should be a permutation of range(D), got {order.tolist()}")
     if context_features is None:
         context_features = getattr(model, "context_features", 0)
+    context_features = check_int("context_features", context_features, 0)
     features = order.numel()
     m = getattr(model, "inputs_per_feature", 1)
     feature_shape = (features,) if m == 1 else (features, m)

@@ -9,9 +9,10 @@ up front). Code compiled with :func:`torch.compile` skips it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from numbers import Integral
+from numbers import Integral, Real
 
 import torch
 from torch import Tensor
@@ -160,6 +161,37 @@ def check_int(name: str, value: object, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"'{name}' should be >= {minimum}, got {value!r}")
     return int(value)
+
+
+def check_float(
+    name: str,
+    value: object,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive: bool = False,
+    finite: bool = True,
+) -> float:
+    """Check a real-valued argument (a rate, a bound, a scale): a Python or numpy real number,
+    not a ``bool``, a string or a complex number; not NaN; finite unless ``finite=False``; in
+    ``[minimum, maximum]`` (``(minimum, maximum)`` with ``exclusive=True``) where given.
+    Returns it as a Python ``float``; anything else is a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"'{name}' should be a real number, got {value!r}")
+    number = float(value)
+    if math.isnan(number) or (finite and math.isinf(number)):
+        raise ValueError(f"'{name}' should be a finite number, got {value!r}")
+    low = minimum is not None and (number <= minimum if exclusive else number < minimum)
+    high = maximum is not None and (number >= maximum if exclusive else number > maximum)
+    if low or high:
+        if minimum == 0 and maximum is None:
+            expected = "positive" if exclusive else ">= 0"
+            raise ValueError(f"'{name}' should be {expected}, got {value!r}")
+        interval = (
+            f"{'(' if exclusive else '['}{'-inf' if minimum is None else f'{minimum:g}'}, "
+            f"{'inf' if maximum is None else f'{maximum:g}'}{')' if exclusive else ']'}"
+        )
+        raise ValueError(f"'{name}' should be in {interval}, got {value!r}")
+    return number
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -58,3 +58,12 @@ def test_unknown_gymnasium_environment_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "NoSuchEnv-v0" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "2.5"])
+def test_bench_repeats_must_be_positive(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--quick", "--repeats", value, "--out", str(tmp_path / "b")])
+    assert exit_info.value.code == 2
+    assert "--repeats" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

@@ -42,7 +42,9 @@ class MaskedLinear(nn.Linear):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
-        super().__init__(in_features, out_features, bias)
+        in_features = check_int("in_features", in_features, 1)
+        out_features = check_int("out_features", out_features, 1)
+        super().__init__(in_features, out_features, check_bool("bias", bias))
         self.register_buffer("mask", torch.ones(out_features, in_features))
         self._cache: tuple[tuple[int, ...], Tensor, tuple[Tensor, Tensor]] | None = None
 

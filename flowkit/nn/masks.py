@@ -55,12 +55,24 @@ def ordering(features: int, order: OrderSpec, generator: torch.Generator | None 
         raise ValueError(
             f"'order' should be 'natural', 'reversed', 'random' or a sequence, got {order!r}"
         )
-    perm = torch.as_tensor(order, dtype=torch.long).flatten().cpu()
-    if perm.numel() != features or not is_permutation(perm):
+    try:
+        given = torch.as_tensor(order, device="cpu")
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, strings inside, objects
+        given = None
+    if (
+        given is None
+        or given.dim() != 1
+        or given.dtype in (torch.bool, torch.uint8)
+        or given.is_floating_point()
+        or given.is_complex()
+        or given.numel() != features
+        or not is_permutation(given.long())
+    ):
         raise ValueError(
-            f"'order' should be a permutation of range({features}), got {perm.tolist()}"
+            f"'order' should be a permutation of range({features}) (a flat sequence of ints), "
+            f"got {order!r}"
         )
-    return perm
+    return given.long()
 
 
 def input_degrees(order: Tensor) -> Tensor:

@@ -26,7 +26,7 @@ from flowkit.nn.inversion import solve_with_params
 from flowkit.nn.made import MADE
 from flowkit.transforms.base import Transform
 from flowkit.transforms.elementwise import Affine
-from flowkit.validation import check_bool, check_int, check_width
+from flowkit.validation import check_bool, check_float, check_int, check_width
 
 Direction = Literal["maf", "iaf"]
 
@@ -169,12 +169,8 @@ class BatchNorm(Transform):
     def __init__(self, features: int, momentum: float = 0.1, eps: float = 1e-5):
         super().__init__()
         self.features = check_int("features", features, 1)
-        if not 0 <= momentum <= 1:
-            raise ValueError(f"'momentum' should be in [0, 1], got {momentum}")
-        if not eps > 0:
-            raise ValueError(f"'eps' should be positive, got {eps}")
-        self.momentum = momentum
-        self.eps = eps
+        self.momentum = check_float("momentum", momentum, 0, 1)
+        self.eps = check_float("eps", eps, 0, exclusive=True)
         self.log_gamma = nn.Parameter(torch.zeros(self.features))
         self.beta = nn.Parameter(torch.zeros(self.features))
         self.register_buffer("running_mean", torch.zeros(self.features))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from flowkit.validation import check_float
+
 
 class Affine:
     r"""``z = (x - shift) * exp(-log_scale)`` with a smoothly bounded log-scale.
@@ -35,9 +37,7 @@ class Affine:
     params_per_feature = 2
 
     def __init__(self, log_scale_bound: float = 3.0):
-        if log_scale_bound <= 0:
-            raise ValueError(f"'log_scale_bound' should be positive, got {log_scale_bound}")
-        self.log_scale_bound = float(log_scale_bound)
+        self.log_scale_bound = check_float("log_scale_bound", log_scale_bound, 0, exclusive=True)
 
     def _unpack(self, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, raw = params.unbind(-1)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from flowkit.validation import check_int
+from flowkit.validation import check_float, check_int
 
 
 class RationalQuadraticSpline:
@@ -101,15 +101,13 @@ class RationalQuadraticSpline:
         min_derivative: float = 1e-3,
     ):
         bins = check_int("bins", bins, 2)
-        if bound <= 0:
-            raise ValueError(f"'bound' should be positive, got {bound}")
+        bound = check_float("bound", bound, 0, exclusive=True)
         for name, value in (("min_bin_width", min_bin_width), ("min_bin_height", min_bin_height)):
-            if not 0 < value * bins < 1:
+            if not 0 < check_float(name, value) * bins < 1:
                 raise ValueError(
                     f"'{name}' should be in (0, 1 / bins) = (0, {1 / bins:g}), got {value}"
                 )
-        if not 0 < min_derivative < 1:
-            raise ValueError(f"'min_derivative' should be in (0, 1), got {min_derivative}")
+        check_float("min_derivative", min_derivative, 0, 1, exclusive=True)
         self.bins = bins
         self.bound = float(bound)
         self.min_bin_width = float(min_bin_width)

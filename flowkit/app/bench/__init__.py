@@ -48,6 +48,7 @@ import torch
 import flowkit
 from flowkit.app.bench import sections as _sections
 from flowkit.app.bench.measure import Bench, format_table
+from flowkit.app.options import positive_int
 from flowkit.train import resolve_device
 
 SECTIONS = ("density", "sampling", "bernoulli", "memory", "compare")
@@ -68,11 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tiny configurations and 2 repeats: a smoke test of a few seconds")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=None,
                         help="what to run (default: all; --quick leaves out memory and compare)")
-    parser.add_argument("--repeats", type=int, default=None,
+    parser.add_argument("--repeats", type=positive_int, default=None,
                         help="rounds per measurement (default: 9, --quick: 2)")
-    parser.add_argument("--naive-repeats", type=int, default=None,
+    parser.add_argument("--naive-repeats", type=positive_int, default=None,
                         help="rounds of the slow naive references (default: 3, --quick: 1)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None,
                         help="where to write the results (default: <out>/bench.json)")

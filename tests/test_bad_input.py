@@ -1,0 +1,165 @@
+"""Bad input at every public entry point: one table of (call, error type, what the message must
+say). Each message must name the argument as the user passed it. Other modules' tests check
+their own entry points' details; this table is the walk over all of them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+import flowkit
+from flowkit import data, plot, testing, transforms
+
+INF, NAN = math.inf, math.nan
+
+
+def _maf(**kwargs) -> flowkit.Flow:
+    return flowkit.MAF(2, layers=1, hidden_features=(8,), **kwargs)
+
+
+Case = tuple[Callable[[], object], type[Exception], str]
+
+CASES: dict[str, Case] = {
+    # MADE and its masked layer
+    "MADE features 0": (lambda: flowkit.MADE(0), ValueError, "'features'"),
+    "MADE features 2.5": (lambda: flowkit.MADE(2.5), ValueError, "'features'"),
+    "MADE hidden 8.5": (lambda: flowkit.MADE(3, (8.5,)), ValueError, r"'hidden_features\[0\]'"),
+    "MADE hidden str": (lambda: flowkit.MADE(3, "64"), ValueError, "'hidden_features'"),
+    "MADE order float": (lambda: flowkit.MADE(3, (8,), order=[0, 1, 2.5]), ValueError, "'order'"),
+    "MADE order bool": (lambda: flowkit.MADE(2, (8,), order=[True, False]), ValueError, "'order'"),
+    "MADE order nested": (lambda: flowkit.MADE(3, (8,), order=[[0, 1, 2]]), ValueError, "'order'"),
+    "MADE order repeated": (lambda: flowkit.MADE(3, (8,), order=[0, 1, 1]), ValueError, "'order'"),
+    "MADE order name": (lambda: flowkit.MADE(3, (8,), order="sorted"), ValueError, "'order'"),
+    "MADE hidden_degrees": (
+        lambda: flowkit.MADE(3, (8,), hidden_degrees="uniform"), ValueError, "'hidden_degrees'"),
+    "MADE num_masks 0": (lambda: flowkit.MADE(3, (8,), num_masks=0), ValueError, "'num_masks'"),
+    "MADE residual sizes": (
+        lambda: flowkit.MADE(3, (8, 16), residual=True), ValueError, "'residual'"),
+    "MADE seed -1": (lambda: flowkit.MADE(3, (8,), seed=-1), ValueError, "'seed'"),
+    "MADE x int": (
+        lambda: flowkit.MADE(3, (8,))(torch.ones(2, 3, dtype=torch.long)), TypeError, "'x'"),
+    "MADE x width": (lambda: flowkit.MADE(3, (8,))(torch.ones(2, 4)), ValueError, "'x'"),
+    "MADE x ndarray": (lambda: flowkit.MADE(3, (8,))(np.ones((2, 3))), TypeError, "'x'"),
+    "MADE set_mask 5": (lambda: flowkit.MADE(3, (8,)).set_mask(5), ValueError, "'index'"),
+    "MaskedLinear in 0": (lambda: flowkit.MaskedLinear(0, 4), ValueError, "'in_features'"),
+    "MaskedLinear mask shape": (
+        lambda: flowkit.MaskedLinear(3, 4).set_mask(torch.ones(3, 4)), ValueError, "'mask'"),
+    "MaskedLinear mask 0.5": (
+        lambda: flowkit.MaskedLinear(3, 4).set_mask(torch.full((4, 3), 0.5)), ValueError,
+        "'mask'"),
+    # transforms
+    "Affine bound inf": (lambda: transforms.Affine(INF), ValueError, "'log_scale_bound'"),
+    "Affine bound -1": (lambda: transforms.Affine(-1), ValueError, "'log_scale_bound'"),
+    "Affine bound str": (lambda: transforms.Affine("3"), ValueError, "'log_scale_bound'"),
+    "Spline bound inf": (
+        lambda: transforms.RationalQuadraticSpline(bound=INF), ValueError, "'bound'"),
+    "Spline bound nan": (
+        lambda: transforms.RationalQuadraticSpline(bound=NAN), ValueError, "'bound'"),
+    "Spline bins 1": (lambda: transforms.RationalQuadraticSpline(bins=1), ValueError, "'bins'"),
+    "Spline min_derivative 1": (
+        lambda: transforms.RationalQuadraticSpline(min_derivative=1), ValueError,
+        "'min_derivative'"),
+    "Spline min_bin_width nan": (
+        lambda: transforms.RationalQuadraticSpline(min_bin_width=NAN), ValueError,
+        "'min_bin_width'"),
+    "BatchNorm momentum 2": (lambda: transforms.BatchNorm(2, momentum=2), ValueError,
+                             "'momentum'"),
+    "BatchNorm eps nan": (lambda: transforms.BatchNorm(2, eps=NAN), ValueError, "'eps'"),
+    "BatchNorm features 0": (lambda: transforms.BatchNorm(0), ValueError, "'features'"),
+    "Permutation repeated": (
+        lambda: transforms.Permutation([0, 0, 1]), ValueError, "'permutation'"),
+    "Permutation float": (lambda: transforms.Permutation([0.0, 1.0]), ValueError, "'permutation'"),
+    "Permutation seed -1": (
+        lambda: transforms.Permutation.random(3, seed=-1), ValueError, "'seed'"),
+    "Compose widths": (
+        lambda: transforms.Compose([transforms.Permutation([0, 1]),
+                                    transforms.Permutation([0, 1, 2])]),
+        ValueError, "'transforms'"),
+    # builders
+    "MAF features 0": (lambda: flowkit.MAF(0), ValueError, "'features'"),
+    "MAF layers 2.5": (lambda: flowkit.MAF(2, layers=2.5), ValueError, "'layers'"),
+    "MAF transformer": (lambda: flowkit.MAF(2, transformer="cubic"), ValueError, "'transformer'"),
+    "MAF transformer_kwargs key": (
+        lambda: flowkit.MAF(2, transformer_kwargs={"bins": 8}), TypeError, "'transformer_kwargs'"),
+    "MAF log_scale_bound inf": (
+        lambda: flowkit.MAF(2, transformer_kwargs={"log_scale_bound": INF}), ValueError,
+        "'log_scale_bound'"),
+    "MAF spline bound nan": (
+        lambda: flowkit.MAF(2, transformer="spline", transformer_kwargs={"bound": NAN}),
+        ValueError, "'bound'"),
+    "MAF permutation": (lambda: flowkit.MAF(2, permutation="shuffle"), ValueError,
+                        "'permutation'"),
+    "MAF context_features -1": (
+        lambda: flowkit.MAF(2, context_features=-1), ValueError, "'context_features'"),
+    "MAF batch_norm 1": (lambda: flowkit.MAF(2, batch_norm=1), ValueError, "'batch_norm'"),
+    "IAF seed -1": (lambda: flowkit.IAF(2, seed=-1), ValueError, "'seed'"),
+    # Flow
+    "Flow log_prob NaN": (
+        lambda: _maf().log_prob(torch.tensor([[NAN, 0.0]])), ValueError, "'x'"),
+    "Flow log_prob width": (lambda: _maf().log_prob(torch.zeros(4, 3)), ValueError, "'x'"),
+    "Flow log_prob list": (lambda: _maf().log_prob([[0.0, 0.0]]), TypeError, "'x'"),
+    "Flow log_prob no context": (
+        lambda: _maf(context_features=1).log_prob(torch.zeros(4, 2)), ValueError, "'context'"),
+    "Flow log_prob extra context": (
+        lambda: _maf().log_prob(torch.zeros(4, 2), torch.zeros(4, 1)), ValueError, "'context'"),
+    "Flow sample 0": (lambda: _maf().sample(0), ValueError, "'n'"),
+    "Flow sample 2.5": (lambda: _maf().sample(2.5), ValueError, "'n'"),
+    # discrete models and bases
+    "Bernoulli features 0": (lambda: flowkit.BernoulliMADE(0), ValueError, "'features'"),
+    "Bernoulli x 0.5": (
+        lambda: flowkit.BernoulliMADE(3, (8,)).log_prob(torch.full((2, 3), 0.5)), ValueError,
+        "'x'"),
+    "Bernoulli x width": (
+        lambda: flowkit.BernoulliMADE(3, (8,)).log_prob(torch.zeros(2, 4)), ValueError, "'x'"),
+    "Bernoulli sample 0": (lambda: flowkit.BernoulliMADE(3, (8,)).sample(0), ValueError, "'n'"),
+    "Categorical classes 1": (lambda: flowkit.CategoricalMADE(3, 1), ValueError, "'classes'"),
+    "Categorical x 5": (
+        lambda: flowkit.CategoricalMADE(3, 4, (8,)).log_prob(torch.full((2, 3), 5)), ValueError,
+        "'x'"),
+    "Categorical x float": (
+        lambda: flowkit.CategoricalMADE(3, 4, (8,)).log_prob(torch.full((2, 3), 1.5)),
+        TypeError, "'x'"),
+    "StandardNormal 0": (lambda: flowkit.StandardNormal(0), ValueError, "'features'"),
+    # data, plotting, testing helpers
+    "sample_toy name": (lambda: data.sample_toy("bogus", 10), ValueError, "'name'"),
+    "sample_toy n 0": (lambda: data.sample_toy("moons", 0), ValueError, "'n'"),
+    "sample_toy n 2.5": (lambda: data.sample_toy("moons", 2.5), ValueError, "'n'"),
+    "toy_log_prob moons": (
+        lambda: data.toy_log_prob("moons", torch.zeros(2, 2)), ValueError, "'moons'"),
+    "toy_log_prob width": (
+        lambda: data.toy_log_prob("8gaussians", torch.zeros(2, 3)), ValueError, "'x'"),
+    "energy name": (lambda: data.energy_log_density("U9", torch.zeros(2, 2)), ValueError,
+                    "'name'"),
+    "binarized_mnist split": (
+        lambda: data.binarized_mnist("test2", root="/nonexistent", download=False), ValueError,
+        "'split'"),
+    "binarized_mnist missing": (
+        lambda: data.binarized_mnist("train", root="/nonexistent", download=False),
+        FileNotFoundError, "'train'"),
+    "load_split_file missing": (
+        lambda: data.load_split_file("/nonexistent.npz"), ValueError, "/nonexistent.npz"),
+    "grid resolution 0": (
+        lambda: plot.grid_log_density(lambda x: x.sum(-1), data.TOY_BOX, 0), ValueError,
+        "'resolution'"),
+    "check_autoregressive samples 0": (
+        lambda: testing.check_autoregressive(flowkit.MADE(3, (8,)), samples=0), ValueError,
+        "'samples'"),
+    "check_autoregressive order": (
+        lambda: testing.check_autoregressive(flowkit.MADE(3, (8,)), order=[0, 0, 1]),
+        ValueError, "'order'"),
+    # files
+    "load_model missing": (
+        lambda: flowkit.load_model("/nonexistent/flow.pt"), flowkit.CheckpointError,
+        "/nonexistent/flow.pt"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_input_is_a_named_error(case):
+    call, error, names = CASES[case]
+    with pytest.raises(error, match=names):
+        call()
