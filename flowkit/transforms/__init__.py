@@ -9,6 +9,7 @@ from flowkit.transforms.autoregressive import (
 from flowkit.transforms.base import Compose, Inverse, Permutation, Transform
 from flowkit.transforms.elementwise import Affine
 from flowkit.transforms.spline import RationalQuadraticSpline
+from flowkit.transforms.standardize import Standardize
 
 __all__ = [
     "Affine",
@@ -19,6 +20,7 @@ __all__ = [
     "MaskedAutoregressive",
     "Permutation",
     "RationalQuadraticSpline",
+    "Standardize",
     "Transform",
     "Transformer",
 ]

@@ -1,0 +1,243 @@
+r"""``Standardize``: a fixed elementwise affine map ``z = (x - shift) / scale``.
+
+Put first in a :class:`~flowkit.transforms.Compose`, it makes a flow indifferent to the units of
+its data: the layers after it see numbers of order one whether the data came in metres or in
+kilometres, and the exact log-determinant :math:`-\sum_d \log \mathrm{scale}_d` keeps the density
+in the data's own units. The :func:`flowkit.MAF` and :func:`flowkit.IAF` builders put one before
+their layers and one on the context (``standardize=True``), set from the training data.
+
+Shift and scale are buffers, not parameters: saved and loaded with the model, moved with
+``.to()``, never changed by an optimizer. They are either given (``Standardize(D, shift=...,
+scale=...)`` or :meth:`Standardize.from_data`) or set from data on first use (``Standardize(D)``),
+as ActNorm (Kingma and Dhariwal, "Glow", 2018) initialises itself:
+
+* the first call of ``forward`` in training mode sets ``shift`` to the mean and ``scale`` to the
+  standard deviation of that batch (per feature);
+* inside :func:`collect_statistics`, calls of ``forward`` in any mode accumulate instead, and the
+  statistics of everything seen are set on leaving the block (:func:`flowkit.fit` does this with
+  its whole training set before the first step);
+* the first call of ``inverse`` in training mode (sampling before any data was seen, as in
+  training by reverse KL) fixes the identity, ``shift = 0`` and ``scale = 1``: a transform that
+  has produced samples never changes afterwards;
+* until then (and in evaluation mode) an uninitialised ``Standardize`` is the identity.
+
+Code compiled with :func:`torch.compile` skips the initialisation (it reads a flag on the host):
+initialise before compiling.
+
+A feature whose standard deviation is zero, or below the resolution of the model's floating
+type at its mean (a constant column), gets ``scale = 1``: it is only shifted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from flowkit.transforms.base import Transform
+from flowkit.validation import check_int, check_tensor, check_width
+
+
+class Standardize(Transform):
+    r"""Elementwise ``z = (x - shift) / scale`` with ``log|det dz/dx| = -\sum_d \log scale_d``.
+
+    Args:
+        features: ``D``.
+        shift: ``(D,)`` finite values (default: set from data, see the module notes).
+        scale: ``(D,)`` positive finite values; given together with ``shift``.
+
+    Buffers: ``shift`` and ``scale`` ``(D,)``, ``initialized`` (a bool scalar).
+
+    Example:
+        >>> import torch
+        >>> t = Standardize(2, shift=[1000.0, 0.0], scale=[100.0, 1.0])
+        >>> z, log_det = t(torch.tensor([[1100.0, 2.0]]))
+        >>> z, log_det
+        (tensor([[1., 2.]]), tensor([-4.6052]))
+        >>> lazy = Standardize(2)
+        >>> _ = lazy(torch.tensor([[0.0, 10.0], [2.0, 30.0]]))  # training mode: first batch sets it
+        >>> lazy.shift, lazy.scale
+        (tensor([ 1., 20.]), tensor([ 1., 10.]))
+    """
+
+    def __init__(
+        self,
+        features: int,
+        shift: Tensor | Sequence[float] | None = None,
+        scale: Tensor | Sequence[float] | None = None,
+    ):
+        super().__init__()
+        self.features = check_int("features", features, 1)
+        if (shift is None) != (scale is None):
+            raise ValueError(
+                "pass both 'shift' and 'scale' (a fixed standardization) or neither (set from "
+                f"data on first use), got shift={shift!r} and scale={scale!r}"
+            )
+        self.register_buffer("shift", torch.zeros(self.features))
+        self.register_buffer("scale", torch.ones(self.features))
+        self.register_buffer("initialized", torch.tensor(False))
+        self._collecting: _Moments | None = None
+        if shift is not None:
+            self.set(shift, scale)
+
+    @classmethod
+    def from_data(cls, x: Tensor) -> Standardize:
+        """A fixed standardization by the mean and standard deviation of ``x`` ``(N, D)``,
+        with ``x``'s dtype and device."""
+        x = check_tensor("x", x, ("N", "D"))
+        if x.dim() != 2 or x.shape[0] == 0:
+            raise ValueError(f"'x' should have shape (N, D) with N >= 1, got {tuple(x.shape)}")
+        moments = _Moments.of(x)
+        t = cls(x.shape[1]).to(device=x.device, dtype=x.dtype)
+        t.set(*moments.shift_and_scale(x.dtype))
+        return t
+
+    def set(self, shift: Tensor | Sequence[float], scale: Tensor | Sequence[float]) -> None:
+        """Fix ``shift`` and ``scale`` (each ``(D,)``; ``scale`` positive and finite) and mark
+        the transform initialised. Values are copied into the buffers (their dtype and device).
+
+        Raises:
+            ValueError: a shape other than ``(D,)``, a non-finite ``shift``, a non-finite or
+                non-positive ``scale``.
+        """
+        values = {}
+        for name, value in (("shift", shift), ("scale", scale)):
+            given = torch.as_tensor(value, dtype=torch.float64, device="cpu")
+            if given.shape != (self.features,):
+                raise ValueError(
+                    f"'{name}' should have shape ({self.features},), got {tuple(given.shape)}"
+                )
+            values[name] = given
+        if not torch.isfinite(values["shift"]).all():
+            raise ValueError(f"'shift' should be finite, got {values['shift'].tolist()}")
+        bad = ~(torch.isfinite(values["scale"]) & (values["scale"] > 0))
+        if bad.any():
+            raise ValueError(
+                "'scale' should be positive and finite, got "
+                f"{values['scale'].tolist()} (bad at features {bad.nonzero().flatten().tolist()})"
+            )
+        if not (values["scale"].to(self.scale.dtype) > 0).all():
+            raise ValueError(
+                f"'scale' {values['scale'].tolist()} underflows to zero in {self.scale.dtype}"
+            )
+        with torch.no_grad():
+            self.shift.copy_(values["shift"])
+            self.scale.copy_(values["scale"])
+            self.initialized.fill_(True)
+
+    def _see(self, x: Tensor) -> None:
+        """Data-dependent initialisation: the part of ``forward`` that reads the data."""
+        if self._collecting is not None:
+            self._collecting.add(x.detach())
+        elif self.training:
+            self.set(*_Moments.of(x.detach()).shift_and_scale(x.dtype))
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        x = check_width("x", x, self.features)
+        if not torch.compiler.is_compiling() and not self.initialized:
+            self._see(x)
+        return (x - self.shift) / self.scale, self._log_det(x, -1.0)
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        z = check_width("z", z, self.features)
+        if (
+            not torch.compiler.is_compiling()
+            and not self.initialized
+            and self.training
+            and self._collecting is None
+        ):
+            with torch.no_grad():
+                self.initialized.fill_(True)  # sampled from as the identity: stays so
+        return z * self.scale + self.shift, self._log_det(z, 1.0)
+
+    def _log_det(self, like: Tensor, sign: float) -> Tensor:
+        return (sign * torch.log(self.scale).sum()).expand(like.shape[0])
+
+    def extra_repr(self) -> str:
+        if not self.initialized:
+            return f"features={self.features}, uninitialized"
+        return f"features={self.features}"
+
+
+class _Moments:
+    """Count, mean and sum of squared deviations per feature, in float64, merged batch by batch
+    (Chan, Golub and LeVeque 1979), so that data far from zero loses no precision."""
+
+    def __init__(self, features: int):
+        self.count = 0
+        self.mean = torch.zeros(features, dtype=torch.float64)
+        self.m2 = torch.zeros(features, dtype=torch.float64)
+
+    @classmethod
+    def of(cls, x: Tensor) -> _Moments:
+        moments = cls(x.shape[1])
+        moments.add(x)
+        return moments
+
+    def add(self, x: Tensor) -> None:
+        if x.shape[0] == 0:
+            return
+        x = x.to(device="cpu", dtype=torch.float64)
+        if not torch.isfinite(x).all():
+            raise ValueError(
+                "'x' contains NaN or Inf values: a Standardize cannot be set from them"
+            )
+        n, mean = x.shape[0], x.mean(0)
+        m2 = ((x - mean) ** 2).sum(0)
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)
+        self.count = total
+
+    def shift_and_scale(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Mean and standard deviation; 1 where the deviation is zero or below ``dtype``'s
+        resolution at the mean (a constant feature)."""
+        if self.count == 0:
+            raise ValueError("a Standardize cannot be set from an empty batch")
+        std = (self.m2 / self.count).sqrt()
+        constant = std <= torch.finfo(dtype).eps * self.mean.abs()
+        constant |= std == 0
+        return self.mean, torch.where(constant, torch.ones_like(std), std)
+
+
+def uninitialized(model: nn.Module) -> list[Standardize]:
+    """The :class:`Standardize` modules of ``model`` that are not yet initialised."""
+    return [m for m in model.modules() if isinstance(m, Standardize) and not m.initialized]
+
+
+@contextmanager
+def collect_statistics(model: nn.Module) -> Iterator[list[Standardize]]:
+    """Set ``model``'s uninitialised :class:`Standardize` modules from many batches at once.
+
+    Inside the block each of them passes data through unchanged (as the identity) and records
+    the mean and variance of every batch its ``forward`` sees, in any mode; on leaving the block
+    (without an exception) each is set from all of it. Run the model's forward pass (e.g.
+    ``flow.log_prob(x, context)``, under :func:`torch.no_grad`) over the data in chunks inside.
+    Yields the modules being set (empty: nothing to do). Modules behind another uninitialised
+    one see its input unstandardised, so chain at most one per path (as the builders do).
+
+    Example:
+        >>> import torch
+        >>> from flowkit.transforms import Compose, Permutation
+        >>> model = Compose([Standardize(2), Permutation.reverse(2)])
+        >>> x = torch.randn(1000, 2) * 100.0 + 1000.0
+        >>> with torch.no_grad(), collect_statistics(model) as pending:
+        ...     for chunk in x.split(256):
+        ...         _ = model(chunk)
+        >>> len(pending), bool(torch.allclose(pending[0].shift, x.mean(0)))
+        (1, True)
+    """
+    pending = uninitialized(model)
+    for m in pending:
+        m._collecting = _Moments(m.features)
+    try:
+        yield pending
+        for m in pending:
+            if m._collecting.count:
+                m.set(*m._collecting.shift_and_scale(m.shift.dtype))
+    finally:
+        for m in pending:
+            m._collecting = None
