@@ -19,18 +19,8 @@ from flowkit.app.energy import (
     walled_log_density,
     walled_log_normalizer,
 )
-from flowkit.app.toy import (
-    _TEST_SEED_OFFSET,
-    FLOWS,
-    QUICK,
-    SWEEP_LRS,
-    TRANSFORMERS,
-    FlowSettings,
-    build_flow,
-    fit_toy,
-    robustness_sweep,
-    toy_table,
-)
+from flowkit.app.experiment2d import FLOWS, QUICK, TRANSFORMERS, FlowSettings, build_flow
+from flowkit.app.toy import _TEST_SEED_OFFSET, SWEEP_LRS, fit_toy, robustness_sweep, toy_table
 from flowkit.data.energy import ENERGIES, ENERGY_BOXES, energy_log_density, energy_log_normalizer
 from flowkit.data.toy import TOY_DATASETS, has_exact_density, sample_toy
 

@@ -47,11 +47,12 @@ from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit_reverse_kl, resolve_device
 
 from .common import mean_se
-from .toy import (
+from .experiment2d import (
     FLOWS,
     QUICK,
     TRANSFORMERS,
     FlowSettings,
+    add_flow_arguments,
     add_settings_arguments,
     build_flow,
     check_choices,
@@ -172,7 +173,7 @@ def fit_energy(
 
 def energy_table(records: Sequence[Mapping[str, Any]]) -> str:
     """The ELBO/KL table of :func:`run_energy` records (see
-    :func:`flowkit.app.toy.markdown_table`)."""
+    :func:`flowkit.app.experiment2d.markdown_table`)."""
     return markdown_table(
         records,
         row_key="energy",
@@ -264,20 +265,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAMES",
         help=f"comma-separated (default: {','.join(ENERGIES)})",
     )
-    what.add_argument(
-        "--flows",
-        type=names(tuple(FLOWS)),
-        default=["iaf"],
-        metavar="iaf,maf",
-        help="one or both (default: iaf; a MAF samples in 2 passes per layer)",
-    )
-    what.add_argument(
-        "--transformer",
-        type=names(TRANSFORMERS),
-        default=["spline"],
-        metavar="affine,spline",
-        help="elementwise map of the layers, one or both (default: spline)",
-    )
+    add_flow_arguments(what, ["iaf"], "; a MAF samples in 2 passes per layer")
     what.add_argument(
         "--wall",
         type=float,
