@@ -9,6 +9,7 @@ up front). Code compiled with :func:`torch.compile` skips it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,7 +59,9 @@ def check_tensor(
         return value
     if floating and value.dtype != like.dtype:
         raise TypeError(
-            f"'{name}' should have dtype {like.dtype} (the model's), got {value.dtype}"
+            f"'{name}' should have dtype {like.dtype} (the model's), got {value.dtype}: inputs "
+            f"are not cast; convert them with .to({like.dtype}), or the model with "
+            f".to({value.dtype})"
         )
     if value.device != like.device:
         raise ValueError(
@@ -114,32 +117,94 @@ def check_features(
     return _check_finite(name, value) if floating else value
 
 
-def check_context(
-    context: object, context_features: int, rows: int | None, like: Tensor
-) -> Tensor | None:
-    """Check a user's context against a model's ``context_features`` ``C``.
+def reference(module: torch.nn.Module) -> Tensor | None:
+    """The first floating-point parameter or buffer of ``module`` (its dtype and device), or
+    None if it has none."""
+    tensors = itertools.chain(module.parameters(), module.buffers())
+    return next((t for t in tensors if t.is_floating_point()), None)
 
-    A context of shape ``(C,)`` is one context for every row; ``(B, C)`` gives one context per
-    row, ``B >= 1`` (and ``B == rows`` when ``rows`` is given). It must have ``like``'s dtype
-    and device and be finite. Returns None when ``C = 0``; else, with ``rows`` given, the
-    context as ``(rows, C)`` (a ``(C,)`` one expanded, no copy), without, as it was given.
-    """
+
+def check_context(
+    context: object, context_features: int, batch: tuple[int, ...], like: Tensor | None
+) -> Tensor | None:
+    """Check the context given to a layer (a MADE, a transform, the solver) called directly:
+    exactly ``(*batch, C)``, with ``like``'s dtype and device, or None when ``C = 0``. Reads
+    no values."""
     if context_features == 0:
         if context is not None:
             raise ValueError("'context' was given but the model has context_features=0")
         return None
-    shape = f"({'B' if rows is None else rows}, {context_features}) or ({context_features},)"
+    expected = (*batch, context_features)
+    if context is None:
+        raise ValueError(f"'context' is required: a tensor of shape {format_shape(expected)}")
+    context = check_tensor("context", context, expected, like)
+    if context.shape != expected:
+        raise ValueError(
+            f"'context' should have shape {format_shape(expected)}, got {tuple(context.shape)}"
+        )
+    return context
+
+
+def check_batch(name: str, value: object, features: int, like: Tensor | None) -> Tensor:
+    """Check a batch of points given to a public method: a tensor of shape ``(..., features)``
+    (any leading batch shape, at least one axis) with ``like``'s dtype and device. Reads no
+    values (see :func:`nonfinite_rows`)."""
+    value = check_tensor(name, value, ("...", features), like)
+    if value.dim() == 0 or value.shape[-1] != features:
+        raise ValueError(f"'{name}' should have shape (..., {features}), got {tuple(value.shape)}")
+    return value
+
+
+def check_batch_context(
+    context: object, context_features: int, like: Tensor | None
+) -> Tensor | None:
+    """Check a context given to a public method: ``(..., C)`` (one vector per batch element,
+    broadcast against the points), with ``like``'s dtype and device, finite, or None when the
+    model has ``C = 0`` (then a context is an error)."""
+    if context_features == 0:
+        if context is not None:
+            raise ValueError("'context' was given but the model has context_features=0")
+        return None
+    shape = f"(..., {context_features})"
     if context is None:
         raise ValueError(f"'context' is required: a tensor of shape {shape}")
     context = check_tensor("context", context, shape, like)
-    if (
-        context.dim() not in (1, 2)
-        or context.shape[-1] != context_features
-        or (context.dim() == 2 and rows is not None and context.shape[0] != rows)
-    ):
+    if context.dim() == 0 or context.shape[-1] != context_features:
         raise ValueError(f"'context' should have shape {shape}, got {tuple(context.shape)}")
-    context = _check_finite("context", _check_rows("context", context))
-    return context if rows is None else context.expand(rows, -1)
+    return _check_finite("context", context)
+
+
+def broadcast_batch(name: str, value: Tensor, context: Tensor | None) -> torch.Size:
+    """The batch shape of ``value`` ``(*A, D)`` and ``context`` ``(*B, C)`` broadcast together
+    (torch's rules: size-1 axes stretch), or a ValueError naming both arguments."""
+    if context is None:
+        return value.shape[:-1]
+    try:
+        return torch.broadcast_shapes(value.shape[:-1], context.shape[:-1])
+    except RuntimeError:
+        raise ValueError(
+            f"'{name}' of shape {tuple(value.shape)} and 'context' of shape "
+            f"{tuple(context.shape)} have batch shapes {tuple(value.shape[:-1])} and "
+            f"{tuple(context.shape[:-1])}, which do not broadcast"
+        ) from None
+
+
+def check_not_empty(name: str, value: Tensor, batch: torch.Size) -> None:
+    """Fail on an empty batch (a zero in ``batch``), naming ``value``'s shape."""
+    if 0 in batch:
+        raise ValueError(f"'{name}' is an empty batch: shape {tuple(value.shape)}")
+
+
+def nonfinite_rows(name: str, value: Tensor) -> Tensor | None:
+    """Points outside the support: None if every entry of ``value`` ``(..., D)`` is finite (one
+    read back to the host), else the mask ``(...,)`` of the points with an infinite entry,
+    whose log-density is ``-inf``. NaN is a ValueError naming ``name``. Skipped (None) when
+    value checks are switched off (:func:`validate_values`) or while compiling."""
+    if not _check_values or torch.compiler.is_compiling() or torch.isfinite(value).all():
+        return None
+    if torch.isnan(value).any():
+        raise ValueError(f"'{name}' contains NaN values")
+    return torch.isinf(value).any(-1)
 
 
 def is_permutation(t: Tensor) -> bool:

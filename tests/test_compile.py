@@ -72,5 +72,5 @@ def test_compiled_code_skips_only_the_value_check():
     with pytest.raises(ValueError, match="'x' contains NaN"):
         flow.log_prob(torch.full((2, 2), float("nan")))
     torch._dynamo.reset()  # raising ends a graph: without fullgraph, the error reaches the user
-    with pytest.raises(ValueError, match=r"'x' should have shape \(N, 2\)"):
+    with pytest.raises(ValueError, match=r"'x' should have shape \(\.\.\., 2\)"):
         torch.compile(flow.log_prob, backend="aot_eager")(torch.zeros(2, 3))

@@ -149,12 +149,17 @@ def test_seeded_sampling_is_reproducible():
 
 
 def _count_work(flow: flowkit.Flow, monkeypatch: pytest.MonkeyPatch) -> Counter:
-    """Counts of the MADEs' work: full passes (``forward`` calls), autoregressive solves, and
-    solver steps (calls of the step function, one per feature solved)."""
+    """Counts of the MADEs' work: full passes (``_forward`` calls: the flow layers call the
+    unchecked pass), autoregressive solves, and solver steps (calls of the step function, one
+    per feature solved)."""
     counts = Counter()
-    for m in flow.modules():
-        if isinstance(m, MADE):
-            m.register_forward_hook(lambda *_: counts.update(["passes"]))
+    made_forward = MADE._forward
+
+    def counted_forward(made, *args, **kwargs):
+        counts["passes"] += 1
+        return made_forward(made, *args, **kwargs)
+
+    monkeypatch.setattr(MADE, "_forward", counted_forward)
 
     def counted_solve(made, step, *args, **kwargs):
         counts["solves"] += 1
@@ -211,19 +216,18 @@ def conditional():
 @pytest.mark.parametrize(
     "x, context, error, match",
     [
-        (torch.randn(4, 3), torch.randn(4, 3), ValueError, r"'x' should have shape \(N, 2\)"),
-        (torch.randn(2), torch.randn(3), ValueError, r"'x' should have shape \(N, 2\), got \(2,\)"),
+        (torch.randn(4, 3), torch.randn(4, 3), ValueError, r"'x' should have shape \(\.\.\., 2\)"),
+        (torch.tensor(1.0), torch.randn(3), ValueError, r"shape \(\.\.\., 2\), got \(\)"),
         (torch.randn(0, 2), torch.randn(0, 3), ValueError, "'x' is an empty batch"),
         (torch.ones(4, 2, dtype=torch.long), torch.randn(4, 3), TypeError, "'x' should have dtype"),
         (torch.randn(4, 2).double(), torch.randn(4, 3), TypeError, "'x' should have dtype"),
         (torch.tensor([[0.0, float("nan")]]), torch.randn(1, 3), ValueError, "'x' contains NaN"),
-        (torch.tensor([[0.0, float("inf")]]), torch.randn(1, 3), ValueError, "'x' contains NaN"),
         (torch.randn(4, 2), None, ValueError, "'context' is required"),
-        (torch.randn(4, 2), torch.randn(4, 5), ValueError, r"shape \(4, 3\) or \(3,\), got \(4, 5"),
-        (torch.randn(4, 2), torch.randn(3, 3), ValueError, r"'context' should have shape \(4, 3\)"),
+        (torch.randn(4, 2), torch.randn(4, 5), ValueError, r"shape \(\.\.\., 3\), got \(4, 5\)"),
+        (torch.randn(4, 2), torch.randn(3, 3), ValueError, r"'x' of shape \(4, 2\) and 'context'"),
         (torch.randn(4, 2), torch.randn(4, 3, 1), ValueError, "'context' should have shape"),
-        (torch.randn(4, 2), torch.randn(2), ValueError, r"shape \(4, 3\) or \(3,\), got \(2,\)"),
-        (torch.randn(4, 2), torch.randn(0, 3), ValueError, r"\(4, 3\) or \(3,\), got \(0, 3\)"),
+        (torch.randn(4, 2), torch.randn(2), ValueError, r"shape \(\.\.\., 3\), got \(2,\)"),
+        (torch.randn(4, 2), torch.randn(0, 3), ValueError, r"'context' of shape \(0, 3\)"),
         (torch.randn(4, 2), torch.randn(4, 3).double(), TypeError, "'context' should have dtype"),
         (torch.randn(4, 2), torch.ones(3, dtype=torch.long), TypeError, "'context' should have dt"),
         (torch.randn(1, 2), torch.tensor([[0.0, float("nan"), 0.0]]), ValueError, "'context' cont"),
@@ -237,10 +241,10 @@ def test_bad_input_names_the_argument(conditional, x, context, error, match):
 
 
 BAD_SAMPLE_CONTEXTS = {
-    "wrong-width-rows": (torch.randn(5, 2), ValueError, r"\(B, 3\) or \(3,\), got \(5, 2\)$"),
-    "wrong-width-single": (torch.randn(2), ValueError, r"\(B, 3\) or \(3,\), got \(2,\)$"),
-    "three-dims": (torch.randn(2, 2, 3), ValueError, r"\(B, 3\) or \(3,\), got \(2, 2, 3\)$"),
-    "scalar": (torch.tensor(1.0), ValueError, r"\(B, 3\) or \(3,\), got \(\)$"),
+    "wrong-width-rows": (torch.randn(5, 2), ValueError, r"\(\.\.\., 3\), got \(5, 2\)$"),
+    "wrong-width-single": (torch.randn(2), ValueError, r"\(\.\.\., 3\), got \(2,\)$"),
+    "wrong-width-3d": (torch.randn(2, 2, 4), ValueError, r"\(\.\.\., 3\), got \(2, 2, 4\)$"),
+    "scalar": (torch.tensor(1.0), ValueError, r"\(\.\.\., 3\), got \(\)$"),
     "empty": (torch.randn(0, 3), ValueError, r"'context' is an empty batch: shape \(0, 3\)"),
     "float64": (torch.randn(5, 3).double(), TypeError, "'context' should have dtype torch.float32"),
     "long": (torch.ones(3, dtype=torch.long), TypeError, "'context' should have dtype"),
@@ -273,7 +277,7 @@ def test_bad_sample_arguments(conditional):
     with pytest.raises(ValueError, match="'context' is required"):
         conditional.sample(3)
     with pytest.raises(ValueError, match="'context' should have shape"):
-        conditional.sample(context=torch.randn(2, 2, 3))
+        conditional.sample(context=torch.randn(2, 2, 4))
 
 
 @pytest.mark.parametrize("n", [2.5, True, "3", 0, -1, torch.tensor(3)])

@@ -243,7 +243,7 @@ def test_like_and_context_are_checked(solver):
     with pytest.raises(ValueError, match="'context' was given"):
         solver(made, step, torch.zeros(2, 3), torch.zeros(2, 1))
     conditional = MADE(3, (8,), context_features=2)
-    with pytest.raises(ValueError, match=r"'context' should be a tensor of shape \(N, 2\)"):
+    with pytest.raises(ValueError, match=r"'context' is required: a tensor of shape \(2, 2\)"):
         solver(conditional, step, torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"'context' should have shape \(2, 2\)"):
         solver(conditional, step, torch.zeros(2, 3), torch.zeros(4, 2))

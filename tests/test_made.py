@@ -231,7 +231,7 @@ def test_bad_arguments(kwargs, match):
         (torch.randn(4, 3).double(), torch.randn(4, 2), TypeError, "'x' should have dtype torch"),
         (torch.ones(4, 3, dtype=torch.long), torch.randn(4, 2), TypeError, "'x' should have dtype"),
         (torch.empty(4, 3, device="meta"), torch.randn(4, 2), ValueError, "'x' is on meta but"),
-        (torch.randn(4, 3), None, ValueError, r"'context' should be a tensor of shape \(\.\.\."),
+        (torch.randn(4, 3), None, ValueError, r"'context' is required: a tensor of shape \(4, 2\)"),
         (torch.randn(4, 3), torch.randn(4, 5), ValueError, r"'context' should have shape \(4, 2\)"),
         (torch.randn(4, 3), torch.randn(2), ValueError, r"'context' should have shape \(4, 2\)"),
         (torch.randn(3), torch.randn(1, 2), ValueError, r"'context' should have shape \(2,\)"),

@@ -203,14 +203,12 @@ def test_compose_needs_one_width_and_reports_it():
 
 @pytest.mark.parametrize("name", TRANSFORMS)
 def test_wrong_width_names_the_argument(name):
-    """Every transform checks its input's width in both directions, naming 'x' or 'z' (a
-    permutation used to return a silently truncated tensor, BatchNorm to fail inside torch, an
-    IAF's forward to name the solver's internal argument 'like'). Inverse passes its input
-    on, so the error names the argument of the wrapped transform's other direction."""
+    """Every transform called directly checks its input's width in both directions, naming
+    'x' or 'z' (a permutation used to return a silently truncated tensor, BatchNorm to fail
+    inside torch, an IAF's forward to name the solver's internal argument 'like')."""
     t = make(name)
     _, c = inputs(t)
-    names = ("z", "x") if name == "inverse" else ("x", "z")
-    for method, arg in zip((t, t.inverse), names, strict=True):
+    for method, arg in zip((t, t.inverse), ("x", "z"), strict=True):
         match = rf"'{arg}' should have shape \(N, {D}\), got \(6, 5\)"
         with pytest.raises(ValueError, match=match):
             method(torch.randn(6, D + 1, dtype=torch.float64), c)
@@ -218,13 +216,11 @@ def test_wrong_width_names_the_argument(name):
 
 @pytest.mark.parametrize("direction", ["maf", "iaf"])
 def test_autoregressive_layer_checks_dtype_in_both_directions(direction):
-    """Before the solver the layer checks the dtype itself; in the one-pass direction the MADE
-    does (naming its own argument, 'x')."""
+    """The layer checks the dtype of its input in both directions, naming the argument of the
+    method called ('x' of forward, 'z' of inverse; the MADE inside trusts the layer)."""
     layer = autoregressive(direction, "affine")
-    solved = {"maf": "z", "iaf": "x"}[direction]
     for method, arg in ((layer, "x"), (layer.inverse, "z")):
-        name = arg if arg == solved else "x"
-        with pytest.raises(TypeError, match=rf"'{name}' should have dtype torch.float32"):
+        with pytest.raises(TypeError, match=rf"'{arg}' should have dtype torch.float32"):
             method(torch.randn(3, D, dtype=torch.float64))
 
 

@@ -197,10 +197,10 @@ class BernoulliMADE(_DiscreteMADE):
     def logits(self, x: Tensor) -> Tensor:
         r"""Logits ``\ell`` of the conditionals, ``p(x_d = 1 | x_{<d}) = \sigma(\ell_d)``;
         ``x`` ``(N, D)`` -> ``(N, D)``."""
-        return self.made(self._check(x)).squeeze(-1)
+        return self.made._forward(self._check(x), None).squeeze(-1)
 
     def _log_prob(self, x: Tensor) -> Tensor:
-        logits = self.made(x).squeeze(-1)
+        logits = self.made._forward(x, None).squeeze(-1)
         return -F.binary_cross_entropy_with_logits(logits, x, reduction="none").sum(-1)
 
     @torch.no_grad()
@@ -301,10 +301,10 @@ class CategoricalMADE(_DiscreteMADE):
 
     def logits(self, x: Tensor) -> Tensor:
         r"""Unnormalized logits ``(N, D, K)`` of the conditionals ``p(x_d | x_{<d})``."""
-        return self.made(self._one_hot()(self._check(x)))
+        return self.made._forward(self._one_hot()(self._check(x)), None)
 
     def _log_prob(self, x: Tensor) -> Tensor:
-        log_p = torch.log_softmax(self.made(self._one_hot()(x)), dim=-1)
+        log_p = torch.log_softmax(self.made._forward(self._one_hot()(x), None), dim=-1)
         return log_p.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
     @torch.no_grad()

@@ -24,6 +24,21 @@ pre-squash tensor it cached, and the flow hands back its log-density. Only sampl
 gradients enabled are kept (a sample drawn by :meth:`sample` or under ``torch.no_grad()`` is
 scored afresh, so its log-density carries gradients). Build a new ``FlowDistribution`` after
 changing the flow's parameters, as with any torch distribution.
+
+Values outside the support. A value with an infinite coordinate (an action clipped to +-1 and
+mapped back through ``atanh``, say) has log-density ``-inf``, as in torch's distributions; a
+NaN is a ValueError naming ``value``.
+
+What has no closed form. A flow's entropy, mean, variance and KL divergences are integrals
+without a closed form; they are Monte-Carlo estimates here, each with its sample count as an
+argument (:meth:`~FlowDistribution.entropy`, :meth:`~FlowDistribution.sample_mean`,
+:meth:`~FlowDistribution.sample_variance`, :func:`monte_carlo_kl`), reparameterized so they can
+be optimized. The ``mean``, ``variance`` and ``stddev`` properties of torch's API cannot take a
+sample count: they raise a ``NotImplementedError`` that names the estimators. ``cdf`` and
+``icdf`` are not defined for a distribution over ``R^D`` in torch's elementwise sense and raise
+``NotImplementedError`` saying so. :func:`torch.distributions.kl_divergence` with a
+``FlowDistribution`` on either side returns :func:`monte_carlo_kl` with
+:data:`KL_SAMPLES` samples.
 """
 
 from __future__ import annotations
@@ -33,22 +48,29 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from torch.distributions import Distribution, constraints
+from torch.distributions import Distribution, constraints, register_kl
+
+from flowkit.validation import check_batch, check_batch_context, check_n, nonfinite_rows
 
 if TYPE_CHECKING:
     from flowkit.flows.flow import Flow
 
 _Shape = torch.Size | tuple[int, ...] | list[int]
 
+KL_SAMPLES = 1000
+"""Samples of the Monte-Carlo KL estimate that :func:`torch.distributions.kl_divergence`
+returns for a :class:`FlowDistribution` (:func:`monte_carlo_kl` takes the count)."""
+
 
 class FlowDistribution(Distribution):
-    r"""A flow ``p(x | c)`` as a torch distribution with event shape ``(D,)``.
+    r"""A flow ``p(x | c)`` as a torch distribution with event shape ``(D,)``; what
+    ``flow(context)`` returns.
 
     Args:
-        flow: a :class:`flowkit.Flow` (anything with ``features``, ``context_features``,
-            ``log_prob(x, context)`` and ``sample_and_log_prob(n, context)``).
+        flow: a :class:`flowkit.Flow`.
         context: ``(*batch_shape, C)`` tensor, one conditioning vector per batch element, or
-            None for an unconditional flow (``batch_shape = ()``).
+            None for an unconditional flow (``batch_shape = ()``). Checked here (dtype, device,
+            finite), once for every later call.
         validate_args: as for every :class:`torch.distributions.Distribution`.
 
     Example:
@@ -68,22 +90,8 @@ class FlowDistribution(Distribution):
     def __init__(
         self, flow: Flow, context: Tensor | None = None, validate_args: bool | None = None
     ):
-        if flow.context_features == 0:
-            if context is not None:
-                raise ValueError("'context' was given but the flow has context_features=0")
-            batch_shape = torch.Size()
-        else:
-            if not isinstance(context, Tensor) or context.dim() < 1:
-                raise ValueError(
-                    f"'context' should be a tensor of shape (..., {flow.context_features}), "
-                    f"got {context if context is None else tuple(context.shape)}"
-                )
-            if context.shape[-1] != flow.context_features:
-                raise ValueError(
-                    f"'context' should have shape (..., {flow.context_features}), "
-                    f"got {tuple(context.shape)}"
-                )
-            batch_shape = context.shape[:-1]
+        context = check_batch_context(context, flow.context_features, flow._reference())
+        batch_shape = torch.Size() if context is None else context.shape[:-1]
         self.flow = flow
         self.context = context
         self._cache: tuple[Tensor, Tensor] | None = None
@@ -115,18 +123,13 @@ class FlowDistribution(Distribution):
         log-density ``(*sample_shape, *batch_shape)`` from one inverse pass of the flow (one MADE
         pass per layer for an IAF)."""
         sample_shape = torch.Size(sample_shape)
-        shape = sample_shape + self.batch_shape
-        n, b = math.prod(sample_shape), math.prod(self.batch_shape)
-        if n * b == 0:
-            ref = self.flow._reference()
-            x = torch.empty(*shape, *self.event_shape, dtype=ref.dtype, device=ref.device)
-            return x, x.new_empty(shape)
         if self.context is None:
-            x, log_p = self.flow.sample_and_log_prob(n * b)
+            # i.i.d. copies: one flat batch of prod(sample_shape + batch_shape) draws
+            x, log_p = self.flow._sample_batch(sample_shape + self.batch_shape, None, True)
         else:
-            rows = self.context.reshape(b, self.context.shape[-1])
-            x, log_p = self.flow.sample_and_log_prob(n, rows)
-        return x.reshape(*shape, *self.event_shape), log_p.reshape(shape)
+            x, log_p = self.flow._sample_batch(sample_shape, self.context, True)
+        assert log_p is not None
+        return x, log_p
 
     def rsample(self, sample_shape: _Shape = ()) -> Tensor:
         """Reparameterized samples, ``(*sample_shape, *batch_shape, D)``. With gradients enabled,
@@ -137,18 +140,15 @@ class FlowDistribution(Distribution):
 
     def log_prob(self, value: Tensor) -> Tensor:
         """``log p(value | context)`` for ``value`` of shape ``(..., *batch_shape, D)``
-        (broadcasting as in torch); returns the broadcast shape without the last axis."""
+        (broadcasting as in torch); returns the broadcast shape without the last axis.
+        ``-inf`` where ``value`` has an infinite coordinate; NaN is an error."""
         if self._cache is not None and value is self._cache[0]:
             log_p = self._cache[1]
             return log_p if torch.is_grad_enabled() else log_p.detach()
         if self._validate_args:
             self._validate_sample(value)
         features = self.event_shape[0]
-        if not isinstance(value, Tensor) or value.dim() < 1 or value.shape[-1] != features:
-            raise ValueError(
-                f"'value' should have shape (..., {features}), got "
-                f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}"
-            )
+        value = check_batch("value", value, features, self.flow._reference())
         try:  # checked here too: torch.compile turns validate_args off for every distribution
             shape = torch.broadcast_shapes(value.shape[:-1], self.batch_shape)
         except RuntimeError:
@@ -158,13 +158,55 @@ class FlowDistribution(Distribution):
             ) from None
         if math.prod(shape) == 0:
             return value.new_empty(shape)
-        if self.context is None:  # i.i.d. over the batch: score each distinct value once
-            log_p = self.flow.log_prob(value.reshape(-1, features))
-            return log_p.reshape(value.shape[:-1]).expand(shape)
-        context_features = self.context.shape[-1]
-        x = value.expand(*shape, features).reshape(-1, features)
-        context = self.context.expand(*shape, context_features).reshape(-1, context_features)
-        return self.flow.log_prob(x, context).reshape(shape)
+        outside = nonfinite_rows("value", value)
+        return self.flow._log_prob_batch(value, self.context, shape, outside)
+
+    # ------------------------------------------------------- what has no closed form
+
+    def entropy(self, n: int = 1000) -> Tensor:
+        r"""Monte-Carlo estimate of the entropy, ``batch_shape``:
+        :math:`H \approx -\frac1n \sum_i \log p(x_i)`, :math:`x_i \sim p` (one inverse pass
+        for all ``n``; reparameterized, so it can be maximized). Its standard error is about
+        ``std(log p(x)) / sqrt(n)``."""
+        return -self.rsample_and_log_prob((check_n(n),))[1].mean(0)
+
+    def sample_mean(self, n: int = 1000) -> Tensor:
+        """Monte-Carlo estimate of the mean, ``(*batch_shape, D)``: the mean of ``n``
+        reparameterized samples."""
+        return self.rsample((check_n(n),)).mean(0)
+
+    def sample_variance(self, n: int = 1000) -> Tensor:
+        """Monte-Carlo estimate of the variance of each coordinate, ``(*batch_shape, D)``: the
+        unbiased variance of ``n >= 2`` reparameterized samples."""
+        if check_n(n) < 2:
+            raise ValueError(f"'n' should be at least 2 for a variance, got {n}")
+        return self.rsample((n,)).var(0)
+
+    @property
+    def mean(self) -> Tensor:
+        raise NotImplementedError(
+            "a flow's mean has no closed form; estimate it with sample_mean(n) (n samples)"
+        )
+
+    @property
+    def variance(self) -> Tensor:
+        raise NotImplementedError(
+            "a flow's variance has no closed form; estimate it with sample_variance(n) "
+            "(n samples)"
+        )
+
+    def cdf(self, value: Tensor) -> Tensor:
+        raise NotImplementedError(
+            "FlowDistribution has no cdf: torch's cdf is elementwise, and a flow over R^D has "
+            "only a joint CDF without closed form; estimate P(X <= value) as "
+            "(d.sample((n,)) <= value).all(-1).float().mean(0)"
+        )
+
+    def icdf(self, value: Tensor) -> Tensor:
+        raise NotImplementedError(
+            "FlowDistribution has no icdf: a distribution over R^D has no inverse CDF in "
+            "torch's elementwise sense; draw samples with sample() or rsample()"
+        )
 
     def __repr__(self) -> str:
         return (
@@ -172,3 +214,39 @@ class FlowDistribution(Distribution):
             f"context_features={self.flow.context_features}, "
             f"batch_shape={tuple(self.batch_shape)})"
         )
+
+
+def monte_carlo_kl(p: Distribution, q: Distribution, n: int = KL_SAMPLES) -> Tensor:
+    r"""Monte-Carlo estimate of :math:`KL(p \| q) = E_p[\log p(x) - \log q(x)]` from ``n``
+    samples of ``p``, shape: the broadcast batch shape of ``p`` and ``q``.
+
+    One of them is a :class:`FlowDistribution`, the other any distribution with ``log_prob``
+    and the same event shape. Samples of a flow come with their log-density from the same pass
+    (no second pass) and are reparameterized, so the estimate is differentiable in the flow's
+    parameters (and in ``p``'s, when ``p`` has ``rsample``). Unbiased; its standard error is
+    about ``std(log p(x) - log q(x)) / sqrt(n)``.
+
+    Example:
+        >>> import torch, flowkit
+        >>> from torch.distributions import Independent, Normal
+        >>> flow = flowkit.MAF(2, layers=2, hidden_features=(8,))
+        >>> q = Independent(Normal(torch.zeros(2), torch.ones(2)), 1)
+        >>> abs(float(monte_carlo_kl(flow(), q, n=100))) < 1e-5  # it starts as the identity
+        True
+    """
+    n = check_n(n)
+    if isinstance(p, FlowDistribution):
+        x, log_p = p.rsample_and_log_prob((n,))
+    else:
+        x = p.rsample((n,)) if p.has_rsample else p.sample((n,))
+        log_p = p.log_prob(x)
+    return (log_p - q.log_prob(x)).mean(0)
+
+
+@register_kl(FlowDistribution, FlowDistribution)
+@register_kl(FlowDistribution, Distribution)
+@register_kl(Distribution, FlowDistribution)
+def _kl_flow(p: Distribution, q: Distribution) -> Tensor:
+    """:func:`torch.distributions.kl_divergence` for flows: :func:`monte_carlo_kl` with
+    :data:`KL_SAMPLES` samples."""
+    return monte_carlo_kl(p, q, KL_SAMPLES)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
+from torch import nn
 
 from flowkit.checkpoint import model_config
 from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
@@ -54,6 +55,39 @@ def make_transformer(name: str, **kwargs: float) -> Affine | RationalQuadraticSp
     return cls(**kwargs)
 
 
+ActivationSpec = str | type[nn.Module]
+
+# torch.nn.modules.activation classes that mix units (a MADE needs an elementwise map, or the
+# autoregressive property is lost) or need constructor arguments.
+_NOT_ELEMENTWISE = {"MultiheadAttention", "Softmax", "Softmax2d", "Softmin", "LogSoftmax", "GLU",
+                    "Threshold"}
+
+
+def activation_class(activation: ActivationSpec) -> type[nn.Module]:
+    """A MADE's hidden nonlinearity from its name, any activation of :mod:`torch.nn` by its
+    class name in any case (``"relu"``, ``"ELU"``, ``"gelu"``, ``"silu"``, ``"tanh"``,
+    ``"leakyrelu"``), or that class itself (``nn.ELU``). Only :mod:`torch.nn`'s activations, so
+    that a model's config can store the name and :func:`flowkit.load_model` can rebuild it.
+
+    Raises:
+        ValueError: anything else, with the names that are accepted.
+    """
+    names = {
+        name.lower(): cls
+        for name, cls in vars(nn.modules.activation).items()
+        if isinstance(cls, type) and issubclass(cls, nn.Module)
+        and cls.__module__ == nn.modules.activation.__name__ and name not in _NOT_ELEMENTWISE
+    }
+    if isinstance(activation, str) and activation.lower() in names:
+        return names[activation.lower()]
+    if isinstance(activation, type) and names.get(activation.__name__.lower()) is activation:
+        return activation
+    raise ValueError(
+        "'activation' should be the name or class of a torch.nn activation (e.g. 'relu', "
+        f"'elu', 'gelu', 'silu', 'tanh'; one of {sorted(names)}), got {activation!r}"
+    )
+
+
 def _permutations(
     permutation: PermutationSpec, features: int, layers: int, seed: int
 ) -> list[Permutation | None]:
@@ -91,6 +125,7 @@ def _autoregressive_flow(
     permutation: PermutationSpec,
     batch_norm: bool,
     residual: bool,
+    activation: ActivationSpec,
     learnable_base: bool,
     seed: int,
 ) -> Flow:
@@ -100,6 +135,7 @@ def _autoregressive_flow(
     seed = check_int("seed", seed, 0)
     batch_norm = check_bool("batch_norm", batch_norm)
     learnable_base = check_bool("learnable_base", learnable_base)
+    activation_cls = activation_class(activation)
     permutations = _permutations(permutation, features, layers, seed)
     transforms: list[Transform] = []
     for i in range(layers):
@@ -110,6 +146,7 @@ def _autoregressive_flow(
             params_per_feature=tau.params_per_feature,
             context_features=context_features,
             residual=residual,
+            activation=activation_cls,
             seed=seed + i,
         )
         transforms.append(MaskedAutoregressive(made, tau, direction))
@@ -133,6 +170,7 @@ def MAF(
     permutation: PermutationSpec = "reverse",
     batch_norm: bool = False,
     residual: bool = False,
+    activation: ActivationSpec = "relu",
     learnable_base: bool = False,
     seed: int = 0,
 ) -> Flow:
@@ -151,7 +189,11 @@ def MAF(
             permutation of ``range(D)`` (the same after every layer), or ``layers - 1`` of them
             (one after each layer but the last); see :class:`flowkit.transforms.Permutation`.
         batch_norm: insert :class:`flowkit.transforms.BatchNorm` between layers.
-        residual: residual masked blocks in each MADE.
+        residual: residual masked blocks ``h <- h + W act(h)`` in each MADE (hidden layers
+            of one size).
+        activation: the MADEs' hidden nonlinearity, a :mod:`torch.nn` activation by name
+            (``"relu"``, ``"elu"``, ``"gelu"``, ``"silu"``, ``"tanh"``, ...) or class
+            (``nn.ELU``); the config stores its class name (see :func:`activation_class`).
         learnable_base: learn the mean and scale of the Gaussian base.
         seed: seed of the MADE degrees and random permutations.
 
@@ -162,6 +204,7 @@ def MAF(
         torch.Size([4])
     """
     kwargs = dict(locals())
+    kwargs["activation"] = activation_class(activation).__name__
     flow = _autoregressive_flow("maf", **kwargs)
     flow.config = model_config("MAF", **kwargs)
     return flow
@@ -177,6 +220,7 @@ def IAF(
     permutation: PermutationSpec = "reverse",
     batch_norm: bool = False,
     residual: bool = False,
+    activation: ActivationSpec = "relu",
     learnable_base: bool = False,
     seed: int = 0,
 ) -> Flow:
@@ -192,6 +236,7 @@ def IAF(
         (torch.Size([4, 2]), torch.Size([4]))
     """
     kwargs = dict(locals())
+    kwargs["activation"] = activation_class(activation).__name__
     flow = _autoregressive_flow("iaf", **kwargs)
     flow.config = model_config("IAF", **kwargs)
     return flow

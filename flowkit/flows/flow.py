@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-import itertools
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from flowkit.distributions.flow_distribution import FlowDistribution
 from flowkit.transforms.base import Transform
-from flowkit.validation import check_context, check_features, check_n
+from flowkit.validation import (
+    broadcast_batch,
+    check_batch,
+    check_batch_context,
+    check_int,
+    check_n,
+    check_not_empty,
+    is_int,
+    nonfinite_rows,
+    reference,
+)
+
+SampleShape = int | Sequence[int] | None
 
 
 class Flow(nn.Module):
@@ -17,16 +30,25 @@ class Flow(nn.Module):
 
     ``transform`` maps data to noise (its ``forward``); sampling runs its ``inverse``.
 
-    Shapes (``D = features``, ``C = context_features``):
+    Shapes follow :mod:`torch.distributions` (``D = features``, ``C = context_features``):
 
-    * ``log_prob(x, context)``: ``x`` is ``(N, D)``; ``context`` is ``(N, C)`` (one per row) or
-      ``(C,)`` (shared by all rows). Returns ``(N,)``.
-    * ``sample(n)`` without context: ``(n, D)``.
-    * ``sample(n, context)`` with ``context`` ``(C,)``: ``(n, D)``, all given that context.
-    * ``sample(context=context)`` with ``context`` ``(B, C)``: ``(B, D)``, one sample per row.
-    * ``sample(n, context)`` with ``context`` ``(B, C)``: ``(n, B, D)``, ``n`` per row.
+    * ``flow(context)`` (or ``flow()`` without context) is the lazy distribution
+      ``p(. | context)``, a :class:`flowkit.FlowDistribution` with ``event_shape = (D,)`` and
+      ``batch_shape = context.shape[:-1]``.
+    * ``log_prob(x, context)``: ``x`` is ``(*A, D)``, ``context`` ``(*B, C)``; the batch shapes
+      ``A`` and ``B`` broadcast (size-1 axes stretch, so a ``(C,)`` or ``(1, C)`` context serves
+      every row). Returns the broadcast shape, ``(N,)`` for ``(N, D)`` and ``(N, C)``.
+    * ``sample(sample_shape, context)``: ``(*sample_shape, *context.shape[:-1], D)``;
+      ``sample_shape`` is an int ``n`` (``(n,)``) or a tuple. Without context: ``sample(n)`` is
+      ``(n, D)``. With ``context`` ``(B, C)``: ``sample(context=context)`` is ``(B, D)`` (one
+      per row), ``sample(n, context)`` is ``(n, B, D)``; with ``context`` ``(C,)``,
+      ``sample(n, context)`` is ``(n, D)``. ``sample()`` without context is an error (say how
+      many); ``sample(())`` is one ``(D,)`` sample.
 
-    No Python loop over contexts: rows are expanded and processed as one batch.
+    No Python loop over contexts: rows are expanded and processed as one batch. Inputs are
+    checked here, once per call (type, shape, dtype, device, NaN); the transforms and MADEs
+    inside trust the flow. A point with an infinite coordinate is outside the support: its
+    log-density is ``-inf``.
 
     Args:
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
@@ -48,48 +70,130 @@ class Flow(nn.Module):
 
     def _reference(self) -> Tensor:
         """The first floating-point parameter or buffer: the model's dtype and device."""
-        tensors = itertools.chain(self.parameters(), self.buffers())
-        return next(t for t in tensors if t.is_floating_point())
+        ref = reference(self)
+        assert ref is not None, "a flow has floating-point parameters or buffers"
+        return ref
+
+    # ---------------------------------------------------- where the context and the base enter
+
+    def _embed(self, context: Tensor) -> Tensor:
+        """The context ``(R, C)`` as the transforms read it, ``(R, H)``: every path calls this
+        once per distinct context row, before the rows are expanded."""
+        return context
+
+    def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
+        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the embedded context ``h``."""
+        return self.base.log_prob(z)
+
+    def _base_rsample(self, rows: int, h: Tensor | None) -> Tensor:
+        """``rows`` reparameterized base draws ``(rows, D)`` given the embedded context ``h``
+        ``(rows, H)`` (or None)."""
+        return self.base.rsample(rows)
+
+    # ------------------------------------------------ unchecked implementations (checked input)
+
+    def _log_prob(self, x: Tensor, h: Tensor | None) -> Tensor:
+        """``x`` ``(R, D)``, ``h`` ``(R, H)`` or None -> ``(R,)``."""
+        z, log_det = self.transform._forward(x, h)
+        return self._base_log_prob(z, h) + log_det
+
+    def _log_prob_batch(
+        self, x: Tensor, context: Tensor | None, shape: torch.Size, outside: Tensor | None
+    ) -> Tensor:
+        """``x`` ``(*A, D)`` and ``context`` ``(*B, C)`` broadcast to ``shape``; ``outside``
+        ``(*A,)`` marks points with infinite entries (log-density ``-inf``). Each distinct
+        context row is embedded once."""
+        d = self.features
+        if context is None and outside is None:  # i.i.d.: score each distinct point once
+            return self._log_prob(x.reshape(-1, d), None).reshape(x.shape[:-1]).expand(shape)
+        x = x.expand(*shape, d).reshape(-1, d)
+        h = None if context is None else self._embed_rows(context, shape)
+        if outside is None:
+            return self._log_prob(x, h).reshape(shape)
+        inside = ~outside.expand(shape).reshape(-1)
+        log_p = x.new_full((x.shape[0],), -math.inf)
+        log_p[inside] = self._log_prob(x[inside], None if h is None else h[inside])
+        return log_p.reshape(shape)
+
+    def _embed_rows(self, context: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """``context`` ``(*B, C)`` embedded, then broadcast to ``(*shape, H)`` and flattened
+        to ``(prod(shape), H)`` (no copy of the context before the embedding)."""
+        batch = context.shape[:-1]
+        h = self._embed(context.reshape(-1, context.shape[-1]))
+        return h.reshape(*batch, h.shape[-1]).expand(*shape, h.shape[-1]).reshape(-1, h.shape[-1])
+
+    def _sample_batch(
+        self, sample_shape: torch.Size, context: Tensor | None, log_prob: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Samples ``(*sample_shape, *batch, D)`` (``batch = context.shape[:-1]``) and, with
+        ``log_prob``, their log-density from the same inverse pass."""
+        shape = sample_shape + (() if context is None else context.shape[:-1])
+        rows = math.prod(shape)
+        if rows == 0:
+            ref = self._reference()
+            x = torch.empty(*shape, self.features, dtype=ref.dtype, device=ref.device)
+            return x, x.new_empty(shape) if log_prob else None
+        h = None if context is None else self._embed_rows(context, shape)
+        z = self._base_rsample(rows, h)
+        log_pz = self._base_log_prob(z, h) if log_prob else None
+        x, log_det = self.transform._inverse(z, h)
+        x = x.reshape(*shape, self.features)
+        return x, None if log_pz is None else (log_pz - log_det).reshape(shape)
+
+    # ------------------------------------------------------------------------- public methods
+
+    def forward(self, context: Tensor | None = None) -> FlowDistribution:
+        """The distribution ``p(. | context)`` as a :class:`flowkit.FlowDistribution`
+        (``batch_shape = context.shape[:-1]``); ``flow()`` for an unconditional flow.
+
+        Example:
+            >>> import torch, flowkit
+            >>> flow = flowkit.MAF(2, layers=2, hidden_features=(8,), context_features=3)
+            >>> d = flow(torch.randn(5, 3))
+            >>> x = d.sample((4,))
+            >>> x.shape, d.log_prob(x).shape
+            (torch.Size([4, 5, 2]), torch.Size([4, 5]))
+        """
+        return FlowDistribution(self, context)
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Exact log-density ``log p(x | context)``, shape ``(N,)``."""
+        """Exact log-density ``log p(x | context)``: ``x`` ``(*A, D)``, ``context`` ``(*B, C)``
+        with broadcastable ``A`` and ``B``; returns their broadcast shape. ``-inf`` for points
+        with an infinite coordinate; NaN is an error."""
         ref = self._reference()
-        x = check_features("x", x, self.features, ref)
-        context = check_context(context, self.context_features, x.shape[0], ref)
-        z, log_det = self.transform(x, context)
-        return self.base.log_prob(z) + log_det
+        x = check_batch("x", x, self.features, ref)
+        context = check_batch_context(context, self.context_features, ref)
+        shape = broadcast_batch("x", x, context)
+        check_not_empty("x", x, shape)
+        return self._log_prob_batch(x, context, shape, nonfinite_rows("x", x))
 
-    def _noise_and_context(
-        self, n: int | None, context: Tensor | None
-    ) -> tuple[Tensor, Tensor | None, tuple[int, ...]]:
-        """Base noise ``(rows, D)``, the context expanded to ``(rows, C)`` (or None) and the
-        shape of the samples without their last axis, from the user's ``n`` and ``context``
-        (checked as given, before any expansion)."""
-        context = check_context(context, self.context_features, None, self._reference())
-        if context is None or context.dim() == 1:
-            shape: tuple[int, ...] = (check_n(n),)
-        elif n is None:
-            shape = (context.shape[0],)
-        else:
-            shape = (check_n(n), context.shape[0])
-        rows = math.prod(shape)
+    def _check_sample(
+        self, n: SampleShape, context: Tensor | None
+    ) -> tuple[torch.Size, Tensor | None]:
+        """The user's ``n`` as a sample shape and their context, checked as given."""
+        context = check_batch_context(context, self.context_features, self._reference())
         if context is not None:
-            context = context.expand(*shape, -1).reshape(rows, -1)
-        return self.base.rsample(rows), context, shape
+            check_not_empty("context", context, context.shape[:-1])
+        if n is None:
+            if context is None:
+                check_n(n)  # an error: how many samples?
+            return torch.Size(), context
+        if is_int(n) or isinstance(n, str) or not isinstance(n, Sequence):
+            return torch.Size([check_n(n)]), context
+        return torch.Size(check_int(f"n[{i}]", s, 1) for i, s in enumerate(n)), context
 
-    def rsample(self, n: int | None = None, context: Tensor | None = None) -> Tensor:
-        """Reparameterized samples (gradients flow to the parameters); shapes as above."""
-        z, context, shape = self._noise_and_context(n, context)
-        x, _ = self.transform.inverse(z, context)
-        return x.reshape(*shape, self.features)
+    def rsample(self, n: SampleShape = None, context: Tensor | None = None) -> Tensor:
+        """Reparameterized samples (gradients flow to the parameters and the context);
+        ``(*sample_shape, *context.shape[:-1], D)``, see the class notes."""
+        return self._sample_batch(*self._check_sample(n, context), log_prob=False)[0]
 
     @torch.no_grad()
-    def sample(self, n: int | None = None, context: Tensor | None = None) -> Tensor:
-        """Samples without gradient tracking; shapes as above."""
+    def sample(self, n: SampleShape = None, context: Tensor | None = None) -> Tensor:
+        """Samples without gradient tracking; shapes as :meth:`rsample`."""
         return self.rsample(n, context)
 
     def sample_and_log_prob(
-        self, n: int | None = None, context: Tensor | None = None
+        self, n: SampleShape = None, context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Reparameterized samples and their exact log-density from the same inverse pass
         (one MADE pass per layer for an IAF). Returns ``x`` and ``log p(x)`` shaped as the
@@ -101,7 +205,6 @@ class Flow(nn.Module):
         averages) it is the eval-mode density, which :meth:`log_prob` in training mode (batch
         statistics) is not.
         """
-        z, context, shape = self._noise_and_context(n, context)
-        log_pz = self.base.log_prob(z)
-        x, log_det = self.transform.inverse(z, context)
-        return x.reshape(*shape, self.features), (log_pz - log_det).reshape(shape)
+        x, log_p = self._sample_batch(*self._check_sample(n, context), log_prob=True)
+        assert log_p is not None
+        return x, log_p

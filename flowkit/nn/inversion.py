@@ -49,6 +49,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from flowkit.nn import masks
 from flowkit.nn.made import MADE
+from flowkit.validation import check_context
 
 Encode = Callable[[Tensor], Tensor]
 """``encode(y) -> made input``: maps values ``(N, D)`` to the MADE's input, e.g. one-hot
@@ -246,17 +247,7 @@ def _check_arguments(made: MADE, like: Tensor, context: Tensor | None) -> None:
             f"'like' should have shape (N, made.features) = (N, {made.features}), got "
             f"{tuple(like.shape)}"
         )
-    c = made.context_features
-    if (context is None) != (c == 0):
-        raise ValueError(
-            f"'context' should be a tensor of shape (N, {c})"
-            if c
-            else "'context' was given but 'made' has context_features=0"
-        )
-    if context is not None and context.shape != (like.shape[0], c):
-        raise ValueError(
-            f"'context' should have shape {(like.shape[0], c)}, got {tuple(context.shape)}"
-        )
+    check_context(context, made.context_features, like.shape[:1], None)
 
 
 def _identity(t: Tensor) -> Tensor:

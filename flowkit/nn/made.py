@@ -22,7 +22,7 @@ from torch.utils.hooks import RemovableHandle
 
 from flowkit.nn import masks
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
-from flowkit.validation import check_bool, check_int, check_tensor, format_shape
+from flowkit.validation import check_bool, check_context, check_int, check_tensor, format_shape
 
 
 class MaskedLinear(nn.Linear):
@@ -325,7 +325,8 @@ class MADE(nn.Module):
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """``x``: ``(..., D)`` (or ``(..., D, m)`` when ``inputs_per_feature = m > 1``),
         ``context``: ``(..., C)`` or ``None``; both with the MADE's dtype and device. Returns
-        ``(..., D, P)``. The checks read only shapes, dtypes and devices (no values)."""
+        ``(..., D, P)``. The checks read only shapes, dtypes and devices (no values); the flow
+        layers and models that own a MADE call the unchecked :meth:`_forward`."""
         ref = self.output.weight
         m = self.inputs_per_feature
         feature_shape = (self.features,) if m == 1 else (self.features, m)
@@ -336,21 +337,13 @@ class MADE(nn.Module):
                 f"{tuple(x.shape)}"
             )
         batch = x.shape[: x.dim() - len(feature_shape)]
-        if m > 1:
+        return self._forward(x, check_context(context, self.context_features, batch, ref))
+
+    def _forward(self, x: Tensor, context: Tensor | None) -> Tensor:
+        """:meth:`forward` on input its caller checked."""
+        if self.inputs_per_feature > 1:
             x = x.flatten(-2)
-        if (context is None) != (self.context_features == 0):
-            raise ValueError(
-                f"'context' should be a tensor of shape (..., {self.context_features})"
-                if context is None
-                else "'context' was given but this MADE has context_features=0"
-            )
         if context is not None:
-            expected = (*batch, self.context_features)
-            context = check_tensor("context", context, expected, ref)
-            if context.shape != expected:
-                raise ValueError(
-                    f"'context' should have shape {expected}, got {tuple(context.shape)}"
-                )
             x = torch.cat([x, context], dim=-1)
         h = x
         for i, layer in enumerate(self.hidden):

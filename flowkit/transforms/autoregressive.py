@@ -26,7 +26,7 @@ from flowkit.nn.inversion import solve_with_params
 from flowkit.nn.made import MADE
 from flowkit.transforms.base import Transform
 from flowkit.transforms.elementwise import Affine
-from flowkit.validation import check_bool, check_float, check_int, check_width
+from flowkit.validation import check_bool, check_float, check_int
 
 Direction = Literal["maf", "iaf"]
 
@@ -80,12 +80,10 @@ class MaskedAutoregressive(Transform):
                 if made.direct is not None:
                     made.direct.weight.zero_()
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        # Type and width here; dtype and device in the MADE, or here before the solver.
+    def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         if self.direction == "maf":
-            params = self.made(check_width("x", x, self.features), context)
+            params = self.made._forward(x, context)
         else:
-            x = check_width("x", x, self.features, self.made.output.weight)
             # the solver also returns made(z), the parameters of the log-determinant
             _, params = solve_with_params(
                 self.made, lambda p, i: self.transformer.forward(x[:, i], p)[0], x, context
@@ -93,11 +91,10 @@ class MaskedAutoregressive(Transform):
         z, log_det = self.transformer.forward(x, params)
         return z, log_det.sum(-1)
 
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         if self.direction == "iaf":
-            params = self.made(check_width("z", z, self.features), context)
+            params = self.made._forward(z, context)
         else:
-            z = check_width("z", z, self.features, self.made.output.weight)
             _, params = solve_with_params(
                 self.made, lambda p, i: self.transformer.inverse(z[:, i], p)[0], z, context
             )
@@ -190,15 +187,13 @@ class BatchNorm(Transform):
             self.running_var.lerp_(var, self.momentum)
         return mean, var
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        x = check_width("x", x, self.features)
+    def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         mean, var = self._statistics(x)
         z = (x - mean) * torch.rsqrt(var + self.eps) * self.log_gamma.exp() + self.beta
         log_det = (self.log_gamma - 0.5 * torch.log(var + self.eps)).sum()
         return z, log_det.expand(x.shape[0])
 
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        z = check_width("z", z, self.features)
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         mean, var = self._statistics(None)
         x = (z - self.beta) * (-self.log_gamma).exp() * torch.sqrt(var + self.eps) + mean
         log_det = (0.5 * torch.log(var + self.eps) - self.log_gamma).sum()

@@ -12,9 +12,14 @@ so that ``log p(x) = log p_base(z) + log|det dz/dx|``. A MAF layer is cheap in `
 the opposite naming; nflows and zuko use this one.
 
 All transforms act on 2-D tensors: ``x`` of shape ``(N, features)``, ``context`` of shape
-``(N, context_features)`` or ``None``. :class:`flowkit.Flow` validates user input and reshapes it;
-transforms check only what is free (shapes, dtypes, devices: no values are read) and trust
-their caller for the rest.
+``(N, context_features)`` or ``None``.
+
+Checks happen once, where input enters. ``forward`` and ``inverse`` are the checked entry
+points for a user who calls a transform directly: they check the type, width, dtype and device
+of ``x`` (or ``z``) and of the context (no values are read), then call ``_forward`` /
+``_inverse``, the unchecked implementations that subclasses write. Composite transforms
+(:class:`Compose`, :class:`Inverse`) and :class:`flowkit.Flow` (which checks user input itself,
+NaN included, and reshapes it) call the unchecked methods of the transforms inside them.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import check_int, check_width, is_permutation
+from flowkit.validation import check_context, check_int, check_width, is_permutation, reference
 
 
 class Transform(nn.Module):
@@ -40,14 +45,33 @@ class Transform(nn.Module):
     features: int | None = None
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Data to noise. ``x``: ``(N, D)``. Returns ``z``: ``(N, D)`` and
+        """Data to noise, checked. ``x``: ``(N, D)``. Returns ``z``: ``(N, D)`` and
         ``log|det dz/dx|``: ``(N,)``."""
-        raise NotImplementedError
+        return self._forward(*self._check("x", x, context))
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Noise to data. ``z``: ``(N, D)``. Returns ``x``: ``(N, D)`` and
+        """Noise to data, checked. ``z``: ``(N, D)``. Returns ``x``: ``(N, D)`` and
         ``log|det dx/dz|``: ``(N,)``."""
-        raise NotImplementedError
+        return self._inverse(*self._check("z", z, context))
+
+    def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        """:meth:`forward` on input its caller checked."""
+        raise NotImplementedError(f"{type(self).__name__} should implement _forward")
+
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        """:meth:`inverse` on input its caller checked."""
+        raise NotImplementedError(f"{type(self).__name__} should implement _inverse")
+
+    def _check(self, name: str, x: object, context: object) -> tuple[Tensor, Tensor | None]:
+        """A direct call's input: ``x`` ``(N, features)`` (any width when ``features`` is
+        None) and the context, with the dtype and device of the transform's floating-point
+        parameters (if it has any). Reads no values."""
+        like = reference(self)
+        if self.features is None:
+            x = check_width(name, x, x.shape[-1] if isinstance(x, Tensor) else 0, like)
+        else:
+            x = check_width(name, x, self.features, like)
+        return x, check_context(context, self.context_features, x.shape[:1], like)
 
 
 class Compose(Transform):
@@ -61,17 +85,17 @@ class Compose(Transform):
         self.context_features = _common(self.transforms, "context_features", 0)
         self.features = _common(self.transforms, "features", None)
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         total = x.new_zeros(x.shape[0])
         for t in self.transforms:
-            x, log_det = t(x, context)
+            x, log_det = t._forward(x, context)
             total = total + log_det
         return x, total
 
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         total = z.new_zeros(z.shape[0])
         for t in reversed(self.transforms):
-            z, log_det = t.inverse(z, context)
+            z, log_det = t._inverse(z, context)
             total = total + log_det
         return z, total
 
@@ -96,11 +120,11 @@ class Inverse(Transform):
         self.context_features = transform.context_features
         self.features = transform.features
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.transform.inverse(x, context)
+    def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        return self.transform._inverse(x, context)
 
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.transform(z, context)
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        return self.transform._forward(z, context)
 
 
 class Permutation(Transform):
@@ -142,13 +166,11 @@ class Permutation(Transform):
         generator = torch.Generator().manual_seed(check_int("seed", seed, 0))
         return cls(torch.randperm(features, generator=generator))
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        x = check_width("x", x, self.features)
-        return x[:, self.permutation], x.new_zeros(x.shape[0])
+    def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        return x.index_select(1, self.permutation), x.new_zeros(x.shape[0])
 
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        z = check_width("z", z, self.features)
-        return z[:, self.inverse_permutation], z.new_zeros(z.shape[0])
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        return z.index_select(1, self.inverse_permutation), z.new_zeros(z.shape[0])
 
     def extra_repr(self) -> str:
         return f"permutation={self.permutation.tolist()}"

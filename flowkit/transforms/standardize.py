@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from flowkit.transforms.base import Transform
-from flowkit.validation import check_int, check_tensor, check_width
+from flowkit.validation import check_int, check_tensor
 
 
 class Standardize(Transform):
@@ -134,14 +134,12 @@ class Standardize(Transform):
         elif self.training:
             self.set(*_Moments.of(x.detach()).shift_and_scale(x.dtype))
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        x = check_width("x", x, self.features)
+    def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         if not torch.compiler.is_compiling() and not self.initialized:
             self._see(x)
         return (x - self.shift) / self.scale, self._log_det(x, -1.0)
 
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        z = check_width("z", z, self.features)
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         if (
             not torch.compiler.is_compiling()
             and not self.initialized

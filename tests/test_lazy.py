@@ -1,0 +1,314 @@
+"""``flow(context)``: the lazy conditional distribution, torch's shape semantics on Flow's own
+methods (any batch shape, broadcasting, sample shapes), values outside the support, the
+Monte-Carlo estimators, and the builders' MADE options."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.distributions import Independent, Normal, kl_divergence
+
+import flowkit
+from flowkit.distributions.flow_distribution import KL_SAMPLES, monte_carlo_kl
+from flowkit.flows.builders import activation_class
+
+D, C = 3, 5
+BUILDERS = {"MAF": flowkit.MAF, "IAF": flowkit.IAF}
+
+
+def _flow(name: str, context_features: int = C, **kwargs) -> flowkit.Flow:
+    """A float64 flow moved away from its identity initialisation."""
+    flow = BUILDERS[name](D, layers=2, hidden_features=(16,), context_features=context_features,
+                          **kwargs).double()
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return flow
+
+
+@pytest.fixture(params=list(BUILDERS))
+def name(request) -> str:
+    return request.param
+
+
+def test_lazy_flow_as_zuko_tests_it(name, tmp_path):
+    """The checks zuko's test_flows makes of every flow: log_prob shape and gradients to every
+    parameter, sample shapes, rsample gradients, save/load, repr."""
+    flow = _flow(name)
+    x, c = torch.randn(256, D, dtype=torch.float64), torch.randn(C, dtype=torch.float64)
+    log_p = flow(c).log_prob(x)
+    assert log_p.shape == (256,) and log_p.requires_grad
+    flow.zero_grad(set_to_none=True)
+    (-log_p.mean()).backward()
+    assert all(p.grad is not None for p in flow.parameters())
+    assert flow(c).sample((32,)).shape == (32, D)
+    assert flow(c).has_rsample
+    y = flow(c).rsample()
+    assert y.shape == (D,)
+    flow.zero_grad(set_to_none=True)
+    y.square().sum().sqrt().backward()
+    assert all(p.grad is not None for p in flow.parameters())
+    path = tmp_path / "flow.pt"
+    flowkit.save_model(flow, path)
+    loaded = flowkit.load_model(path)
+    x, c = torch.randn(D, dtype=torch.float64), torch.randn(C, dtype=torch.float64)
+    assert flow(c).log_prob(x).shape == ()
+    torch.testing.assert_close(loaded(c).log_prob(x), flow(c).log_prob(x))
+    assert repr(flow(c)) == f"FlowDistribution(features={D}, context_features={C}, batch_shape=())"
+
+
+def test_unconditional_call(name):
+    flow = _flow(name, 0)
+    d = flow()
+    assert d.batch_shape == () and d.event_shape == (D,)
+    x = d.sample((4, 2))
+    assert x.shape == (4, 2, D)
+    torch.testing.assert_close(d.log_prob(x), flow.log_prob(x.reshape(-1, D)).reshape(4, 2))
+
+
+@pytest.mark.parametrize(
+    "x_shape, c_shape, expected",
+    [
+        ((7, D), (7, C), (7,)),
+        ((7, D), (C,), (7,)),
+        ((7, D), (1, C), (7,)),  # a (1, C) context serves every row
+        ((1, D), (7, C), (7,)),  # one point under 7 contexts
+        ((D,), (C,), ()),
+        ((4, 6, D), (6, C), (4, 6)),  # sbi's (S, B, D) against (B, C)
+        ((4, 1, D), (6, C), (4, 6)),
+        ((2, 3, 4, D), (3, 1, C), (2, 3, 4)),
+    ],
+)
+def test_log_prob_broadcasts_like_torch(name, x_shape, c_shape, expected):
+    """Every batch shape, with size-1 axes broadcast, equals the row-by-row log-density of the
+    expanded inputs."""
+    flow = _flow(name)
+    x = torch.randn(x_shape, dtype=torch.float64)
+    c = torch.randn(c_shape, dtype=torch.float64)
+    log_p = flow.log_prob(x, c)
+    assert log_p.shape == expected
+    rows_x = x.expand(*expected, D).reshape(-1, D)
+    rows_c = c.expand(*expected, C).reshape(-1, C)
+    reference = torch.stack([flow.log_prob(a[None], b[None])[0]
+                             for a, b in zip(rows_x, rows_c, strict=True)])
+    torch.testing.assert_close(log_p.reshape(-1), reference)
+    torch.testing.assert_close(flow(c).log_prob(x), log_p)
+
+
+def test_batch_shapes_that_do_not_broadcast_are_named(name):
+    flow = _flow(name)
+    x, c = torch.randn(4, D, dtype=torch.float64), torch.randn(3, C, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"'x' of shape \(4, 3\) and 'context' of shape \(3, 5\)"):
+        flow.log_prob(x, c)
+    with pytest.raises(ValueError, match="(?i)'?value'? .*not broadcastable"):
+        flow(c).log_prob(x)
+
+
+@pytest.mark.parametrize(
+    "n, c_shape, expected",
+    [
+        (4, None, (4, D)),
+        ((4,), None, (4, D)),
+        ((), None, (D,)),
+        ((2, 3), None, (2, 3, D)),
+        (torch.Size([2, 3]), None, (2, 3, D)),
+        (None, (6, C), (6, D)),
+        (None, (C,), (D,)),
+        (4, (C,), (4, D)),
+        (4, (6, C), (4, 6, D)),
+        ((2, 3), (2, 6, C), (2, 3, 2, 6, D)),
+    ],
+)
+@pytest.mark.parametrize("method", ["sample", "rsample", "sample_and_log_prob"])
+def test_sample_shapes(name, method, n, c_shape, expected):
+    """``(*sample_shape, *context.shape[:-1], D)``; an int n is (n,), None is () with a context
+    (one sample per context row, as before)."""
+    flow = _flow(name, 0 if c_shape is None else C)
+    c = None if c_shape is None else torch.randn(c_shape, dtype=torch.float64)
+    out = getattr(flow, method)(n, c)
+    if method == "sample_and_log_prob":
+        x, log_p = out
+        assert log_p.shape == expected[:-1]
+        torch.testing.assert_close(log_p, flow.eval().log_prob(x, c))
+    else:
+        x = out
+    assert x.shape == expected
+
+
+@pytest.mark.parametrize("n", [(0,), (2, 0), (2, -1), [2.5], ("3",)])
+def test_bad_sample_shapes_are_named(n):
+    with pytest.raises(ValueError, match=r"'n\[\d\]' should be"):
+        _flow("MAF", 0).sample(n)
+
+
+def test_distribution_keeps_the_one_pass_paths(monkeypatch):
+    """flow(c).rsample then log_prob of that sample costs no second pass; the IAF's
+    rsample_and_log_prob is one MADE pass per layer."""
+    flow = _flow("IAF")
+    c = torch.randn(6, C, dtype=torch.float64)
+    passes = []
+    made_forward = flowkit.MADE._forward
+    monkeypatch.setattr(flowkit.MADE, "_forward",
+                        lambda made, *a: passes.append(1) or made_forward(made, *a))
+    d = flow(c)
+    x, log_p = d.rsample_and_log_prob((4,))
+    assert len(passes) == 2 and x.shape == (4, 6, D) and log_p.shape == (4, 6)
+    y = d.rsample((4,))
+    assert len(passes) == 4
+    torch.testing.assert_close(d.log_prob(y), flow.log_prob(y, c))
+    passes.clear()
+    d.log_prob(y)
+    assert passes == []
+
+
+def test_context_gradients_flow_through_the_lazy_distribution(name):
+    flow = _flow(name)
+    c = torch.randn(4, C, dtype=torch.float64, requires_grad=True)
+    flow(c).rsample((3,)).sum().backward()
+    assert c.grad is not None and c.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------ outside the support
+
+
+def test_infinite_values_have_log_density_minus_infinity(name):
+    """As torch's distributions: -inf outside R^D (a clipped action's atanh); the other rows
+    are scored as without it."""
+    flow = _flow(name).eval()
+    c = torch.randn(4, C, dtype=torch.float64)
+    x = torch.randn(4, D, dtype=torch.float64)
+    expected = flow.log_prob(x, c)
+    x[1, 0], x[3, 2] = math.inf, -math.inf
+    log_p = flow.log_prob(x, c)
+    assert log_p[1] == -math.inf and log_p[3] == -math.inf
+    torch.testing.assert_close(log_p[[0, 2]], expected[[0, 2]])
+    torch.testing.assert_close(flow(c).log_prob(x), log_p)
+
+
+def test_nan_is_an_error_naming_the_users_argument(name):
+    flow = _flow(name)
+    x = torch.randn(4, D, dtype=torch.float64)
+    x[2, 1] = math.nan
+    c = torch.randn(4, C, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'x' contains NaN"):
+        flow.log_prob(x, c)
+    with pytest.raises(ValueError, match="value argument"):  # torch's validation, on by default
+        flow(c).log_prob(x)
+    with pytest.raises(ValueError, match="'value' contains NaN"):  # flowkit's, always
+        flowkit.FlowDistribution(flow, c, validate_args=False).log_prob(x)
+
+
+def test_clipped_action_through_tanh_behaves_as_a_torch_base():
+    """A clipped action (atanh(1) = inf): the flow's log-density there is -inf, and the squashed
+    policy gives what torch gives with a Gaussian base (no error about an internal 'x')."""
+    from torch.distributions import TanhTransform, TransformedDistribution
+
+    flow = _flow("IAF", 0)
+    a = torch.tensor([[1.0, 0.0, 0.5]], dtype=torch.float64)
+    assert flow().log_prob(torch.atanh(a)).item() == -math.inf
+    gaussian = Independent(Normal(torch.zeros(D, dtype=torch.float64),
+                                  torch.ones(D, dtype=torch.float64)), 1)
+    ours, theirs = (TransformedDistribution(base, [TanhTransform()], validate_args=False)
+                    for base in (flow(), gaussian))
+    torch.testing.assert_close(ours.log_prob(a), theirs.log_prob(a), equal_nan=True)
+
+
+# ------------------------------------------------------------------ Monte-Carlo estimators
+
+
+def _gaussian_flow() -> tuple[flowkit.Flow, Independent]:
+    """An identity-initialised MAF with a learnable base moved to N(mu, s^2): its exact
+    distribution, for checking the estimators against closed forms."""
+    flow = flowkit.MAF(2, layers=2, hidden_features=(8,), learnable_base=True,
+                        permutation="none").double()
+    with torch.no_grad():
+        flow.base.loc.copy_(torch.tensor([1.0, -2.0]))
+        flow.base.log_scale.copy_(torch.tensor([0.5, -0.3]))
+    exact = Independent(Normal(flow.base.loc.detach(), flow.base.log_scale.detach().exp()), 1)
+    return flow, exact
+
+
+def test_monte_carlo_estimators_against_closed_forms():
+    torch.manual_seed(0)
+    flow, exact = _gaussian_flow()
+    d, n = flow(), 20000
+    # 6 standard errors: the tests fail only if an estimator is wrong
+    entropy = d.entropy(n)
+    assert entropy.shape == ()
+    assert abs(entropy - exact.entropy()) < 6 * math.sqrt(2 * 0.5 / n)
+    torch.testing.assert_close(d.sample_mean(n), exact.mean, atol=6 * 1.7 / n**0.5, rtol=0)
+    torch.testing.assert_close(d.sample_variance(n), exact.variance, atol=6 * 2.8 * 2**0.5 / n**0.5,
+                               rtol=0)
+    q = Independent(Normal(torch.zeros(2, dtype=torch.float64),
+                           torch.ones(2, dtype=torch.float64)), 1)
+    exact_kl = kl_divergence(exact, q)
+    assert abs(monte_carlo_kl(d, q, n) - exact_kl) < 0.15
+    assert abs(monte_carlo_kl(q, d, n) - kl_divergence(q, exact)) < 0.15
+    assert abs(kl_divergence(d, q) - exact_kl) < 6 * 3 / KL_SAMPLES**0.5
+
+
+def test_estimators_are_differentiable_and_batched():
+    flow = _flow("IAF")
+    d = flow(torch.randn(4, C, dtype=torch.float64))
+    h = d.entropy(16)
+    assert h.shape == (4,)
+    h.sum().backward()
+    assert all(p.grad is not None for p in flow.parameters())
+    assert d.sample_mean(8).shape == (4, D) and d.sample_variance(8).shape == (4, D)
+    q = Independent(Normal(torch.zeros(4, D, dtype=torch.float64),
+                           torch.ones(4, D, dtype=torch.float64)), 1)
+    assert kl_divergence(d, q).shape == (4,) and kl_divergence(q, d).shape == (4,)
+    assert kl_divergence(d, d).shape == (4,)
+
+
+def test_what_torch_asks_but_a_flow_cannot_answer_is_named():
+    d = _flow("MAF", 0)()
+    with pytest.raises(NotImplementedError, match="sample_mean"):
+        _ = d.mean
+    with pytest.raises(NotImplementedError, match="sample_variance"):
+        _ = d.stddev
+    with pytest.raises(NotImplementedError, match="no cdf"):
+        d.cdf(torch.zeros(D, dtype=torch.float64))
+    with pytest.raises(NotImplementedError, match="no icdf"):
+        d.icdf(torch.zeros(D, dtype=torch.float64))
+    with pytest.raises(ValueError, match="'n' should be a positive number"):
+        d.entropy(0)
+    with pytest.raises(ValueError, match="'n' should be at least 2"):
+        d.sample_variance(1)
+
+
+# ------------------------------------------------------------------ builder options
+
+
+@pytest.mark.parametrize("activation", ["elu", "GELU", nn.Tanh, "silu", "leakyrelu"])
+def test_activation_reaches_every_made_and_survives_save_load(name, activation, tmp_path):
+    flow = _flow(name, 0, activation=activation, residual=True)
+    cls = activation_class(activation)
+    mades = [m for m in flow.modules() if isinstance(m, flowkit.MADE)]
+    assert mades and all(type(m.activation) is cls and m.residual for m in mades)
+    assert flow.config["kwargs"]["activation"] == cls.__name__
+    flowkit.save_model(flow, tmp_path / "f.pt")
+    loaded = flowkit.load_model(tmp_path / "f.pt")
+    x = torch.randn(5, D, dtype=torch.float64)
+    torch.testing.assert_close(loaded.log_prob(x), flow.log_prob(x))
+
+
+@pytest.mark.parametrize("activation", ["softmax", "swish", nn.Linear, 3, None, type("A", (), {})])
+def test_bad_activation_is_named(activation):
+    with pytest.raises(ValueError, match="'activation' should be the name or class of a torch.nn"):
+        flowkit.MAF(2, activation=activation)
+
+
+def test_float64_context_is_refused_like_float64_x():
+    """Neither x nor the context is cast: both must have the model's dtype (documented)."""
+    flow = flowkit.MAF(2, layers=1, context_features=3)
+    with pytest.raises(TypeError, match=r"'x' should have dtype torch.float32 .*\.to\(torch"):
+        flow.log_prob(torch.randn(4, 2, dtype=torch.float64), torch.randn(4, 3))
+    with pytest.raises(TypeError, match=r"'context' should have dtype torch.float32 .*\.to\("):
+        flow.log_prob(torch.randn(4, 2), torch.randn(4, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match="'context' should have dtype torch.float32"):
+        flow(torch.randn(4, 3, dtype=torch.float64))
