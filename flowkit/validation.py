@@ -1,10 +1,15 @@
-"""Input checks shared by every public entry point.
+"""Input checks, the one place where input is checked.
 
-Errors name the argument and say what was expected. Type, shape, dtype and device checks are
-free (:func:`check_tensor`, :func:`check_width`: hot paths such as :class:`flowkit.MADE` and the
-transforms use only those); the finiteness check reads the tensor back to the host, so it can
-be switched off for hot loops with :func:`validate_values` (the fit loop checks its data once,
-up front). Code compiled with :func:`torch.compile` skips it.
+Public entry points call these once per call, on what the user passed, and errors name that
+argument and say what was expected; the layers inside a model trust their caller. Two protocols:
+a user-facing batch, ``(..., D)`` with a context ``(..., C)`` that broadcasts against it
+(:func:`check_batch`, :func:`check_batch_context`, :func:`broadcast_batch`: :class:`flowkit.Flow`
+and :class:`flowkit.FlowDistribution`), and a layer's rows, ``(N, D)`` with a context of exactly
+``(N, C)`` (:func:`check_width`, :func:`check_context`: a transform, MADE or solver called
+directly). Type, shape, dtype and device checks read no values; the finiteness checks
+(:func:`nonfinite_rows`, and the context's) read the tensor back to the host, so they can be
+switched off for hot loops with :func:`validate_values` (the fit loop checks its data once, up
+front). Code compiled with :func:`torch.compile` skips them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ _check_values = True
 
 @contextmanager
 def validate_values(enabled: bool) -> Iterator[None]:
-    """Turn the NaN/Inf checks of :func:`check_features` on or off inside a ``with`` block."""
+    """Turn the NaN/Inf checks (:func:`nonfinite_rows`, contexts, :func:`check_features`) on or
+    off inside a ``with`` block."""
     global _check_values
     previous, _check_values = _check_values, enabled
     try:

@@ -8,7 +8,7 @@ import torch
 
 import flowkit
 from flowkit import IAF, MADE, MAF
-from flowkit.nn.inversion import solve_with_params
+from flowkit.nn.inversion import _solve_with_params
 from flowkit.transforms import Compose, Permutation, autoregressive
 
 BUILDERS = {"MAF": MAF, "IAF": IAF}
@@ -169,9 +169,9 @@ def _count_work(flow: flowkit.Flow, monkeypatch: pytest.MonkeyPatch) -> Counter:
             assert index.numel() == 1
             return step(params, index)
 
-        return solve_with_params(made, counted_step, *args, **kwargs)
+        return _solve_with_params(made, counted_step, *args, **kwargs)
 
-    monkeypatch.setattr(autoregressive, "solve_with_params", counted_solve)
+    monkeypatch.setattr(autoregressive, "_solve_with_params", counted_solve)
     return counts
 
 

@@ -166,7 +166,7 @@ def naive_layers(monkeypatch):
     """Make the flow layers use the reference solver."""
 
     def use_naive():
-        monkeypatch.setattr(autoregressive, "solve_with_params", solve_naive_with_params)
+        monkeypatch.setattr(autoregressive, "_solve_with_params", solve_naive_with_params)
 
     return use_naive
 

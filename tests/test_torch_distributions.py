@@ -9,7 +9,7 @@ from torch.distributions import Independent, TanhTransform, TransformedDistribut
 import flowkit
 from flowkit.distributions.flow_distribution import FlowDistribution
 from flowkit.nn import MADE
-from flowkit.nn.inversion import solve_with_params
+from flowkit.nn.inversion import _solve_with_params
 from flowkit.transforms import autoregressive
 
 D, C = 3, 4
@@ -48,9 +48,9 @@ def _made_calls(flow: flowkit.Flow, monkeypatch: pytest.MonkeyPatch) -> list[int
 
     def counted_solve(*args, **kwargs):
         calls[0] += 1
-        return solve_with_params(*args, **kwargs)
+        return _solve_with_params(*args, **kwargs)
 
-    monkeypatch.setattr(autoregressive, "solve_with_params", counted_solve)
+    monkeypatch.setattr(autoregressive, "_solve_with_params", counted_solve)
     return calls
 
 

@@ -163,9 +163,17 @@ def solve_with_params(
 
     A MADE whose :attr:`~flowkit.nn.MADE.solver` is ``"naive"`` is solved by
     :func:`solve_naive_with_params` instead (a reference for tests and benchmarks)."""
+    _check_arguments(made, like, context)
+    return _solve_with_params(made, step, like, context, encode)
+
+
+def _solve_with_params(
+    made: MADE, step: Step, like: Tensor, context: Tensor | None, encode: Encode | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`solve_with_params` on arguments its caller checked (the flow layers, which a
+    :class:`flowkit.Flow` or the layer's own public methods checked)."""
     if made.solver == "naive":
         return solve_naive_with_params(made, step, like, context, encode)
-    _check_arguments(made, like, context)
     layout = _layout(made)
     one_hot = isinstance(encode, OneHot)
     program = _program(made, layout, one_hot)

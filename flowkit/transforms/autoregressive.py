@@ -22,7 +22,7 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-from flowkit.nn.inversion import solve_with_params
+from flowkit.nn.inversion import _solve_with_params
 from flowkit.nn.made import MADE
 from flowkit.transforms.base import Transform
 from flowkit.transforms.elementwise import Affine
@@ -85,7 +85,7 @@ class MaskedAutoregressive(Transform):
             params = self.made._forward(x, context)
         else:
             # the solver also returns made(z), the parameters of the log-determinant
-            _, params = solve_with_params(
+            _, params = _solve_with_params(
                 self.made, lambda p, i: self.transformer.forward(x[:, i], p)[0], x, context
             )
         z, log_det = self.transformer.forward(x, params)
@@ -95,7 +95,7 @@ class MaskedAutoregressive(Transform):
         if self.direction == "iaf":
             params = self.made._forward(z, context)
         else:
-            _, params = solve_with_params(
+            _, params = _solve_with_params(
                 self.made, lambda p, i: self.transformer.inverse(z[:, i], p)[0], z, context
             )
         x, log_det = self.transformer.inverse(z, params)

@@ -41,6 +41,10 @@ class DenseMLP(nn.Module):
         self.output = _linear(made.output)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        return self._forward(x, context)
+
+    def _forward(self, x: Tensor, context: Tensor | None) -> Tensor:
+        """What a flow layer calls (as it calls :meth:`flowkit.MADE._forward`)."""
         h = x if context is None else torch.cat([x, context], dim=-1)
         for layer in self.hidden:
             h = self.activation(layer(h))
