@@ -1,10 +1,10 @@
-"""Checkpoint files: model round trips, atomic writes, and clear errors on bad files."""
+"""Checkpoint files: model round trips, atomic writes, and clear errors on bad files (see also
+tests/test_file_faults.py: bit flips, truncation, I/O faults, locks, kill -9)."""
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -14,12 +14,15 @@ from torch import nn
 import flowkit
 from flowkit.checkpoint import (
     CheckpointError,
-    atomic_save,
+    CheckpointWriteError,
+    LegacyFormatWarning,
+    load_checkpoint,
     load_model,
-    model_config,
-    safe_load,
+    save_checkpoint,
     save_model,
 )
+from flowkit.checkpoint.format import MAGIC, write_file
+from flowkit.checkpoint.registry import model_config
 
 MODELS = {
     "maf": lambda: flowkit.MAF(2, hidden_features=(8,), layers=2),
@@ -90,8 +93,9 @@ NUMPY_ARGUMENTS = {
 
 @pytest.mark.parametrize("name", sorted(NUMPY_ARGUMENTS))
 def test_numpy_and_tensor_arguments_are_stored_as_json(name, tmp_path):
-    """Every constructor stores its arguments through one normaliser (checkpoint.model_config), so
-    numpy integers, arrays and tensors save as plain JSON (save_model used to refuse int64)."""
+    """Every registered constructor stores its arguments through one normaliser
+    (registry.model_config), so numpy integers, arrays and tensors save as plain JSON (save_model
+    used to refuse int64)."""
     model = NUMPY_ARGUMENTS[name]()
     assert json.loads(json.dumps(model.config)) == model.config
     save_model(model, tmp_path / "m.pt")
@@ -138,6 +142,10 @@ def _truncated(path):
     path.write_bytes(data[: len(data) // 2])
 
 
+def _header_only(path):
+    path.write_bytes(MAGIC[:5])
+
+
 def _random_bytes(path):
     path.write_bytes(os.urandom(2048))
 
@@ -160,16 +168,25 @@ def _pickle_with_code(path):
 
 
 def _future_version(path):
-    torch.save({"flowkit_format": 99, "kind": "model"}, path)
+    save_model(MODELS["maf"](), path)
+    data = bytearray(path.read_bytes())
+    data[len(MAGIC)] = 3  # the format version, a little-endian uint32 after the magic
+    path.write_bytes(bytes(data))
+
+
+def _checksummed_foreign_payload(path):
+    write_file({"weights": torch.ones(3)}, path)  # intact bytes, contents not a checkpoint
 
 
 BAD_FILES = {
-    "truncated": (_truncated, "could not be read"),
-    "random-bytes": (_random_bytes, "could not be read"),
-    "foreign-dict": (_foreign_torch_file, "expected a dict with the key 'flowkit_format'"),
-    "foreign-tensor": (_foreign_tensor, "expected a dict with the key 'flowkit_format'"),
-    "arbitrary-pickle": (_pickle_with_code, "could not be read"),
-    "future-version": (_future_version, "flowkit_format=99"),
+    "truncated": (_truncated, "is damaged: its header announces .* bytes but the file has"),
+    "header-only": (_header_only, "is truncated: 5 bytes"),
+    "random-bytes": (_random_bytes, "is not a flowkit file"),
+    "foreign-dict": (_foreign_torch_file, "holding a dict with 'flowkit_format': 1, got a dict"),
+    "foreign-tensor": (_foreign_tensor, "holding a dict with 'flowkit_format': 1, got Tensor"),
+    "arbitrary-pickle": (_pickle_with_code, "could not be read as a flowkit checkpoint of forma"),
+    "future-version": (_future_version, "is a flowkit file of format 3; this flowkit reads"),
+    "foreign-payload": (_checksummed_foreign_payload, "should be a dict with the keys 'kind'"),
 }
 
 
@@ -178,24 +195,26 @@ def test_bad_file_gives_checkpoint_error_naming_the_path(kind, tmp_path):
     path = tmp_path / f"{kind}.pt"
     make, expected = BAD_FILES[kind]
     make(path)
-    for load in (safe_load, load_model):
+    for load in (load_checkpoint, load_model):
         with pytest.raises(CheckpointError, match=expected) as info:
             load(path)
         assert str(path) in str(info.value)
         assert isinstance(info.value, ValueError)
 
 
-def test_missing_file(tmp_path):
+def test_missing_file_and_folder(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint file at") as info:
         load_model(tmp_path / "nope.pt")
     assert str(tmp_path / "nope.pt") in str(info.value)
+    with pytest.raises(CheckpointError, match=r"no checkpoint file at .* \(a folder there\)"):
+        load_model(tmp_path)
 
 
-def _model_file(path, config):
-    state = MODELS["maf"]().state_dict()
-    torch.save(
-        {"flowkit_format": 1, "kind": "model", "model": {"config": config, "state_dict": state}},
-        path,
+def _model_file(path, config, state=None):
+    """A file with intact bytes (a valid checksum) holding ``config`` and ``state``."""
+    state = MODELS["maf"]().state_dict() if state is None else state
+    write_file(
+        {"kind": "model", "model": {"config": config, "state_dict": state}, "extra": {}}, path
     )
 
 
@@ -204,7 +223,8 @@ def _model_file(path, config):
 )
 def test_unknown_or_unsafe_type_is_refused_before_calling_anything(name, tmp_path):
     _model_file(tmp_path / "m.pt", {"type": name, "kwargs": {"path": str(tmp_path / "x")}})
-    with pytest.raises(CheckpointError, match=f"type '{name}'.*not a model constructor"):
+    with pytest.raises(CheckpointError, match=f"type '{name}'.*not a model constructor.*"
+                       "registered: BernoulliMADE, CategoricalMADE, IAF, MAF"):
         load_model(tmp_path / "m.pt")
     assert not (tmp_path / "x").exists()
 
@@ -232,22 +252,20 @@ def test_config_the_constructor_refuses(kwargs, message, tmp_path):
 @pytest.mark.parametrize("value", [[1.0, 2.0], 3, None], ids=["list", "int", "none"])
 def test_weights_that_are_not_tensors(value, tmp_path):
     flow = MODELS["maf"]()
-    save_model(flow, tmp_path / "m.pt")
-    ckpt = safe_load(tmp_path / "m.pt")
-    key = next(iter(ckpt["model"]["state_dict"]))
-    ckpt["model"]["state_dict"][key] = value
-    torch.save(ckpt, tmp_path / "m.pt")
+    state = dict(flow.state_dict())
+    key = next(iter(state))
+    state[key] = value
+    _model_file(tmp_path / "m.pt", flow.config, state)
     with pytest.raises(CheckpointError, match=f"stored weight '{key}' should be a tensor"):
         load_model(tmp_path / "m.pt")
 
 
 def _tampered(flow, path, key, change):
-    """Save ``flow`` to ``path`` with ``change`` applied to its buffer ``key``."""
-    save_model(flow, path)
-    ckpt = safe_load(path)
-    state = ckpt["model"]["state_dict"]
+    """Write ``flow`` to ``path`` with ``change`` applied to its buffer ``key`` (and a valid
+    checksum: what a file edited by someone who recomputed it would hold)."""
+    state = dict(flow.state_dict())
     state[key] = change(state[key].clone())
-    torch.save(ckpt, path)
+    _model_file(path, flow.config, state)
 
 
 MADE_KEY = "transform.transforms.0.made"
@@ -291,6 +309,96 @@ def test_model_without_config_cannot_be_saved_with_save_model(tmp_path):
     assert not (tmp_path / "l.pt").exists()
 
 
+def test_model_without_config_is_saved_and_restored_with_checks(tmp_path):
+    """An application's own module (no registered constructor): save_checkpoint keeps its
+    weights, Checkpoint.restore puts them back and checks them like load_model."""
+    net = nn.Linear(2, 2)
+    save_checkpoint(tmp_path / "l.pt", "my-app", model=net, extra={"epoch": 3})
+    ckpt = load_checkpoint(tmp_path / "l.pt", kind="my-app")
+    assert ckpt.version == 2 and ckpt.extra == {"epoch": 3} and ckpt.model["config"] is None
+    other = nn.Linear(2, 2)
+    ckpt.restore(other)
+    assert torch.equal(other.weight, net.weight)
+    with pytest.raises(CheckpointError, match="without a 'config'.*load_checkpoint"):
+        load_model(tmp_path / "l.pt")
+    with pytest.raises(CheckpointError, match="do not fit a Linear"):
+        ckpt.restore(nn.Linear(3, 2))
+    with pytest.raises(CheckpointError, match="of kind 'my-app', expected kind 'training'"):
+        load_checkpoint(tmp_path / "l.pt", kind="training")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_nonfinite_weights_are_refused_unless_allowed(bad, tmp_path):
+    flow = MODELS["maf"]()
+    key = next(k for k, v in flow.state_dict().items() if v.is_floating_point())
+    with torch.no_grad():
+        flow.state_dict()[key].view(-1)[0] = bad
+    save_model(flow, tmp_path / "m.pt")
+    with pytest.raises(CheckpointError, match=f"stored weight '{key}' holds 1 NaN or infinite.*"
+                       "allow_nonfinite=True") as info:
+        load_model(tmp_path / "m.pt")
+    assert str(tmp_path / "m.pt") in str(info.value)
+    loaded = load_model(tmp_path / "m.pt", allow_nonfinite=True)
+    torch.testing.assert_close(loaded.state_dict()[key], flow.state_dict()[key], rtol=0, atol=0,
+                               equal_nan=True)
+
+
+def test_save_model_path_errors_name_the_argument(tmp_path):
+    flow = MODELS["maf"]()
+    with pytest.raises(TypeError, match="'path' should be a file path .*got NoneType None"):
+        save_model(flow, None)
+    with pytest.raises(ValueError, match=f"'{tmp_path}' is a folder; pass a file inside it"):
+        save_model(flow, tmp_path)
+    with pytest.raises(ValueError, match="got an empty string"):
+        save_model(flow, "")
+    with pytest.raises(TypeError, match="'model' should be a torch.nn.Module, got str"):
+        save_model("flow", tmp_path / "m.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("map_location", "error", "message"),
+    [
+        ("bogus", ValueError, "'map_location' should be a device such as 'cpu'"),
+        (3.5, TypeError, "'map_location' should be None, a device"),
+        pytest.param("cuda:7", ValueError, "this machine has [0-9]+ CUDA device", marks=(
+            pytest.mark.skipif(torch.cuda.device_count() > 7, reason="has 8 GPUs"))),
+    ],
+    ids=["bogus", "float", "missing-gpu"],
+)
+def test_bad_map_location_is_not_reported_as_a_corrupt_file(map_location, error, message,
+                                                             tmp_path):
+    save_model(MODELS["maf"](), tmp_path / "m.pt")
+    with pytest.raises(error, match=message) as info:
+        load_model(tmp_path / "m.pt", map_location=map_location)
+    assert not isinstance(info.value, CheckpointError)
+
+
+def test_files_of_format_1_still_load_with_every_check_and_a_warning(tmp_path):
+    """Files written before checksums (format 1: a bare torch.save of a dict with
+    'flowkit_format': 1) load, with a LegacyFormatWarning; their contents get every check."""
+    flow = MODELS["maf"]()
+    legacy = {"flowkit_format": 1, "kind": "model",
+              "model": {"config": flow.config, "state_dict": flow.state_dict()}}
+    torch.save(legacy, tmp_path / "old.pt")
+    with pytest.warns(LegacyFormatWarning, match="format 1.*without a checksum"):
+        loaded = load_model(tmp_path / "old.pt")
+    x = torch.randn(4, 2)
+    assert torch.equal(loaded.log_prob(x), flow.eval().log_prob(x))
+    with pytest.warns(LegacyFormatWarning):
+        ckpt = load_checkpoint(tmp_path / "old.pt", kind="model")
+    assert ckpt.version == 1 and ckpt.extra == {}
+    state = dict(flow.state_dict())
+    key = "transform.transforms.0.made.output.mask"
+    state[key] = torch.ones_like(state[key])
+    torch.save({**legacy, "model": {"config": flow.config, "state_dict": state}},
+               tmp_path / "tampered.pt")
+    with pytest.warns(LegacyFormatWarning), pytest.raises(CheckpointError, match="output.mask"):
+        load_model(tmp_path / "tampered.pt")
+    save_model(loaded, tmp_path / "old.pt")  # saving again writes format 2
+    assert load_checkpoint(tmp_path / "old.pt").version == 2
+
+
 def test_config_must_be_json(tmp_path):
     flow = MODELS["maf"]()
     flow.config = {"type": "MAF", "kwargs": {"features": torch.tensor(2)}}
@@ -312,21 +420,27 @@ def test_failed_save_keeps_the_existing_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointWriteError, match=f"could not write '{path}': disk full \\(the "
+                       "previous file was kept\\)"):
         save_model(flow, path)
     assert path.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flow.pt"]  # no temporary left over
 
 
-def test_unpicklable_object_does_not_clobber(tmp_path):
+def test_extra_entries_must_be_plain_and_a_refused_save_does_not_clobber(tmp_path):
     path = tmp_path / "a.pt"
-    atomic_save({"flowkit_format": 1, "x": torch.ones(2)}, path)
-    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
-        atomic_save({"f": lambda: 0}, path)
-    assert torch.equal(safe_load(path)["x"], torch.ones(2))
+    save_checkpoint(path, "test", extra={"x": torch.ones(2)})
+    with pytest.raises(TypeError, match=r"extra\['f'\]\[0\] should hold tensors and plain"):
+        save_checkpoint(path, "test", extra={"f": [lambda: 0]})
+    with pytest.raises(TypeError, match=r"extra\['a'\] should hold .*got ndarray"):
+        save_checkpoint(path, "test", extra={"a": np.zeros(2)})
+    with pytest.raises(TypeError, match="'kind' should be a non-empty string"):
+        save_checkpoint(path, "", extra={})
+    assert torch.equal(load_checkpoint(path).extra["x"], torch.ones(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]
 
 
-def test_atomic_save_creates_parent_folders(tmp_path):
-    atomic_save({"flowkit_format": 1}, tmp_path / "a" / "b" / "c.pt")
-    assert safe_load(tmp_path / "a" / "b" / "c.pt") == {"flowkit_format": 1}
+def test_save_checkpoint_creates_parent_folders(tmp_path):
+    save_checkpoint(tmp_path / "a" / "b" / "c.pt", "test")
+    ckpt = load_checkpoint(tmp_path / "a" / "b" / "c.pt")
+    assert (ckpt.kind, ckpt.model, ckpt.extra) == ("test", None, {})

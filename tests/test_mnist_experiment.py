@@ -2,6 +2,7 @@
 outputs, exact resume, refusal of changed settings, and the evaluation command."""
 
 import argparse
+import warnings
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 import flowkit
 from flowkit.app import mnist, mnist_eval
 from flowkit.app.cli import add_common_arguments
-from flowkit.checkpoint import CheckpointError, atomic_save, load_model, safe_load
+from flowkit.checkpoint import CheckpointError, LegacyFormatWarning, load_checkpoint, load_model
 from flowkit.distributions.discrete import BernoulliMADE
 from flowkit.train import fit
 
@@ -63,27 +64,31 @@ def test_resumed_run_ends_with_the_same_weights(data, tmp_path, legacy):
     train(data, tmp_path / "whole", "--epochs", "3")
     train(data, tmp_path / "split", "--epochs", "1")
     path = tmp_path / "split" / "checkpoint.pt"
-    assert safe_load(path)["kind"] == mnist.KIND == "mnist-training"
-    if legacy:
-        atomic_save({**safe_load(path), "kind": "training"}, path)
-    train(data, tmp_path / "split", "--epochs", "3", "--resume")
-    whole = safe_load(tmp_path / "whole" / "checkpoint.pt")
-    split = safe_load(tmp_path / "split" / "checkpoint.pt")
-    for key, value in whole["model"]["state_dict"].items():
-        assert torch.equal(value, split["model"]["state_dict"][key]), key
-    assert whole["history"]["valid_nll"] == split["history"]["valid_nll"]
+    ckpt = load_checkpoint(path)
+    assert ckpt.kind == mnist.KIND == "mnist-training"
+    if legacy:  # format 1: a bare torch.save of the dict, kind "training"
+        torch.save({"flowkit_format": 1, "kind": "training", "model": ckpt.model, **ckpt.extra},
+                   path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LegacyFormatWarning)
+        train(data, tmp_path / "split", "--epochs", "3", "--resume")
+    whole = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
+    split = load_checkpoint(tmp_path / "split" / "checkpoint.pt")
+    for key, value in whole.model["state_dict"].items():
+        assert torch.equal(value, split.model["state_dict"][key]), key
+    assert whole.extra["history"]["valid_nll"] == split.extra["history"]["valid_nll"]
 
 
 def test_checkpoint_every_e_epochs_and_at_the_end(data, tmp_path, monkeypatch):
     written = []
-    save = mnist.atomic_save
-    monkeypatch.setattr(mnist, "atomic_save", lambda obj, path: (written.append(obj["epoch"]),
-                                                                   save(obj, path)))
+    save = mnist.save_checkpoint
+    monkeypatch.setattr(mnist, "save_checkpoint", lambda path, kind, model, extra: (
+        written.append(extra["epoch"]), save(path, kind, model, extra)))
     train(data, tmp_path / "every2", "--epochs", "5", "--checkpoint-every", "2")
     assert written == [2, 4, 5]
     train(data, tmp_path / "whole", "--epochs", "5")
-    whole = safe_load(tmp_path / "whole" / "checkpoint.pt")["model"]["state_dict"]
-    every2 = safe_load(tmp_path / "every2" / "checkpoint.pt")["model"]["state_dict"]
+    whole = load_checkpoint(tmp_path / "whole" / "checkpoint.pt").model["state_dict"]
+    every2 = load_checkpoint(tmp_path / "every2" / "checkpoint.pt").model["state_dict"]
     assert all(torch.equal(whole[k], every2[k]) for k in whole)
     with pytest.raises(ValueError, match="'--checkpoint-every' should be >= 1"):
         train(data, tmp_path / "zero", "--epochs", "1", "--checkpoint-every", "0")
@@ -101,18 +106,23 @@ def test_checkpoints_of_fit_and_mnist_are_not_mixed_up(data, tmp_path):
     """Both are OUT/checkpoint.pt: resuming the other's file names it and the expected kind."""
     fit(flowkit.MAF(2, hidden_features=(4,), layers=1), torch.randn(64, 2), steps=2,
         batch_size=32, checkpoint_dir=tmp_path / "fit", progress=False, device="cpu")
-    with pytest.raises(CheckpointError, match=r"fit.checkpoint.pt' is a training checkpoint "
-                       r"written by flowkit.train.fit .*expected .* written by 'flowkit mnist'"):
+    with pytest.raises(CheckpointError, match=r"fit.checkpoint.pt' is a checkpoint of kind "
+                       r"'training', expected kind 'mnist-training' \(written by 'flowkit mnist'"):
         train(data, tmp_path / "fit", "--epochs", "1", "--resume")
     train(data, tmp_path / "mnist", "--epochs", "1")
     path = tmp_path / "mnist" / "checkpoint.pt"
-    for kind in ("mnist-training", "training"):  # this version's file, an older version's
-        atomic_save({**safe_load(path), "kind": kind}, path)
-        model = BernoulliMADE(784, hidden_features=(16,), num_masks=2, order="random")
-        with pytest.raises(CheckpointError, match=r"mnist.checkpoint.pt' is a training "
-                           r"checkpoint written by 'flowkit mnist' .*expected .*train.fit"):
-            fit(model, np.load(data)["train"], steps=2, batch_size=100, progress=False,
-                checkpoint_dir=tmp_path / "mnist", resume=True, device="cpu")
+    model = BernoulliMADE(784, hidden_features=(16,), num_masks=2, order="random")
+    with pytest.raises(CheckpointError, match=r"mnist.checkpoint.pt' is a checkpoint of kind "
+                       r"'mnist-training', expected kind 'training'"):
+        fit(model, np.load(data)["train"], steps=2, batch_size=100, progress=False,
+            checkpoint_dir=tmp_path / "mnist", resume=True, device="cpu")
+    ckpt = load_checkpoint(path)  # as an older version wrote it: format 1, kind "training"
+    torch.save({"flowkit_format": 1, "kind": "training", "model": ckpt.model, **ckpt.extra}, path)
+    with pytest.warns(LegacyFormatWarning), pytest.raises(
+        CheckpointError, match=r"training checkpoint without the entries \['step'"
+    ):
+        fit(model, np.load(data)["train"], steps=2, batch_size=100, progress=False,
+            checkpoint_dir=tmp_path / "mnist", resume=True, device="cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")

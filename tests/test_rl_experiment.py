@@ -16,7 +16,7 @@ from torch.distributions import (
 
 from flowkit import load_model
 from flowkit.app.rl import FlowPolicy, GaussianPolicy, _evaluate, squash
-from flowkit.checkpoint import safe_load
+from flowkit.checkpoint import load_checkpoint
 
 LOW = torch.tensor([-2.0, 0.0], dtype=torch.float64)
 HIGH = torch.tensor([2.0, 1.0], dtype=torch.float64)
@@ -97,7 +97,7 @@ def test_quick_command_on_pendulum(tmp_path):
     # the saved policies are the trained ones: their zero-noise actions give the recorded
     # final return again; the IAF's file is a flowkit model file
     gaussian = GaussianPolicy(3, 1, (32, 32))
-    gaussian.load_state_dict(safe_load(tmp_path / "gaussian-seed0.pt")["model"]["state_dict"])
+    load_checkpoint(tmp_path / "gaussian-seed0.pt").restore(gaussian)
     flow_policy = FlowPolicy(3, 1, (32, 32))
     flow_policy.flow = load_model(tmp_path / "iaf-seed0.pt")
     obs = torch.randn(4, 3)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import flowkit
 from flowkit.app import cli
-from flowkit.checkpoint import CheckpointError, atomic_save, load_model, safe_load
+from flowkit.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from flowkit.train import (
     CHECKPOINT_NAME,
     History,
@@ -281,7 +281,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(kind, tmp_path):
     full, h_full = run(tmp_path / "full")
     with pytest.raises(Interrupted):
         run(tmp_path / "cut", interrupt=25)
-    assert safe_load(tmp_path / "cut" / CHECKPOINT_NAME)["step"] == 20
+    assert load_checkpoint(tmp_path / "cut" / CHECKPOINT_NAME).extra["step"] == 20
     resumed, h_resumed = run(tmp_path / "cut", resume=True, init_seed=99)
     assert_same_weights(weights(resumed), weights(full))
     assert h_resumed.train_loss == h_full.train_loss
@@ -370,7 +370,8 @@ def test_resume_checks(tmp_path):
             resume=True,
             **QUIET,
         )
-    with pytest.raises(ValueError, match="weights that do not fit this model"):
+    with pytest.raises(CheckpointError, match=r"was written for a MAF with .*'hidden_features': "
+                       r"\[16\].*not for this MAF with .*: resume with the model it was written"):
         fit(
             flowkit.MAF(2, hidden_features=(8,), layers=2),
             gaussian(256),
@@ -413,9 +414,9 @@ def test_nonfinite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_pa
         )
     assert isinstance(info.value, FloatingPointError) and info.value.step == 15
     assert f"'{tmp_path / CHECKPOINT_NAME}' (step 10), was kept" in str(info.value)
-    kept = safe_load(tmp_path / CHECKPOINT_NAME)
-    assert kept["step"] == 10
-    assert all(torch.isfinite(v).all() for v in kept["model"]["state_dict"].values())
+    kept = load_checkpoint(tmp_path / CHECKPOINT_NAME)
+    assert kept.extra["step"] == 10
+    assert all(torch.isfinite(v).all() for v in kept.model["state_dict"].values())
 
 
 def test_nonfinite_loss_before_the_first_checkpoint_says_when_it_is_due(tmp_path):
@@ -455,12 +456,12 @@ def test_nonfinite_weights_are_not_checkpointed(tmp_path):
             checkpoint_dir=tmp_path, checkpoint_every=10, log_every=5, **QUIET)
     assert info.value.step == 20 and math.isnan(info.value.value)
     assert f"'{tmp_path / CHECKPOINT_NAME}' (step 10), was kept" in str(info.value)
-    kept = safe_load(tmp_path / CHECKPOINT_NAME)
-    assert kept["step"] == 10 and torch.isfinite(kept["model"]["state_dict"]["loc"]).all()
+    kept = load_checkpoint(tmp_path / CHECKPOINT_NAME)
+    assert kept.extra["step"] == 10 and torch.isfinite(kept.model["state_dict"]["loc"]).all()
 
 
 def test_resuming_a_checkpoint_without_its_entries_names_them(tmp_path):
-    atomic_save({"flowkit_format": 1, "kind": "training"}, tmp_path / CHECKPOINT_NAME)
+    save_checkpoint(tmp_path / CHECKPOINT_NAME, "training")
     with pytest.raises(CheckpointError, match=r"training checkpoint without the entries "
                        r"\['model', 'optimizer', .*'best'\]") as info:
         fit(small_maf(), gaussian(256), steps=5, batch_size=64, checkpoint_dir=tmp_path,

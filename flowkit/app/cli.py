@@ -36,6 +36,7 @@ explicit ``--out`` to all ranks (the default is time-stamped).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -45,6 +46,7 @@ from pathlib import Path
 from types import ModuleType
 
 from flowkit import __version__
+from flowkit.checkpoint import run_lock, write_bytes_atomic
 from flowkit.train import is_main_process
 
 COMMANDS: list[tuple[str, str, str]] = [
@@ -169,10 +171,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out = Path("runs") / f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"
     module = args.__dict__.pop("_module")
     created: list[Path] = []
+    main_process = is_main_process()
     try:
-        if is_main_process():
+        if main_process:
             created = _make_folder(args.out)
-        metrics = module.run(args)
+        # one writer per --out (rank 0 writes); fit() inside takes the same lock again
+        with run_lock(args.out) if main_process else contextlib.nullcontext():
+            metrics = module.run(args)
+            if main_process:
+                record = {"command": args.command, "args": vars(args), "metrics": metrics}
+                path = args.out / "metrics.json"
+                text = json.dumps(record, indent=2, default=str) + "\n"
+                write_bytes_atomic(path, text.encode())
     except USER_ERRORS as e:
         print(f"flowkit {args.command}: error: {e}", file=sys.stderr)
         _remove_if_empty(created)
@@ -180,10 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException:
         _remove_if_empty(created)
         raise
-    if is_main_process():
-        record = {"command": args.command, "args": vars(args), "metrics": metrics}
-        path = args.out / "metrics.json"
-        path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    if main_process:
         print(f"flowkit {args.command}: wrote {path}")
     return 0
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from flowkit.checkpoint import write_bytes_atomic
 from flowkit.train import CHECKPOINT_NAME, History, NonFiniteLossError, fit, is_main_process
 
 
@@ -174,7 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics["entropy"] = toy_entropy(args.data)
         metrics["kl_estimate"] = history.valid_loss[-1] - metrics["entropy"]
     if is_main_process():
-        (args.out / "history.json").write_text(json.dumps(history.to_dict()) + "\n")
+        text = json.dumps(history.to_dict()) + "\n"
+        write_bytes_atomic(args.out / "history.json", text.encode())
         title = f"{args.flow.upper()} on {args.data}"
         plot_losses(history, args.out / "loss.png", title, entropy=metrics.get("entropy"))
     return metrics

@@ -37,12 +37,11 @@ from torch import Tensor
 from flowkit.app.common import mean_se as nll_stats
 from flowkit.app.common import refuse_to_replace
 from flowkit.checkpoint import (
-    FORMAT_KEY,
-    FORMAT_VERSION,
-    atomic_save,
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
     load_model,
-    model_entry,
-    safe_load,
+    save_checkpoint,
     save_model,
 )
 from flowkit.data import binarized_mnist, load_split_file
@@ -55,7 +54,7 @@ __all__ = [
 ]
 
 KIND = "mnist-training"
-"""The ``"kind"`` of this command's checkpoints (see :data:`flowkit.checkpoint.KINDS`)."""
+"""The ``kind`` of this command's checkpoints (see :func:`flowkit.checkpoint.save_checkpoint`)."""
 
 # Settings that a resumed run must share with the run it continues.
 _FIXED_ON_RESUME = (
@@ -263,6 +262,20 @@ def _check_resume(saved: dict[str, Any], args: argparse.Namespace, path: Path) -
             )
 
 
+def _read_checkpoint(path: Path, device: torch.device) -> Checkpoint:
+    """This command's checkpoint at ``path``. Files of flowkit's format 1 written before the
+    command had its own kind say ``"training"`` (the kind of :func:`flowkit.train.fit`'s
+    checkpoints) and are recognised by their ``"settings"``, which fit never writes."""
+    ckpt = load_checkpoint(path, map_location=device)
+    legacy = ckpt.version == 1 and ckpt.kind == "training" and "settings" in ckpt.extra
+    if ckpt.kind != KIND and not legacy:
+        raise CheckpointError(
+            f"'{path}' is a checkpoint of kind {ckpt.kind!r}, expected kind {KIND!r} (written by "
+            "'flowkit mnist'); pick another --out"
+        )
+    return ckpt
+
+
 def _check_minimums(args: argparse.Namespace, minimums: dict[str, int]) -> None:
     """Fail early (before any data is read) on an option below its minimum; options left at
     None are not checked."""
@@ -311,9 +324,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     best: dict[str, Any] = {"epoch": 0, "nll": math.inf, "state_dict": None}
     start = 0
     if args.resume and ckpt_path.exists():
-        ckpt = safe_load(ckpt_path, map_location=device, kind=KIND)
+        loaded = _read_checkpoint(ckpt_path, device)
+        ckpt = loaded.extra
         _check_resume(ckpt["settings"], args, ckpt_path)
-        model.load_state_dict(ckpt["model"]["state_dict"])
+        loaded.restore(model)
         opt.load_state_dict(ckpt["optimizer"])
         if sched is not None:
             sched.load_state_dict(ckpt["scheduler"])
@@ -321,13 +335,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log = open(out / "log.txt", "a")  # noqa: SIM115 (closed in finally)
     saved = start  # the epoch that the checkpoint on disk ends with
 
-    def save_checkpoint(epoch: int) -> None:
-        atomic_save({
-            FORMAT_KEY: FORMAT_VERSION, "kind": KIND, "model": model_entry(model),
+    def checkpoint(epoch: int) -> None:
+        save_checkpoint(ckpt_path, KIND, model=model, extra={
             "optimizer": opt.state_dict(),
             "scheduler": None if sched is None else sched.state_dict(),
             "epoch": epoch, "history": history, "best": best, "settings": _settings(args),
-        }, ckpt_path)
+        })
 
     def say(text: str) -> None:
         tqdm.write(text)
@@ -342,7 +355,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.patience is not None and epoch - best["epoch"] > args.patience:
                 say(f"early stop: no better validation NLL since epoch {best['epoch']}")
                 if saved != epoch - 1:
-                    save_checkpoint(epoch - 1)
+                    checkpoint(epoch - 1)
                 break
             model.train()
             generator = torch.Generator().manual_seed(args.seed * 100_003 + epoch)
@@ -384,7 +397,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"(best {best['nll']:.3f} at {best['epoch']}); {t1 - t0:.1f} s train, "
                 f"{t2 - t1:.1f} s valid")
             if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
-                save_checkpoint(epoch)
+                checkpoint(epoch)
                 saved = epoch
             save_learning_curves(history, out / "curves.png", title=_label(model))
 

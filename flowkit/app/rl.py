@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from flowkit.checkpoint import FORMAT_KEY, FORMAT_VERSION, atomic_save, model_entry, save_model
+from flowkit.checkpoint import save_checkpoint, save_model
 from flowkit.flows import IAF
 from flowkit.train import resolve_device
 
@@ -167,13 +167,12 @@ def save_policy(policy: nn.Module, path: str | Path) -> None:
     :func:`flowkit.load_model` rebuilds it, and ``flow.sample_and_log_prob(context=obs)`` draws
     pre-squash actions. A :class:`GaussianPolicy` has no flowkit constructor; its weights are
     saved in the same format without a config:
-    ``policy.load_state_dict(flowkit.checkpoint.safe_load(path)["model"]["state_dict"])``.
+    ``flowkit.checkpoint.load_checkpoint(path).restore(policy)``.
     """
     if isinstance(policy, FlowPolicy):
         save_model(policy.flow, path)
     else:
-        entry = model_entry(policy)
-        atomic_save({FORMAT_KEY: FORMAT_VERSION, "kind": "model", "model": entry}, path)
+        save_checkpoint(path, "model", model=policy)
 
 
 class _QNetwork(nn.Module):

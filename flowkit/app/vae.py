@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flowkit.checkpoint import FORMAT_KEY, FORMAT_VERSION, atomic_save, safe_load
+from flowkit.checkpoint import load_checkpoint, save_checkpoint
 from flowkit.data import binarized_mnist, data_root
 from flowkit.distributions import StandardNormal
 from flowkit.flows import IAF, MAF
@@ -66,6 +66,9 @@ VARIANTS: dict[str, tuple[Posterior, Prior]] = {
 SCORES_NAME = "scores.pt"
 """Per-variant file of per-image validation scores, reused while weights, ``k`` and images
 are unchanged (so ``--resume`` of a finished run only prints its results)."""
+
+SCORES_KIND = "vae-scores"
+"""The ``kind`` of the scores files (see :func:`flowkit.checkpoint.save_checkpoint`)."""
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -286,18 +289,14 @@ def _scores(
         "data": _fingerprint([x]), "weights": _fingerprint(vae.state_dict().values()),
     }
     if path.is_file():
-        cached = safe_load(path)
+        cached = load_checkpoint(path, kind=SCORES_KIND).extra
         if cached["key"] == key:
             return cached["scores"], cached["seconds"]
     device = next(vae.parameters()).device
     t0 = time.perf_counter()
     scores = evaluate(vae, x, k, generator=torch.Generator(device).manual_seed(seed))
     seconds = time.perf_counter() - t0
-    atomic_save(
-        {FORMAT_KEY: FORMAT_VERSION, "kind": "scores", "key": key, "scores": scores,
-         "seconds": seconds},
-        path,
-    )
+    save_checkpoint(path, SCORES_KIND, extra={"key": key, "scores": scores, "seconds": seconds})
     return scores, seconds
 
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flowkit.checkpoint import model_config
+from flowkit.checkpoint import register_model
 from flowkit.nn.inversion import OneHot, solve
 from flowkit.nn.made import MADE
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
@@ -51,16 +51,15 @@ __all__ = ["BernoulliMADE", "CategoricalMADE"]
 
 
 class _DiscreteMADE(nn.Module):
-    """What the Bernoulli and categorical models share: the MADE, its mask sets, the config,
+    """What the Bernoulli and categorical models share: the MADE, its mask sets,
     the mask ensemble and the checks. Subclasses define :meth:`_check` and :meth:`_log_prob`."""
 
     made: MADE
 
-    def __init__(self, made: MADE, config: dict):
+    def __init__(self, made: MADE):
         super().__init__()
         self.made = made
         self.features: int = made.features
-        self.config = config  # rebuilt by flowkit.load_model
 
     @property
     def num_masks(self) -> int:
@@ -123,6 +122,7 @@ class _DiscreteMADE(nn.Module):
         return f"num_masks={self.num_masks}"
 
 
+@register_model()
 class BernoulliMADE(_DiscreteMADE):
     r"""A MADE with a Bernoulli output per feature, for binary vectors ``x in {0, 1}^D``.
 
@@ -166,17 +166,12 @@ class BernoulliMADE(_DiscreteMADE):
         direct_connection: bool = False,
         seed: int = 0,
     ):
-        config = model_config(
-            "BernoulliMADE", features=features, hidden_features=hidden_features,
-            num_masks=num_masks, order=order, hidden_degrees=hidden_degrees,
-            residual=residual, direct_connection=direct_connection, seed=seed,
-        )
         made = MADE(
             features, hidden_features, params_per_feature=1, order=order,
             hidden_degrees=hidden_degrees, num_masks=num_masks, seed=seed,
             direct_connection=direct_connection, residual=residual,
         )
-        super().__init__(made, config)
+        super().__init__(made)
 
     def _check(self, x: object) -> Tensor:
         ref = self._reference()
@@ -231,6 +226,7 @@ class BernoulliMADE(_DiscreteMADE):
         return f"features={self.features}, " + super().extra_repr()
 
 
+@register_model()
 class CategoricalMADE(_DiscreteMADE):
     r"""A MADE with a softmax over ``K`` classes per feature, for ``x in {0..K-1}^D``.
 
@@ -265,18 +261,12 @@ class CategoricalMADE(_DiscreteMADE):
         seed: int = 0,
     ):
         classes = check_int("classes", classes, 2)
-        config = model_config(
-            "CategoricalMADE", features=features, classes=classes,
-            hidden_features=hidden_features, num_masks=num_masks, order=order,
-            hidden_degrees=hidden_degrees, residual=residual,
-            direct_connection=direct_connection, seed=seed,
-        )
         made = MADE(
             features, hidden_features, params_per_feature=classes, inputs_per_feature=classes,
             order=order, hidden_degrees=hidden_degrees, num_masks=num_masks, seed=seed,
             direct_connection=direct_connection, residual=residual,
         )
-        super().__init__(made, config)
+        super().__init__(made)
         self.classes = classes
 
     def _check(self, x: object) -> Tensor:

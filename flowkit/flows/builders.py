@@ -1,6 +1,7 @@
 """``MAF`` and ``IAF``: stacks of MADE-conditioned autoregressive layers.
 
-Each builder returns a :class:`flowkit.Flow` whose ``config`` records the arguments, so that
+Both builders are registered with :func:`flowkit.checkpoint.register_model`: each returns a
+:class:`flowkit.Flow` whose ``config`` records the call's arguments, so that
 :func:`flowkit.save_model` / :func:`flowkit.load_model` can rebuild it.
 """
 
@@ -13,7 +14,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from flowkit.checkpoint import model_config
+from flowkit.checkpoint import register_model
 from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
 from flowkit.flows.flow import Flow
 from flowkit.nn.made import MADE
@@ -160,6 +161,7 @@ def _autoregressive_flow(
     return Flow(Compose(transforms), base)
 
 
+@register_model(store={"activation": lambda a: activation_class(a).__name__})
 def MAF(
     features: int,
     layers: int = 5,
@@ -203,13 +205,10 @@ def MAF(
         >>> flow.log_prob(torch.randn(4, 2)).shape
         torch.Size([4])
     """
-    kwargs = dict(locals())
-    kwargs["activation"] = activation_class(activation).__name__
-    flow = _autoregressive_flow("maf", **kwargs)
-    flow.config = model_config("MAF", **kwargs)
-    return flow
+    return _autoregressive_flow("maf", **locals())
 
 
+@register_model(store={"activation": lambda a: activation_class(a).__name__})
 def IAF(
     features: int,
     layers: int = 5,
@@ -235,8 +234,4 @@ def IAF(
         >>> x.shape, log_p.shape
         (torch.Size([4, 2]), torch.Size([4]))
     """
-    kwargs = dict(locals())
-    kwargs["activation"] = activation_class(activation).__name__
-    flow = _autoregressive_flow("iaf", **kwargs)
-    flow.config = model_config("IAF", **kwargs)
-    return flow
+    return _autoregressive_flow("iaf", **locals())

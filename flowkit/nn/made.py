@@ -20,9 +20,17 @@ from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
+from flowkit.checkpoint import InvalidBuffer, register_check
 from flowkit.nn import masks
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
-from flowkit.validation import check_bool, check_context, check_int, check_tensor, format_shape
+from flowkit.validation import (
+    check_bool,
+    check_context,
+    check_int,
+    check_tensor,
+    format_shape,
+    is_permutation,
+)
 
 
 class MaskedLinear(nn.Linear):
@@ -381,3 +389,25 @@ class MADE(nn.Module):
             f"context_features={self.context_features}, num_masks={self.num_masks}, "
             f"order={self.order.tolist() if self.features <= 16 else '...'}"
         )
+
+
+@register_check(MADE)
+def _check_stored_masks(made: MADE) -> None:
+    """Refuse a MADE whose stored buffers its construction cannot give: orderings that are not
+    permutations, an active mask set out of range, or masks other than those that set's stored
+    degrees give (a wrong mask breaks the autoregressive property, and every density with it).
+    Rebuilds the active set's masks from the stored degrees to compare them."""
+    if not all(is_permutation(order) for order in made.orders):
+        raise InvalidBuffer("orders", "permutations of range(features)")
+    index = int(made.mask_index)
+    if not 0 <= index < made.num_masks:
+        raise InvalidBuffer("mask_index", f"in [0, {made.num_masks}), got {index}")
+    layers = [(name, m) for name, m in made.named_modules() if isinstance(m, MaskedLinear)]
+    stored = [m.mask.clone() for _, m in layers]
+    made.set_mask(index)
+    for (name, m), mask in zip(layers, stored, strict=True):
+        if not torch.equal(m.mask, mask):
+            raise InvalidBuffer(
+                f"{name}.mask",
+                f"the mask that the stored orders and degrees give for mask set {index}",
+            )

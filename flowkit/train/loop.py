@@ -31,7 +31,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -45,13 +45,13 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler
 from tqdm.auto import tqdm
 
 from ..checkpoint import (
-    FORMAT_KEY,
-    FORMAT_VERSION,
+    Checkpoint,
     CheckpointError,
-    atomic_save,
-    model_entry,
-    safe_load,
+    load_checkpoint,
+    run_lock,
+    save_checkpoint,
 )
+from ..checkpoint.models import model_entry
 from ..validation import validate_values
 from .data import derive_seed
 from .distributed import Dist, resolve_device, setup
@@ -60,8 +60,10 @@ from .history import History
 CHECKPOINT_NAME = "checkpoint.pt"
 """File name of the training checkpoint inside ``checkpoint_dir``."""
 
+TRAINING_KIND = "training"
+"""The ``kind`` of training checkpoints (see :func:`flowkit.checkpoint.save_checkpoint`)."""
+
 _REQUIRED_KEYS = (
-    "model",
     "optimizer",
     "scheduler",
     "step",
@@ -73,8 +75,8 @@ _REQUIRED_KEYS = (
     "history",
     "best",
 )
-"""The entries of a training checkpoint that resuming reads (``save`` in :func:`train` writes
-them)."""
+"""The ``extra`` entries of a training checkpoint that resuming reads (``save`` in :func:`train`
+writes them, with the model)."""
 
 _OPTIMIZERS: dict[str, type[Optimizer]] = {
     "adam": torch.optim.Adam,
@@ -102,7 +104,7 @@ class Session:
     device: torch.device
     dist: Dist
     path: Path | None
-    ckpt: dict[str, Any] | None
+    ckpt: dict[str, Any] | None  # the ``extra`` entries of the checkpoint resumed from
     seed: int
     objective: str  # "nll" or "neg_elbo", the History.objective of the run
 
@@ -131,51 +133,105 @@ def session(
     resume: bool,
     objective: str,
 ) -> Iterator[Session]:
-    """Resolve the device, join ``torchrun``'s group, read the checkpoint to resume from, seed."""
+    """Resolve the device, join ``torchrun``'s group, take the checkpoint folder's lock (held
+    until the session ends), read and restore the checkpoint to resume from, seed."""
     dev = resolve_device(device)
     dist = setup(dev)
+    path = _checkpoint_path(checkpoint_dir)
+    if resume and path is None:
+        raise ValueError("'resume=True' needs 'checkpoint_dir'")
     flushing = dev.type == "cpu" and torch.set_flush_denormal(True)
     try:
-        path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
-        if resume and path is None:
-            raise ValueError("'resume=True' needs 'checkpoint_dir'")
-        # rank 0 decides, so all ranks agree
-        exists = path is not None and dist.broadcast(path.is_file())
-        if exists and not resume:
-            raise ValueError(
-                f"'{path}' exists: pass resume=True to continue that run, or pick another "
-                "checkpoint_dir"
-            )
-        ckpt = None
-        if exists:
-            ckpt = safe_load(path, map_location="cpu", kind="training")
-            _check_resumable(ckpt, path, dist, objective)
-        if path is not None:
-            model_entry(model)  # a malformed model.config fails now, not at the first checkpoint
-        model.to(dev)
-        yield Session(dev, dist, path, ckpt, _choose_seed(seed, ckpt, path, dist), objective)
+        with _folder_lock(path, dist):
+            # rank 0 decides, so all ranks agree
+            exists = path is not None and dist.broadcast(path.is_file())
+            if exists and not resume:
+                raise ValueError(
+                    f"'{path}' exists: pass resume=True to continue that run, or pick another "
+                    "checkpoint_dir"
+                )
+            ckpt = None
+            if exists:
+                loaded = load_checkpoint(path, kind=TRAINING_KIND, map_location="cpu")
+                _check_resumable(loaded, model, dist, objective)
+                ckpt = loaded.extra
+            if path is not None:
+                model_entry(model)  # a malformed model.config fails now, not at a checkpoint
+            model.to(dev)
+            yield Session(dev, dist, path, ckpt, _choose_seed(seed, ckpt, path, dist), objective)
     finally:
         if flushing:
             torch.set_flush_denormal(False)
 
 
-def _check_resumable(ckpt: dict[str, Any], path: Path, dist: Dist, objective: str) -> None:
-    missing = [key for key in _REQUIRED_KEYS if key not in ckpt]
+def _checkpoint_path(checkpoint_dir: object) -> Path | None:
+    """``checkpoint_dir / CHECKPOINT_NAME``, checked before anything runs: a folder (or a path to
+    create one at), and no folder where the checkpoint file goes."""
+    if checkpoint_dir is None:
+        return None
+    if not isinstance(checkpoint_dir, str | PathLike):
+        raise TypeError(
+            "'checkpoint_dir' should be a folder path (str or os.PathLike), got "
+            f"{type(checkpoint_dir).__name__} {checkpoint_dir!r}"
+        )
+    folder = Path(checkpoint_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"'checkpoint_dir' should be a folder, but '{folder}' is a file")
+    if (folder / CHECKPOINT_NAME).is_dir():
+        raise ValueError(
+            f"'{folder / CHECKPOINT_NAME}' is a folder, where 'checkpoint_dir' should hold the "
+            "checkpoint file"
+        )
+    return folder / CHECKPOINT_NAME
+
+
+@contextmanager
+def _folder_lock(path: Path | None, dist: Dist) -> Iterator[None]:
+    """Hold the lock of the checkpoint's folder (:func:`flowkit.checkpoint.run_lock`) on rank 0,
+    the process that writes; every rank fails if it cannot be taken."""
+    with ExitStack() as stack:
+        error = None
+        if path is not None and dist.is_main:
+            try:
+                stack.enter_context(run_lock(path.parent))
+            except (CheckpointError, OSError) as e:
+                error = e
+        message = dist.broadcast(None if error is None else str(error))
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"rank 0 could not take the checkpoint folder: {message}")
+        yield
+
+
+def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: str) -> None:
+    """Refuse a checkpoint that this run cannot continue, and restore its weights into ``model``
+    with every check of :func:`flowkit.load_model` (:meth:`Checkpoint.restore`)."""
+    path, extra = ckpt.path, ckpt.extra
+    missing = ["model"] if ckpt.model is None else []
+    missing += [key for key in _REQUIRED_KEYS if key not in extra]
     if missing:
         raise CheckpointError(
             f"'{path}' is a flowkit training checkpoint without the entries {missing} (written "
             "by another program, or edited): it cannot be resumed"
         )
-    if ckpt["history"]["objective"] != objective:
+    stored, current = ckpt.model.get("config"), model_entry(model)["config"]
+    if stored is not None and current is not None and stored != current:
         raise CheckpointError(
-            f"'{path}' was written by a run minimising {ckpt['history']['objective']!r}, "
+            f"'{path}' was written for a {stored['type']} with {stored['kwargs']}, not for this "
+            f"{current['type']} with {current['kwargs']}: resume with the model it was written for"
+        )
+    if extra["history"]["objective"] != objective:
+        raise CheckpointError(
+            f"'{path}' was written by a run minimising {extra['history']['objective']!r}, "
             f"cannot resume it as {objective!r}"
         )
-    if ckpt["world_size"] != dist.world_size:
+    if extra["world_size"] != dist.world_size:
         raise CheckpointError(
-            f"'{path}' was written by {ckpt['world_size']} process(es); resume it with the same "
+            f"'{path}' was written by {extra['world_size']} process(es); resume it with the same "
             f"number (this run has {dist.world_size})"
         )
+    ckpt.restore(model)
 
 
 def _choose_seed(
@@ -317,14 +373,7 @@ def train(
     step, saved_step = 0, None
     history = History(objective=s.objective, seed=s.seed)
     if s.ckpt is not None:
-        c = s.ckpt
-        try:
-            model.load_state_dict(c["model"]["state_dict"])
-        except RuntimeError as e:
-            raise CheckpointError(
-                f"'{s.path}' holds weights that do not fit this model (resume with the model it "
-                f"was written for): {str(e).splitlines()[0]}"
-            ) from e
+        c = s.ckpt  # the weights were restored by session()
         opt.load_state_dict(c["optimizer"])
         if sched is not None:
             if c["total_steps"] != o.steps:
@@ -364,11 +413,11 @@ def train(
         mine = {"rng": _rng_state(s.device), "data": source.state_dict()}
         processes = s.dist.gather(mine)
         if s.dist.is_main and s.path is not None:
-            atomic_save(
-                {
-                    FORMAT_KEY: FORMAT_VERSION,
-                    "kind": "training",
-                    "model": model_entry(model),
+            save_checkpoint(
+                s.path,
+                TRAINING_KIND,
+                model=model,
+                extra={
                     "optimizer": opt.state_dict(),
                     "scheduler": None if sched is None else sched.state_dict(),
                     "step": step,
@@ -380,7 +429,6 @@ def train(
                     "history": history.to_dict(),
                     "best": best.state_dict(),
                 },
-                s.path,
             )
 
     pending: list[Tensor] = []  # losses of the steps since the last copy to the host

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from flowkit.checkpoint import InvalidBuffer, register_check
 from flowkit.validation import check_context, check_int, check_width, is_permutation, reference
 
 
@@ -174,3 +175,13 @@ class Permutation(Transform):
 
     def extra_repr(self) -> str:
         return f"permutation={self.permutation.tolist()}"
+
+
+@register_check(Permutation)
+def _check_stored_permutation(module: Permutation) -> None:
+    """Refuse stored buffers that no :class:`Permutation` has: ``permutation`` must be a
+    permutation and ``inverse_permutation`` its inverse."""
+    if not is_permutation(module.permutation):
+        raise InvalidBuffer("permutation", "a permutation of range(features)")
+    if not torch.equal(module.inverse_permutation, module.permutation.argsort()):
+        raise InvalidBuffer("inverse_permutation", "the inverse of 'permutation'")

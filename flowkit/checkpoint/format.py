@@ -1,0 +1,341 @@
+"""The bytes of a flowkit file: a torch payload inside a container with a SHA-256 checksum,
+written atomically.
+
+A file of format 2 is, with integers little-endian::
+
+    offset 0        9 bytes   magic b"\\x89flowkit\\n"
+    offset 9        4 bytes   format version (uint32): 2
+    offset 13       8 bytes   payload length n (uint64)
+    offset 21       n bytes   payload: torch.save of tensors and plain containers
+    offset 21 + n  32 bytes   SHA-256 of the 21 + n bytes before it
+
+The digest covers every byte before it, and a file must be exactly ``21 + n + 32`` bytes long, so
+any change to a file (a flipped bit anywhere, the digest's own bits included, a cut or an
+appended tail) is detected before the payload is unpickled: a digest that matched by chance
+would need a SHA-256 collision. Only then is the payload read, with ``torch.load(...,
+weights_only=True)`` (tensors and plain containers, never arbitrary objects); an error at that
+point (an unavailable ``map_location``) is therefore never reported as a damaged file.
+
+Files of format 1 (flowkit before format 2) are bare :func:`torch.save` files (zip archives)
+holding a dict with ``"flowkit_format": 1``. They are still read, with a
+:class:`LegacyFormatWarning`: they carry no checksum, so damage to them may go unnoticed; their
+contents get every other check. Saving again writes format 2.
+
+Writes go to a temporary file ``.<name>.<16 hex digits>.tmp`` in the target's folder, which is
+flushed, ``fsync``-ed and renamed over the target with :func:`os.replace`; the folder entry is
+then synced. A failed write (disk full, permission denied, read-only folder) removes the
+temporary file, leaves an existing target untouched and raises :class:`CheckpointWriteError`
+(an ``OSError``) whose one-line message names the target. A writer killed mid-write can leave a
+temporary file behind; :func:`flowkit.checkpoint.run_lock` removes those of its folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import secrets
+import struct
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointWriteError",
+    "FORMAT_VERSION",
+    "LegacyFormatWarning",
+    "atomic_write",
+    "check_file_path",
+    "check_map_location",
+    "read_file",
+    "remove_temporary_files",
+    "write_bytes_atomic",
+    "write_file",
+]
+
+MAGIC = b"\x89flowkit\n"
+FORMAT_VERSION = 2
+"""The format this flowkit writes; it reads 1 and 2."""
+
+_HEADER = struct.Struct("<IQ")  # format version, payload length
+_DIGEST_SIZE = hashlib.sha256().digest_size
+_TMP = re.compile(r"^\..+\.[0-9a-f]{16}\.tmp$")
+"""Names of the temporary files that :func:`atomic_write` creates."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, damaged, not a flowkit file or not of the expected kind, or a
+    run folder cannot be used. The message names the file."""
+
+
+class CheckpointWriteError(OSError):
+    """Writing a file failed (disk full, permission denied, read-only folder, ...).
+
+    The message is one line naming the file; the previous file at that path, if any, is intact
+    and no temporary file is left. ``errno`` and ``filename`` are set as for the ``OSError`` that
+    caused it.
+    """
+
+    def __init__(self, message: str, errno_: int | None = None, filename: str | None = None):
+        super().__init__(message)
+        self.errno, self.filename = errno_, filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class LegacyFormatWarning(UserWarning):
+    """A file of format 1 was read: it has no checksum, so damage to it may go unnoticed."""
+
+
+def check_file_path(path: object, argument: str = "path") -> Path:
+    """``path`` as a :class:`~pathlib.Path` to write a file to.
+
+    Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, ...).
+        ValueError: ``path`` is empty or an existing folder.
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"'{argument}' should be a file path (str or os.PathLike), got "
+            f"{type(path).__name__} {path!r}"
+        )
+    if os.fspath(path) in ("", b""):
+        raise ValueError(f"'{argument}' should be a file path, got an empty string")
+    path = Path(os.fsdecode(path))
+    if path.is_dir():
+        raise ValueError(
+            f"'{argument}' should be a file path, but '{path}' is a folder; pass a file inside "
+            f"it, e.g. '{path / 'model.pt'}'"
+        )
+    return path
+
+
+def atomic_write(path: str | os.PathLike, fill: Callable[[IO[bytes]], None]) -> None:
+    """Create or replace the file ``path`` with the bytes that ``fill(f)`` writes to ``f``, so
+    that ``path`` is never half-written (see the module docstring). Missing parent folders are
+    created.
+
+    Raises:
+        CheckpointWriteError: an ``OSError`` while writing (disk full, permission denied,
+            read-only folder); the previous file at ``path`` is intact and no temporary file is
+            left. Other errors of ``fill`` propagate unchanged, with the same guarantees.
+    """
+    path = check_file_path(path)
+    # a fresh name in the same folder (os.replace is only atomic within a file system); "xb"
+    # refuses to reuse an existing file and, unlike mkstemp, gives the umask's permissions
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, CheckpointWriteError):
+            kept = "the previous file was kept" if path.is_file() else "nothing was written"
+            raise CheckpointWriteError(
+                f"could not write '{path}': {e.strerror or e} ({kept})", e.errno, str(path)
+            ) from e
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to the file ``path`` atomically (for JSON and text files next to a
+    checkpoint); errors as :func:`atomic_write`."""
+    atomic_write(path, lambda f: f.write(data))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Persist a rename on POSIX by syncing the folder entry (not possible on Windows)."""
+    if os.name != "posix":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_temporary_files(folder: Path) -> list[Path]:
+    """Remove the temporary files that writers killed mid-write left in ``folder``; returns
+    them. Call only while no other process writes to ``folder`` (under its run lock)."""
+    removed = []
+    for entry in folder.iterdir():
+        if _TMP.match(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+class _Hashing:
+    """A write-only file object that hashes and counts what passes through it."""
+
+    def __init__(self, f: IO[bytes]):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_file(obj: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write ``obj`` (tensors and plain containers) to ``path`` as a file of format 2, atomically.
+
+    Raises:
+        TypeError, ValueError: ``path`` is not a file path (see :func:`check_file_path`).
+        CheckpointWriteError: see :func:`atomic_write`.
+    """
+
+    def fill(f: IO[bytes]) -> None:
+        payload = io.BytesIO()
+        torch.save(obj, payload)
+        data = payload.getbuffer()
+        out = _Hashing(f)
+        out.write(MAGIC)
+        out.write(_HEADER.pack(FORMAT_VERSION, len(data)))
+        out.write(data)
+        f.write(out.sha.digest())
+
+    atomic_write(path, fill)
+
+
+def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, Any]:
+    """Read a file of format 1 or 2: its format version and its verified, unpickled payload.
+
+    Args:
+        path: the file.
+        map_location: see :func:`check_map_location`.
+
+    Raises:
+        CheckpointError: ``path`` is not a file, is truncated, fails its checksum, is not a flowkit
+            file, is of a format this flowkit does not read, or (format 1 only) cannot be
+            unpickled as tensors and plain containers.
+        ValueError, TypeError: a ``map_location`` that is not a usable device.
+        OSError: the file cannot be read (permission denied, ...).
+    """
+    check_map_location(map_location)
+    path = Path(path)
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "no file"
+        raise CheckpointError(f"no checkpoint file at '{path}' ({what} there)")
+    data = path.read_bytes()
+    if not data.startswith(MAGIC):
+        if data.startswith(b"PK\x03\x04"):  # a zip archive: torch.save, as format 1 was written
+            return 1, _read_legacy(path, data, map_location)
+        if MAGIC.startswith(data):
+            raise CheckpointError(f"'{path}' is truncated: {len(data)} bytes, no payload")
+        raise CheckpointError(
+            f"'{path}' is not a flowkit file (it does not start with flowkit's marker; expected "
+            "a file written by flowkit.save_model or flowkit.train.fit)"
+        )
+    start = len(MAGIC) + _HEADER.size
+    if len(data) < start + _DIGEST_SIZE:
+        raise CheckpointError(f"'{path}' is truncated: {len(data)} bytes, shorter than a header")
+    version, size = _HEADER.unpack_from(data, len(MAGIC))
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"'{path}' is a flowkit file of format {version}; this flowkit reads formats 1 and "
+            f"{FORMAT_VERSION} (a newer flowkit wrote it, or the file is damaged)"
+        )
+    expected = start + size + _DIGEST_SIZE
+    if len(data) != expected:
+        raise CheckpointError(
+            f"'{path}' is damaged: its header announces {expected} bytes but the file has "
+            f"{len(data)} ({'truncated' if len(data) < expected else 'bytes appended'}, or the "
+            "header itself is corrupt)"
+        )
+    body = memoryview(data)[: start + size]
+    if hashlib.sha256(body).digest() != data[start + size :]:
+        raise CheckpointError(
+            f"'{path}' is damaged: its SHA-256 checksum does not match its contents (the file "
+            "changed after it was written: a disk or transfer error, or an edit)"
+        )
+    try:
+        obj = torch.load(io.BytesIO(body[start:]), map_location=map_location, weights_only=True)
+    except Exception as e:  # the bytes are intact: the payload is not one flowkit writes
+        raise CheckpointError(
+            f"'{path}' passed its checksum but its contents could not be loaded: "
+            f"{type(e).__name__}: {first_line(e)}"
+        ) from e
+    return version, obj
+
+
+def _read_legacy(path: Path, data: bytes, map_location: Any) -> Any:
+    try:
+        obj = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... here
+        raise CheckpointError(
+            f"'{path}' could not be read as a flowkit checkpoint of format 1 (it may be "
+            f"truncated, corrupt or hold non-tensor objects): {type(e).__name__}: {first_line(e)}"
+        ) from e
+    if not isinstance(obj, dict) or obj.get("flowkit_format") != 1:
+        got = (
+            f"a dict with keys {sorted(map(str, obj))[:6]}"
+            if isinstance(obj, dict)
+            else type(obj).__name__
+        )
+        raise CheckpointError(
+            f"'{path}' is not a flowkit checkpoint: expected a flowkit file, or a torch file "
+            f"holding a dict with 'flowkit_format': 1, got {got}"
+        )
+    warnings.warn(
+        f"'{path}' was written by an older flowkit (format 1) without a checksum: damage to it "
+        "cannot be detected. Save it again (flowkit.save_model, or resume the run) to add one.",
+        LegacyFormatWarning,
+        stacklevel=4,
+    )
+    return obj
+
+
+def check_map_location(map_location: Any) -> None:
+    """Refuse a ``map_location`` that :func:`torch.load` could not use, before any file is read.
+
+    Accepted: ``None`` (where the tensors were saved), a device (``"cpu"``, ``"cuda:0"``, a
+    :class:`torch.device`) that exists on this machine, a dict or a callable (passed to
+    :func:`torch.load` as they are).
+
+    Raises:
+        ValueError: a string that is not a device, or a CUDA device this machine lacks.
+        TypeError: any other type.
+    """
+    if map_location is None or callable(map_location) or isinstance(map_location, dict):
+        return
+    if not isinstance(map_location, str | torch.device):
+        raise TypeError(
+            "'map_location' should be None, a device (e.g. 'cpu' or torch.device('cuda:0')), a "
+            f"dict or a callable, got {type(map_location).__name__} {map_location!r}"
+        )
+    try:
+        device = torch.device(map_location)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(
+            f"'map_location' should be a device such as 'cpu' or 'cuda:0', got {map_location!r}"
+        ) from e
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if device.index is not None and device.index >= count or count == 0:
+            raise ValueError(
+                f"'map_location' is {map_location!r} but this machine has {count} CUDA "
+                "device(s); pass map_location='cpu'"
+            )
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (torch's are often long)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+

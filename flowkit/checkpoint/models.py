@@ -1,0 +1,315 @@
+"""What a checkpoint holds, and models saved to and rebuilt from files.
+
+The payload of every flowkit file (see :mod:`flowkit.checkpoint.format` for the bytes around it)
+is one dict::
+
+    {"kind": str,
+     "model": {"config": dict | None, "state_dict": dict[str, Tensor]} | None,
+     "extra": dict}
+
+* ``kind`` says what the file is for: ``"model"`` for :func:`save_model`, ``"training"`` for
+  :func:`flowkit.train.fit`, any other string for an application's own checkpoints (this module
+  gives no kind a meaning; a reader asks :func:`load_checkpoint` for the kind it expects);
+* ``model`` is a model's weights and, if it was built by a registered constructor (see
+  :mod:`flowkit.checkpoint.registry`), its ``config``, from which :func:`load_model` rebuilds it;
+* ``extra`` is whatever the writer needs besides (optimizer state, step, history, settings):
+  tensors and plain containers only.
+
+Files of format 1 were dicts ``{"flowkit_format": 1, "kind": ..., "model": ..., <entries>}``;
+they are read as ``extra = <entries>``.
+
+Weights are restored (by :func:`load_model` and when :func:`flowkit.train.fit` resumes) through
+:meth:`Checkpoint.restore`, which applies every check: tensors only, a strict fit to the model,
+the registered buffer checks (MADE masks against their degrees, permutations) and finite values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .format import CheckpointError, check_file_path, first_line, read_file, write_file
+from .registry import check_buffers, check_config, constructor
+
+__all__ = ["Checkpoint", "load_checkpoint", "load_model", "save_checkpoint", "save_model"]
+
+MODEL_KIND = "model"
+"""The ``kind`` of the files :func:`save_model` writes."""
+
+_LEAVES = (torch.Tensor, str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint file as :func:`load_checkpoint` read it (intact, of a known format).
+
+    Attributes:
+        path: the file.
+        version: its format (1 or 2; see :mod:`flowkit.checkpoint.format`).
+        kind: what it is for (``"model"``, ``"training"``, or an application's kind).
+        model: ``{"config": dict | None, "state_dict": dict}``, or None if it holds no model.
+        extra: the writer's other entries.
+    """
+
+    path: Path
+    version: int
+    kind: str
+    model: dict[str, Any] | None
+    extra: dict[str, Any]
+
+    def restore(self, model: nn.Module, *, allow_nonfinite: bool = False) -> None:
+        """Load the stored weights into ``model`` and check them: the weights are tensors that fit
+        ``model`` exactly (``strict``), every buffer passes the checks registered for its module's
+        class (:func:`~flowkit.checkpoint.register_check`), and floating values are finite.
+
+        Args:
+            model: a model of the architecture the file was written for.
+            allow_nonfinite: accept NaN and infinite weights (to inspect a diverged model).
+
+        Raises:
+            CheckpointError: naming the file and the first weight or buffer that fails. ``model``
+                may then hold part of the stored weights: do not use it.
+        """
+        if self.model is None:
+            raise CheckpointError(f"'{self.path}' holds no model weights")
+        state = self.model["state_dict"]
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            config = getattr(model, "config", None)
+            label = config["type"] if isinstance(config, dict) else type(model).__name__
+            raise CheckpointError(
+                f"'{self.path}': the stored weights do not fit a {label} (built from the stored "
+                f"config, or the model given to resume them): {first_line(e)}"
+            ) from e
+        for name, error in check_buffers(model):
+            raise CheckpointError(
+                f"'{self.path}': the stored buffer '{name}' should be {error.expected}"
+            )
+        if not allow_nonfinite:
+            for key, value in state.items():
+                if value.is_floating_point() or value.is_complex():
+                    bad = int((~torch.isfinite(value)).sum())
+                    if bad:
+                        raise CheckpointError(
+                            f"'{self.path}': the stored weight '{key}' holds {bad} NaN or "
+                            f"infinite value(s) of {value.numel()} (a diverged model; pass "
+                            "allow_nonfinite=True to load it anyway)"
+                        )
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    kind: str,
+    model: nn.Module | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Write a checkpoint atomically, with a checksum (see :mod:`flowkit.checkpoint.format`).
+
+    Args:
+        path: the file (its folder is created if missing).
+        kind: what the file is for; readers ask :func:`load_checkpoint` for it.
+        model: a model whose weights (and ``config``, if it has one) the file keeps.
+        extra: other entries: tensors and plain containers (dict, list, tuple, str, int, float,
+            bool, None) only, so that the file is read back without unpickling objects.
+
+    Raises:
+        TypeError, ValueError: ``path`` is not a file path, ``kind`` not a non-empty string,
+            ``extra`` holds another type (the error names its key), or ``model.config`` is
+            malformed (a :class:`CheckpointError`).
+        CheckpointWriteError: the write failed; the previous file is intact.
+    """
+    path = check_file_path(path)
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"'kind' should be a non-empty string, got {kind!r}")
+    extra = {} if extra is None else extra
+    if not isinstance(extra, Mapping):
+        raise TypeError(f"'extra' should be a mapping, got {type(extra).__name__}")
+    extra = dict(extra)
+    _check_plain(extra, "extra")
+    entry = None if model is None else model_entry(model)
+    write_file({"kind": kind, "model": entry, "extra": extra}, path)
+
+
+def _check_plain(value: Any, where: str) -> None:
+    if isinstance(value, _LEAVES):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str | int):
+                raise TypeError(f"{where} should have str or int keys, got {k!r}")
+            _check_plain(v, f"{where}[{k!r}]")
+        return
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+        return
+    raise TypeError(
+        f"{where} should hold tensors and plain containers only (dict, list, tuple, str, int, "
+        f"float, bool, None), got {type(value).__name__}"
+    )
+
+
+def load_checkpoint(
+    path: str | os.PathLike, kind: str | None = None, map_location: Any = None
+) -> Checkpoint:
+    """Read a checkpoint, verifying its checksum, without unpickling arbitrary objects.
+
+    Args:
+        path: the file.
+        kind: if given, the kind the file must have.
+        map_location: where to put the tensors: None (where they were saved), a device such as
+            ``"cpu"``, or anything else :func:`torch.load` takes.
+
+    Raises:
+        CheckpointError: a missing, damaged (checksum, length), foreign or malformed file, or one
+            of another kind. The message names the file.
+        ValueError, TypeError: ``map_location`` is not a usable device.
+        OSError: the file cannot be read (permission denied, ...).
+    """
+    path = Path(path)
+    version, obj = read_file(path, map_location=map_location)
+    if version == 1:
+        obj = dict(obj)
+        del obj["flowkit_format"]
+        obj = {"kind": obj.pop("kind", None), "model": obj.pop("model", None), "extra": obj}
+    if not isinstance(obj, dict) or sorted(obj) != ["extra", "kind", "model"]:
+        raise CheckpointError(
+            f"'{path}' is not a flowkit checkpoint: its contents should be a dict with the keys "
+            f"'kind', 'model' and 'extra'"
+        )
+    found, entry, extra = obj["kind"], obj["model"], obj["extra"]
+    if not isinstance(found, str) or not isinstance(extra, dict):
+        raise CheckpointError(f"'{path}' is malformed: no 'kind' string or 'extra' dict")
+    if kind is not None and found != kind:
+        raise CheckpointError(
+            f"'{path}' is a checkpoint of kind {found!r}, expected kind {kind!r} (a file written "
+            "by another function or command)"
+        )
+    if entry is not None:
+        _check_entry(entry, path)
+    return Checkpoint(path, version, found, entry, extra)
+
+
+def _check_entry(entry: Any, path: Path) -> None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("state_dict"), dict):
+        raise CheckpointError(
+            f"'{path}': the 'model' entry should be a dict with a 'state_dict' dict of tensors"
+        )
+    for key, value in entry["state_dict"].items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(
+                f"'{path}': the stored weight {key!r} should be a tensor, got "
+                f"{type(value).__name__}"
+            )
+    if entry.get("config") is not None:
+        check_config(entry["config"], f"the config in '{path}'")
+
+
+def model_entry(model: nn.Module) -> dict[str, Any]:
+    """The ``"model"`` entry of a checkpoint: ``{"config": dict | None, "state_dict": dict}``.
+
+    ``config`` is ``model.config`` when the model has one (checked to be JSON-serialisable and of
+    the form ``{"type": str, "kwargs": dict}``), else ``None``.
+    """
+    config = getattr(model, "config", None)
+    if config is not None:
+        check_config(config, f"{type(model).__name__}.config")
+    return {"config": config, "state_dict": model.state_dict()}
+
+
+def save_model(model: nn.Module, path: str | os.PathLike) -> None:
+    """Save a flowkit model (its ``config`` and ``state_dict``) atomically, with a checksum.
+
+    Example:
+        >>> import flowkit, tempfile, os
+        >>> flow = flowkit.MAF(2, hidden_features=(8,), layers=2)
+        >>> path = os.path.join(tempfile.mkdtemp(), "maf.pt")
+        >>> flowkit.save_model(flow, path)
+        >>> x = torch.randn(4, 2)
+        >>> torch.equal(flowkit.load_model(path).log_prob(x), flow.eval().log_prob(x))
+        True
+
+    Raises:
+        CheckpointError: the model has no ``config`` (only models built by a registered
+            constructor can be rebuilt), or a malformed one.
+        TypeError, ValueError: ``path`` is not a file path (None, a folder).
+        CheckpointWriteError: the write failed; the previous file is intact.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"'model' should be a torch.nn.Module, got {type(model).__name__}")
+    if getattr(model, "config", None) is None:
+        raise CheckpointError(
+            f"'model' ({type(model).__name__}) has no 'config' attribute, so it cannot be rebuilt "
+            "from a file; register its constructor with flowkit.checkpoint.register_model, or "
+            "save its weights with flowkit.checkpoint.save_checkpoint(path, kind, model=model)"
+        )
+    save_checkpoint(path, MODEL_KIND, model=model)
+
+
+def load_model(
+    path: str | os.PathLike, map_location: Any = None, *, allow_nonfinite: bool = False
+) -> nn.Module:
+    """Rebuild a model from a file written by :func:`save_model` or by a training run.
+
+    The model is built by the constructor registered under its ``config["type"]`` (e.g.
+    :func:`flowkit.MAF`) with the stored arguments; any other name is refused before anything is
+    called. It is cast to the floating dtype its weights were saved in (a ``float64`` model comes
+    back as ``float64``), and the weights are restored with every check of
+    :meth:`Checkpoint.restore`.
+
+    Args:
+        path: checkpoint file.
+        map_location: device for the weights; if it is a device or device string, the rebuilt
+            model is moved there too.
+        allow_nonfinite: accept NaN and infinite weights.
+
+    Returns:
+        The model, in evaluation mode (call ``.train()`` to keep training it).
+
+    Raises:
+        CheckpointError: a missing, damaged or foreign file, a file without a model config (e.g.
+            a training run of a custom ``nn.Module``), an unknown model type, a config the
+            constructor refuses, weights that are not tensors, do not fit or are not finite, or
+            structural buffers (MADE masks and orderings, permutations) that the model's
+            construction does not allow.
+        ValueError, TypeError: ``map_location`` is not a usable device.
+    """
+    ckpt = load_checkpoint(path, map_location=map_location)
+    if ckpt.model is None:
+        raise CheckpointError(f"'{path}' holds no model (its kind is {ckpt.kind!r})")
+    config = ckpt.model.get("config")
+    if config is None:
+        raise CheckpointError(
+            f"'{path}' holds weights of a model without a 'config', so it cannot be rebuilt "
+            "automatically; build the model yourself and call "
+            "flowkit.checkpoint.load_checkpoint(path).restore(model)"
+        )
+    build = constructor(config["type"], f"'{path}'")
+    try:
+        model = build(**config["kwargs"])
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(
+            f"'{path}': a {config['type']} cannot be built from the stored config "
+            f"{config['kwargs']}: {first_line(e)}"
+        ) from e
+    dtype = _saved_dtype(ckpt.model["state_dict"])
+    if dtype is not None:
+        model = model.to(dtype)
+    ckpt.restore(model, allow_nonfinite=allow_nonfinite)
+    if isinstance(map_location, str | torch.device):
+        model = model.to(map_location)
+    return model.eval()
+
+
+def _saved_dtype(state_dict: dict[str, Any]) -> torch.dtype | None:
+    """The floating dtype the weights were saved in: that of the first floating tensor of the
+    ``state_dict`` (the model's dtype, as :meth:`torch.nn.Module.to` sets it), None if none."""
+    return next((t.dtype for t in state_dict.values() if t.is_floating_point()), None)
+
