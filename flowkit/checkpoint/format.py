@@ -31,6 +31,7 @@ temporary file behind; :func:`flowkit.checkpoint.run_lock` removes those of its 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -139,7 +140,8 @@ def atomic_write(path: str | os.PathLike, fill: Callable[[IO[bytes]], None]) -> 
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # missing, or a read-only folder that never had it
+            tmp.unlink()
         if isinstance(e, OSError) and not isinstance(e, CheckpointWriteError):
             kept = "the previous file was kept" if path.is_file() else "nothing was written"
             raise CheckpointWriteError(
