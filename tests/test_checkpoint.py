@@ -15,9 +15,12 @@ import flowkit
 from flowkit.checkpoint import (
     CheckpointError,
     CheckpointWriteError,
+    InvalidBuffer,
     LegacyFormatWarning,
     load_checkpoint,
     load_model,
+    register_check,
+    register_model,
     save_checkpoint,
     save_model,
 )
@@ -179,7 +182,7 @@ def _checksummed_foreign_payload(path):
 
 
 BAD_FILES = {
-    "truncated": (_truncated, "is damaged: its header announces .* bytes but the file has"),
+    "truncated": (_truncated, "is damaged: its length field says .* bytes but the file has"),
     "header-only": (_header_only, "is truncated: 5 bytes"),
     "random-bytes": (_random_bytes, "is not a flowkit file"),
     "foreign-dict": (_foreign_torch_file, "holding a dict with 'flowkit_format': 1, got a dict"),
@@ -444,3 +447,55 @@ def test_save_checkpoint_creates_parent_folders(tmp_path):
     save_checkpoint(tmp_path / "a" / "b" / "c.pt", "test")
     ckpt = load_checkpoint(tmp_path / "a" / "b" / "c.pt")
     assert (ckpt.kind, ckpt.model, ckpt.extra) == ("test", None, {})
+
+
+# ------------------------------------------------------------------------------------ registry
+
+
+@register_model("TestRegistryScale")
+class _Scale(nn.Module):
+    """A model of an application: a registered constructor and a registered buffer check."""
+
+    def __init__(self, features: int, init: float = 1.0, **options: int):
+        super().__init__()
+        self.log_scale = nn.Parameter(torch.full((features,), init).log())
+        self.register_buffer("sign", torch.ones(features))
+
+
+@register_check(_Scale)
+def _check_sign(module: _Scale) -> None:
+    if not bool((module.sign.abs() == 1).all()):
+        raise InvalidBuffer("sign", "+1 or -1 everywhere")
+
+
+def test_a_registered_application_model_is_saved_rebuilt_and_checked(tmp_path):
+    model = _Scale(np.int64(3), init=2.0, extra=np.int32(4))
+    assert model.config == {"type": "TestRegistryScale",
+                            "kwargs": {"features": 3, "init": 2.0, "extra": 4}}
+    save_model(model, tmp_path / "s.pt")
+    loaded = load_model(tmp_path / "s.pt")
+    assert type(loaded) is _Scale and torch.equal(loaded.log_scale, model.log_scale)
+    model.sign[1] = 0.5
+    save_model(model, tmp_path / "s.pt")
+    with pytest.raises(CheckpointError, match=r"stored buffer 'sign' should be \+1 or -1"):
+        load_model(tmp_path / "s.pt")
+
+
+def test_registering_a_name_twice_or_a_constructor_with_args_is_refused():
+    with pytest.raises(ValueError, match="'MAF' is already registered"):
+        register_model("MAF")(lambda features: nn.Linear(features, 1))
+    with pytest.raises(TypeError, match="cannot take \\*args"):
+        register_model("TestRegistryArgs")(lambda *sizes: nn.Linear(*sizes))
+    with pytest.raises(ValueError, match="_Scale already has a registered check"):
+        register_check(_Scale)(lambda module: None)
+
+
+def test_a_subclass_of_a_registered_class_is_not_saved_as_its_parent(tmp_path):
+    """It would come back as the parent class: it must register itself."""
+
+    class Sub(flowkit.BernoulliMADE):
+        pass
+
+    assert getattr(Sub(4, hidden_features=(8,)), "config", None) is None
+    with pytest.raises(CheckpointError, match="has no 'config'"):
+        save_model(Sub(4, hidden_features=(8,)), tmp_path / "m.pt")

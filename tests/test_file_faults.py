@@ -30,6 +30,7 @@ from flowkit.checkpoint import (
     LOCK_NAME,
     CheckpointError,
     CheckpointWriteError,
+    LegacyFormatWarning,
     RunLockedError,
     StaleLockWarning,
     load_checkpoint,
@@ -146,7 +147,7 @@ def test_truncated_and_extended_files_are_detected(files, which):
             load_model(path)
         assert str(path) in str(e.value)
     path.write_bytes(data + b"\0")
-    with pytest.raises(CheckpointError, match="bytes appended"):
+    with pytest.raises(CheckpointError, match="truncated or extended"):
         load_model(path)
 
 
@@ -552,3 +553,18 @@ def test_kill_9_at_random_moments_then_resume_is_exact(tmp_path):
             warnings.simplefilter("ignore", StaleLockWarning)
             _kill_then_resume(folder, steps, delay=rng.uniform(0, duration))
         _assert_same(folder, reference)
+
+
+def test_a_training_checkpoint_of_format_1_resumes_exactly(tmp_path):
+    """A run checkpointed by the flowkit before checksums (format 1) resumes to the weights and
+    losses of an uninterrupted run, with a LegacyFormatWarning; its next checkpoint is format 2."""
+    reference = _reference(tmp_path / "whole", 20)
+    folder = tmp_path / "old"
+    _reference(folder, 14)
+    ckpt = load_checkpoint(folder / CHECKPOINT_NAME)
+    torch.save({"flowkit_format": 1, "kind": "training", "model": ckpt.model, **ckpt.extra},
+               folder / CHECKPOINT_NAME)
+    with pytest.warns(LegacyFormatWarning, match="format 1"):
+        _reference(folder, 20)
+    assert load_checkpoint(folder / CHECKPOINT_NAME).version == 2
+    _assert_same(folder, reference)

@@ -5,16 +5,17 @@ A file of format 2 is, with integers little-endian::
 
     offset 0        9 bytes   magic b"\\x89flowkit\\n"
     offset 9        4 bytes   format version (uint32): 2
-    offset 13       8 bytes   payload length n (uint64)
-    offset 21       n bytes   payload: torch.save of tensors and plain containers
+    offset 13       n bytes   payload: torch.save of tensors and plain containers
+    offset 13 + n   8 bytes   payload length n (uint64)
     offset 21 + n  32 bytes   SHA-256 of the 21 + n bytes before it
 
-The digest covers every byte before it, and a file must be exactly ``21 + n + 32`` bytes long, so
-any change to a file (a flipped bit anywhere, the digest's own bits included, a cut or an
-appended tail) is detected before the payload is unpickled: a digest that matched by chance
-would need a SHA-256 collision. Only then is the payload read, with ``torch.load(...,
-weights_only=True)`` (tensors and plain containers, never arbitrary objects); an error at that
-point (an unavailable ``map_location``) is therefore never reported as a damaged file.
+The digest covers every byte before it, and the length must be what the file's size gives, so any
+change to a file (a flipped bit anywhere, the digest's own bits included, a cut or an appended
+tail) is detected before the payload is unpickled: a digest that matched by chance would need a
+SHA-256 collision. Only then is the payload read, with ``torch.load(..., weights_only=True)``
+(tensors and plain containers, never arbitrary objects); an error at that point (an unavailable
+``map_location``) is therefore never reported as a damaged file. The length and digest come last
+so that the payload streams to disk as :func:`torch.save` writes it, and is read into memory once.
 
 Files of format 1 (flowkit before format 2) are bare :func:`torch.save` files (zip archives)
 holding a dict with ``"flowkit_format": 1``. They are still read, with a
@@ -63,8 +64,9 @@ MAGIC = b"\x89flowkit\n"
 FORMAT_VERSION = 2
 """The format this flowkit writes; it reads 1 and 2."""
 
-_HEADER = struct.Struct("<IQ")  # format version, payload length
-_DIGEST_SIZE = hashlib.sha256().digest_size
+_VERSION = struct.Struct("<I")
+_LENGTH = struct.Struct("<Q")
+_TRAILER = _LENGTH.size + hashlib.sha256().digest_size
 _TMP = re.compile(r"^\..+\.[0-9a-f]{16}\.tmp$")
 """Names of the temporary files that :func:`atomic_write` creates."""
 
@@ -202,13 +204,11 @@ def write_file(obj: dict[str, Any], path: str | os.PathLike) -> None:
     """
 
     def fill(f: IO[bytes]) -> None:
-        payload = io.BytesIO()
-        torch.save(obj, payload)
-        data = payload.getbuffer()
         out = _Hashing(f)
-        out.write(MAGIC)
-        out.write(_HEADER.pack(FORMAT_VERSION, len(data)))
-        out.write(data)
+        out.write(MAGIC + _VERSION.pack(FORMAT_VERSION))
+        start = out.size
+        torch.save(obj, out)  # type: ignore[arg-type]  # a file object with write and flush
+        out.write(_LENGTH.pack(out.size - start))
         f.write(out.sha.digest())
 
     atomic_write(path, fill)
@@ -233,40 +233,46 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no file"
         raise CheckpointError(f"no checkpoint file at '{path}' ({what} there)")
-    data = path.read_bytes()
-    if not data.startswith(MAGIC):
-        if data.startswith(b"PK\x03\x04"):  # a zip archive: torch.save, as format 1 was written
-            return 1, _read_legacy(path, data, map_location)
-        if MAGIC.startswith(data):
-            raise CheckpointError(f"'{path}' is truncated: {len(data)} bytes, no payload")
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(len(MAGIC) + _VERSION.size)
+        if not head.startswith(MAGIC):
+            if head.startswith(b"PK\x03\x04"):  # a zip archive: torch.save, as format 1 was
+                return 1, _read_legacy(path, head + f.read(), map_location)
+            if MAGIC.startswith(head):
+                raise CheckpointError(f"'{path}' is truncated: {size} bytes, no payload")
+            raise CheckpointError(
+                f"'{path}' is not a flowkit file (it does not start with flowkit's marker; "
+                "expected a file written by flowkit.save_model or flowkit.train.fit)"
+            )
+        if size < len(head) + _TRAILER:
+            raise CheckpointError(
+                f"'{path}' is truncated: {size} bytes, shorter than any flowkit file"
+            )
+        (version,) = _VERSION.unpack_from(head, len(MAGIC))
+        if version != FORMAT_VERSION:
+            raise CheckpointError(
+                f"'{path}' is a flowkit file of format {version}; this flowkit reads formats 1 "
+                f"and {FORMAT_VERSION} (a newer flowkit wrote it, or the file is damaged)"
+            )
+        payload = f.read(size - len(head) - _TRAILER)  # bytes: BytesIO below shares, not copies
+        trailer = f.read()
+    (length,) = _LENGTH.unpack_from(trailer)
+    if length != len(payload) or len(trailer) != _TRAILER:
         raise CheckpointError(
-            f"'{path}' is not a flowkit file (it does not start with flowkit's marker; expected "
-            "a file written by flowkit.save_model or flowkit.train.fit)"
+            f"'{path}' is damaged: its length field says {length} payload bytes but the file "
+            f"has {len(payload)} (the file was truncated or extended, or the field is corrupt)"
         )
-    start = len(MAGIC) + _HEADER.size
-    if len(data) < start + _DIGEST_SIZE:
-        raise CheckpointError(f"'{path}' is truncated: {len(data)} bytes, shorter than a header")
-    version, size = _HEADER.unpack_from(data, len(MAGIC))
-    if version != FORMAT_VERSION:
-        raise CheckpointError(
-            f"'{path}' is a flowkit file of format {version}; this flowkit reads formats 1 and "
-            f"{FORMAT_VERSION} (a newer flowkit wrote it, or the file is damaged)"
-        )
-    expected = start + size + _DIGEST_SIZE
-    if len(data) != expected:
-        raise CheckpointError(
-            f"'{path}' is damaged: its header announces {expected} bytes but the file has "
-            f"{len(data)} ({'truncated' if len(data) < expected else 'bytes appended'}, or the "
-            "header itself is corrupt)"
-        )
-    body = memoryview(data)[: start + size]
-    if hashlib.sha256(body).digest() != data[start + size :]:
+    digest = hashlib.sha256(head)
+    digest.update(payload)
+    digest.update(trailer[: _LENGTH.size])
+    if digest.digest() != trailer[_LENGTH.size :]:
         raise CheckpointError(
             f"'{path}' is damaged: its SHA-256 checksum does not match its contents (the file "
             "changed after it was written: a disk or transfer error, or an edit)"
         )
     try:
-        obj = torch.load(io.BytesIO(body[start:]), map_location=map_location, weights_only=True)
+        obj = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except Exception as e:  # the bytes are intact: the payload is not one flowkit writes
         raise CheckpointError(
             f"'{path}' passed its checksum but its contents could not be loaded: "
