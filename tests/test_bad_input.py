@@ -155,6 +155,17 @@ CASES: dict[str, Case] = {
     "load_model missing": (
         lambda: flowkit.load_model("/nonexistent/flow.pt"), flowkit.CheckpointError,
         "/nonexistent/flow.pt"),
+    "load_model map_location bogus": (
+        lambda: flowkit.load_model("/nonexistent/flow.pt", map_location="bogus"), ValueError,
+        "'map_location'"),
+    "save_model path None": (
+        lambda: flowkit.save_model(flowkit.MAF(2, layers=1), None), TypeError, "'path'"),
+    "save_model path a folder": (
+        lambda: flowkit.save_model(flowkit.MAF(2, layers=1), "/"), ValueError, "'path'"),
+    "fit checkpoint_dir a file": (
+        lambda: flowkit.fit(flowkit.MAF(2, layers=1), torch.randn(8, 2), steps=1,
+                            checkpoint_dir=__file__, progress=False), ValueError,
+        "'checkpoint_dir'"),
 }
 
 
