@@ -87,18 +87,18 @@ class Compose(Transform):
         self.features = _common(self.transforms, "features", None)
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        total = x.new_zeros(x.shape[0])
+        total = None
         for t in self.transforms:
             x, log_det = t._forward(x, context)
-            total = total + log_det
-        return x, total
+            total = log_det if total is None else total + log_det
+        return x, x.new_zeros(x.shape[0]) if total is None else total
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        total = z.new_zeros(z.shape[0])
+        total = None
         for t in reversed(self.transforms):
             z, log_det = t._inverse(z, context)
-            total = total + log_det
-        return z, total
+            total = log_det if total is None else total + log_det
+        return z, z.new_zeros(z.shape[0]) if total is None else total
 
 
 def _common(transforms: Iterable[Transform], name: str, unset: int | None) -> int | None:
