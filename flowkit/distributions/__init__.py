@@ -1,7 +1,7 @@
 """Base distributions, the discrete MADE models, and the torch.distributions wrapper."""
 
 from flowkit.distributions.discrete import BernoulliMADE, CategoricalMADE
-from flowkit.distributions.flow_distribution import FlowDistribution
+from flowkit.distributions.flow_distribution import KL_SAMPLES, FlowDistribution, monte_carlo_kl
 from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
 
 __all__ = [
@@ -9,5 +9,7 @@ __all__ = [
     "CategoricalMADE",
     "DiagonalGaussian",
     "FlowDistribution",
+    "KL_SAMPLES",
     "StandardNormal",
+    "monte_carlo_kl",
 ]
