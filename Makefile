@@ -29,6 +29,7 @@ setup: $(STAMP)
 
 lint: setup
 	$(BIN)/ruff check flowkit tests demos
+	$(BIN)/lint-imports
 
 test: setup lint
 	$(BIN)/pytest -m "not slow" -q
