@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.graph import saved_tensors_hooks
 
-from flowkit.nn import masks
+from flowkit.nn.layout import INPUTS, SortedLayout, Stage, sorted_layout, stages
 from flowkit.nn.made import MADE
 from flowkit.validation import check_context
 
@@ -174,7 +174,7 @@ def _solve_with_params(
     :class:`flowkit.Flow` or the layer's own public methods checked)."""
     if made.solver == "naive":
         return solve_naive_with_params(made, step, like, context, encode)
-    layout = _layout(made)
+    layout = sorted_layout(made)
     one_hot = isinstance(encode, OneHot)
     program = _program(made, layout, one_hot)
     n, features, m = like.shape[0], made.features, made.inputs_per_feature
@@ -191,14 +191,14 @@ def _solve_with_params(
     # Units x batch, so that a block of units is a block of rows and every product is
     # (units x units) @ (units x batch), the shape BLAS does fast. The inputs are stored
     # batch x units, as the user's step writes them, and read through a transposed view.
-    last = len(layout.hidden_counts)  # the output stage
-    perms = [*layout.hidden_perms, layout.output_perm]
+    last = len(program.stages) - 1  # the output stage
     acc = []
-    for stage, layer in enumerate([*made.hidden, made.output]):
-        a = layer.bias.index_select(0, perms[stage])[:, None]
-        if context is not None and program.context[stage] is not None:
-            a = torch.addmm(a, program.context[stage], context.t())
-        acc.append(a.expand(-1, n).contiguous() if stage in program.accumulated else a)
+    for t, stage in enumerate(program.stages):
+        a = sum(layer.bias for layer, _ in stage.reads if layer.bias is not None)
+        a = a.index_select(0, layout.stage_perm(t))[:, None]
+        if context is not None and program.context[t] is not None:
+            a = torch.addmm(a, program.context[t], context.t())
+        acc.append(a.expand(-1, n).contiguous() if t in program.accumulated else a)
     # Every unit is written before anything reads it: the buffers need no initial value.
     buf = {s: acc[-1].new_empty(w, n) for s, w in program.sources}
     if not one_hot:
@@ -212,8 +212,8 @@ def _solve_with_params(
             pre = view.block(acc[block.stage], program.starts[block.stage], k)
             for source, length, weight in block.pulls:
                 pre = torch.addmm(pre, weight, view.rows(buf[source], length))
-            h = pre + h if made.residual and block.stage > 0 else pre
-            value = made.activation(h)
+            h = pre + h if block.residual else pre
+            value = made.activation(h) if block.activate else h
             if block.stage in buf:
                 view.block(buf[block.stage], program.starts[block.stage], k).copy_(value)
             for target, start, weight in block.pushes:
@@ -292,58 +292,6 @@ class _Views:
         return v
 
 
-class _Layout(NamedTuple):
-    """The active mask set of a MADE with its units sorted by degree. Index tensors live on the
-    MADE's device; counts are Python ints (read once, not per step)."""
-
-    key: tuple[int, ...]
-    input_perm: Tensor  # (D m,): input columns, feature by feature in the ordering
-    output_perm: Tensor  # (D P,): output rows, likewise
-    position: Tensor  # (D,): position of each feature in the ordering
-    index: tuple[Tensor, ...]  # (1,) each: the feature at each position, as step gets it
-    hidden_perms: list[Tensor]  # per hidden layer, its units sorted by degree
-    hidden_counts: list[list[int]]  # per hidden layer, units of degree 0..D-1, then >= D
-
-
-_layouts: weakref.WeakKeyDictionary[MADE, _Layout] = weakref.WeakKeyDictionary()
-
-
-def _layout(made: MADE) -> _Layout:
-    """The sorted layout of ``made``'s active mask set, cached until the set or its degrees
-    change (``set_mask``, ``load_state_dict``, ``.to()``)."""
-    key = (
-        made.mask_set_index,
-        made.orders.data_ptr(),
-        made.orders._version,
-        made.hidden_degree_sets.data_ptr(),
-        made.hidden_degree_sets._version,
-    )
-    layout = _layouts.get(made)
-    if layout is not None and layout.key == key:
-        return layout
-    features, order = made.features, made.order
-    degrees = made.degrees()[1:]
-    layout = _Layout(
-        key=key,
-        input_perm=_expand(order, made.inputs_per_feature),
-        output_perm=_expand(order, made.params_per_feature),
-        position=masks.input_degrees(order) - 1,
-        index=order.split(1),
-        hidden_perms=[torch.argsort(d, stable=True) for d in degrees],
-        hidden_counts=[
-            torch.bincount(d.clamp_max(features), minlength=features + 1).tolist()
-            for d in degrees
-        ],
-    )
-    _layouts[made] = layout
-    return layout
-
-
-def _expand(order: Tensor, width: int) -> Tensor:
-    """Indices of ``width`` consecutive units per feature, feature by feature in ``order``."""
-    return (order[:, None] * width + torch.arange(width, device=order.device)).flatten()
-
-
 Pull = tuple[int, int, Tensor]
 """``(source, length, weight)``: add ``weight`` times the first ``length`` units of source
 ``-1`` (the inputs, in the ordering) or ``l >= 0`` (hidden layer ``l``, sorted by degree)."""
@@ -360,6 +308,8 @@ class _Block(NamedTuple):
     stage: int
     pulls: list[Pull]
     pushes: list[Push]
+    residual: bool  # adds the sum of the same units of the stage below
+    activate: bool  # passes act(sum) on
 
 
 class _Program(NamedTuple):
@@ -367,7 +317,8 @@ class _Program(NamedTuple):
     step multiplies (the rows of a block and the columns it reads are contiguous)."""
 
     key: tuple
-    products: list[Tensor]  # the masked weights it was built from
+    stages: list[Stage]  # the MADE's description it follows
+    products: list[Tensor]  # the masked weights of its reads, in order
     context: list[Tensor | None]  # per stage, (out, C) weights of the context
     starts: list[list[int]]  # per stage, its first unit of degree k = 0..D+1
     accumulated: set[int]  # stages that receive pushes (the others start at a bias column)
@@ -380,7 +331,7 @@ class _Program(NamedTuple):
 _programs: weakref.WeakKeyDictionary[MADE, _Program] = weakref.WeakKeyDictionary()
 
 
-def _program(made: MADE, layout: _Layout, one_hot: bool) -> _Program:
+def _program(made: MADE, layout: SortedLayout, one_hot: bool) -> _Program:
     """The program of ``made``'s active mask set. Without autograd it is kept while the masked
     weights (cached by :meth:`MaskedLinear.masked_weight`) stay the same tensors; under
     autograd it is rebuilt on every call, from the weights the gradient flows to.
@@ -392,8 +343,10 @@ def _program(made: MADE, layout: _Layout, one_hot: bool) -> _Program:
     step of the layer below. Inputs are pulled, or pushed one weight row per feature (NADE)
     when they are one-hot.
     """
-    layers = [*made.hidden, made.output, *([] if made.direct is None else [made.direct])]
-    products = [layer.masked_weight() for layer in layers]
+    description = stages(made)
+    reads = [(t, source, layer) for t, stage in enumerate(description)
+             for layer, source in stage.reads]
+    products = [layer.masked_weight() for _, _, layer in reads]
     key = (layout.key, one_hot)
     cached = _programs.get(made)
     if cached is not None and cached.key == key and all(
@@ -401,78 +354,81 @@ def _program(made: MADE, layout: _Layout, one_hot: bool) -> _Program:
     ):
         return cached
 
-    features, m, per = made.features, made.inputs_per_feature, made.params_per_feature
-    stages = len(made.hidden)  # the output is stage `stages`
-    counts = [*layout.hidden_counts, [0] + [per] * features]  # the output's degrees are 1..D
+    features, m = made.features, made.inputs_per_feature
+    last = len(description) - 1  # the output stage
+    counts = [layout.stage_counts(t, made) for t in range(last + 1)]  # outputs: degrees 1..D
     starts = [[0, *accumulate(c)] for c in counts]
-    perms = [*layout.hidden_perms, layout.output_perm, layout.output_perm]
     inputs = features * m
 
-    # Weights with rows (units) and columns (their inputs) sorted by degree. The inputs are
-    # read by the first stage and by the direct connection to the output.
-    ordered = [w.index_select(0, perm) for w, perm in zip(products, perms, strict=False)]
-    readers = [0] + ([] if made.direct is None else [stages])
-    context: list[Tensor | None] = [None] * (stages + 1)
-    from_inputs = []
-    for stage, w in zip(readers, [ordered[0], *ordered[stages + 1 :]], strict=True):
+    # Weights with rows (units) and columns (their inputs) sorted by degree: reads of the
+    # inputs (their context columns apart: the context reaches every unit) and links between
+    # stages, (source, target, weight).
+    context: list[Tensor | None] = [None] * (last + 1)
+    from_inputs: list[tuple[int, Tensor]] = []
+    links: list[tuple[int, int, Tensor]] = []
+    for (target, source, _), w in zip(reads, products, strict=True):
+        w = w.index_select(0, layout.stage_perm(target))
+        if source != INPUTS:
+            links.append((source, target, w.index_select(1, layout.hidden_perms[source])))
+            continue
         if made.context_features:
             c = w[:, inputs:]
-            context[stage] = c if context[stage] is None else context[stage] + c
-        from_inputs.append((stage, w[:, :inputs].index_select(1, layout.input_perm)))
-    ordered = [from_inputs[0][1]] + [
-        w.index_select(1, perm) for w, perm in zip(ordered[1 : stages + 1], perms, strict=False)
-    ]
+            context[target] = c if context[target] is None else context[target] + c
+        from_inputs.append((target, w[:, :inputs].index_select(1, layout.input_perm)))
 
-    def seen(stage: int, k: int) -> int:
-        """Units of `stage` that units of degree k of the stage above see."""
-        return starts[stage][k + 1] if stage + 1 < stages else starts[stage][k]
+    def seen(source: int, target: int, k: int) -> int:
+        """Units of `source` that units of degree k of `target` see."""
+        return starts[source][k if target == last else k + 1]
 
-    pushing = set()
-    for source in range(stages):
-        target, width = source + 1, sum(counts[source + 1])
+    def first(target: int, k: int) -> int:
+        """The first unit of `target` that sees the units of degree k below."""
+        return starts[target][k + (target == last)]
+
+    pushing = set()  # the links that push
+    for i, (source, target, _) in enumerate(links):
         active = [k for k in range(features) if counts[source][k]]
-        pull_cost = sum(seen(source, k) for k in range(features + 1) if counts[target][k])
-        push_cost = sum(2 * (width - starts[target][k + (target == stages)]) for k in active)
+        pull_cost = sum(seen(source, target, k) for k in range(features + 1) if counts[target][k])
+        push_cost = sum(2 * (starts[target][-1] - first(target, k)) for k in active)
         if push_cost < pull_cost:
-            pushing.add(source)
+            pushing.add(i)
 
     blocks: list[list[_Block]] = [[] for _ in range(features + 1)]
-    for stage, count in enumerate(counts):
+    for t, count in enumerate(counts):
+        stage = description[t]
         for k in range(features + 1):
-            if not count[k] or (stage < stages and k == features):
+            if not count[k] or (t < last and k == features):
                 continue  # units of degree >= D feed no output
-            start, end = starts[stage][k], starts[stage][k + 1]
+            start, end = starts[t][k], starts[t][k + 1]
             pulls: list[Pull] = []
             if not one_hot:
-                length = (k if stage < stages else k - 1) * m  # inputs of degree <= k or < k
-                pulls += [(-1, length, w[start:end, :length])
-                          for r, w in from_inputs if r == stage]
-            if stage and stage - 1 not in pushing:
-                length = seen(stage - 1, k)
-                w = ordered[stage][start:end, :length]
-                pulls.insert(0, (stage - 1, length, w))
+                length = (k if t < last else k - 1) * m  # inputs of degree <= k or < k
+                pulls += [(INPUTS, length, w[start:end, :length])
+                          for r, w in from_inputs if r == t]
             pushes: list[Push] = []
-            if stage in pushing:
-                first = starts[stage + 1][k + (stage + 1 == stages)]  # the units above that see k
-                if first < sum(counts[stage + 1]):
-                    w = ordered[stage + 1][first:, start:end]
-                    pushes.append((stage + 1, first, w))
-            blocks[k].append(_Block(stage, pulls, pushes))
+            for i, (source, target, w) in enumerate(links):
+                if target == t and i not in pushing:
+                    length = seen(source, t, k)
+                    pulls.insert(0, (source, length, w[start:end, :length]))
+                if source == t and i in pushing and first(target, k) < starts[target][-1]:
+                    pushes.append((target, first(target, k), w[first(target, k):, start:end]))
+            blocks[k].append(_Block(t, pulls, pushes, stage.residual, stage.activate))
     output = [b[-1] for b in blocks[1:]]
-    hidden = [[b for b in bs if b.stage < stages] for bs in blocks[:features]]
+    hidden = [[b for b in bs if b.stage < last] for bs in blocks[:features]]
 
     inputs_pushed: list[list[Push]] = [[] for _ in range(features)]
     if one_hot:
-        for stage, w in from_inputs:
+        for t, w in from_inputs:
             rows = w.t().contiguous().split(m)  # per feature, (K, out)
             for k in range(1, features):
-                first = starts[stage][k + (stage == stages)]
-                if first < w.shape[0]:
-                    inputs_pushed[k - 1].append((stage, first, rows[k - 1][:, first:]))
-    sources = [(s, made.hidden_features[s]) for s in range(stages) if s not in pushing]
-    accumulated = {s + 1 for s in pushing} | (set(readers) if one_hot else set())
+                if first(t, k) < w.shape[0]:
+                    inputs_pushed[k - 1].append((t, first(t, k), rows[k - 1][:, first(t, k):]))
+    pulled = {source for i, (source, _, _) in enumerate(links) if i not in pushing}
+    sources = [(s, starts[s][-1]) for s in sorted(pulled)]
+    accumulated = {links[i][1] for i in pushing}
+    if one_hot:
+        accumulated |= {t for t, _ in from_inputs}
     program = _Program(
-        key, products, context, starts, accumulated, sources, hidden, output,
+        key, description, products, context, starts, accumulated, sources, hidden, output,
         inputs_pushed,
     )
     if not any(p.requires_grad for p in products):

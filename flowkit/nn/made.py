@@ -21,7 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from flowkit.checkpoint import InvalidBuffer, register_check
-from flowkit.nn import masks
+from flowkit.nn import layout, masks, staircase
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
 from flowkit.validation import (
     check_bool,
@@ -353,20 +353,25 @@ class MADE(nn.Module):
             x = x.flatten(-2)
         if context is not None:
             x = torch.cat([x, context], dim=-1)
-        h = x
-        for i, layer in enumerate(self.hidden):
-            if self.residual and i > 0:
-                h = h + layer(self.activation(h))
-            else:
-                h = layer(h)
-                if not self.residual:
-                    h = self.activation(h)
-        if self.residual and self.hidden:
-            h = self.activation(h)
-        out = self.output(h)
-        if self.direct is not None:
-            out = out + self.direct(x)
-        return out.unflatten(-1, (self.features, self.params_per_feature))
+        return self._outputs(x).unflatten(-1, (self.features, self.params_per_feature))
+
+    def _outputs(self, x: Tensor) -> Tensor:
+        """The outputs ``(..., D P)`` for inputs ``(..., D m + C)`` (features, then context):
+        the stages of :func:`flowkit.nn.layout.stages`, through the block staircase of
+        :mod:`flowkit.nn.staircase` where it is faster, else through the dense masked
+        products."""
+        flat = x.reshape(-1, x.shape[-1])
+        if staircase.applies(self, flat.shape[0]):
+            return staircase.forward(self, flat).reshape(*x.shape[:-1], -1)
+        values, h = {layout.INPUTS: x}, x
+        for s, stage in enumerate(layout.stages(self)):
+            pre = None
+            for layer, source in stage.reads:
+                y = layer(values[source])
+                pre = y if pre is None else pre + y
+            h = h + pre if stage.residual else pre
+            values[s] = self.activation(h) if stage.activate else h
+        return h
 
     @property
     def solver(self) -> str:

@@ -1,0 +1,290 @@
+r"""Block-staircase masked products: MADE's one-pass directions without the masked-out half.
+
+With the units of every layer sorted by degree (:class:`flowkit.nn.layout.SortedLayout`), a
+masked weight ``W \odot M`` is a staircase: the output units of degree ``k`` see a prefix of
+the inputs. Cut the rows into blocks ``[r_0, r_1)``; block ``i`` needs only the first ``L_i``
+inputs (those seen by its last, highest-degree row), so
+
+.. math::
+
+    y_{:, [r_0, r_1)} = x_{:, [0, L_i)} \, (W \odot M)_{[r_0, r_1), [0, L_i)}^\top + b_{[r_0, r_1)}
+
+does the arithmetic of the nonzero part of the mask plus the staircase's edge inside the blocks
+(about half of a dense product when degrees are spread evenly). The backward pass reads the
+same blocks: the input gradient by column blocks ``[L_{i-1}, L_i)``, which see the rows from
+``r_0`` of block ``i`` on, and the weight gradient only inside the blocks (autograd through
+slices would write full-size gradients). Sums are the dense product's, added in another order:
+equal up to rounding, gradients included.
+
+The number of blocks of each layer is chosen from its shape (more blocks cut closer to the
+staircase but make smaller matrix products); block edges are aligned so that every product has
+friendly sizes. Small MADEs, small batches and ``torch.compile`` use the dense masked product.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import accumulate, pairwise
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from flowkit.nn.layout import INPUTS, layout_key, sorted_layout, stages
+
+if TYPE_CHECKING:
+    from flowkit.nn.made import MADE, MaskedLinear
+
+Block = tuple[int, int, int]
+"""``(r0, r1, L)``: rows ``[r0, r1)`` of a sorted weight read its first ``L`` columns."""
+
+# Estimated time of one block product, per batch row, in multiply-adds:
+#   (rows + PACK) * columns + WRITE * rows + CALL
+# PACK: reading the input prefix into the product's working memory (once per block); WRITE:
+# storing the outputs; CALL: the fixed cost of a product (Python, dispatch, setup), about
+# CALL_TIME multiply-adds in all, spread here over a nominal batch of 256 rows.
+PACK, WRITE, CALL_TIME = 8, 16, 1e6
+CALL = CALL_TIME / 256
+MAX_BLOCKS = 32
+
+Mode = Literal["auto", "dense", "staircase"]
+_mode: Mode = "auto"
+
+
+@contextmanager
+def mode(name: Mode) -> Iterator[None]:
+    """Choose how MADEs compute their forward pass within the ``with`` block: ``"auto"`` (the
+    default: the staircase where it is measured to be faster), ``"dense"`` (the dense masked
+    product everywhere, e.g. as a benchmark reference) or ``"staircase"`` (everywhere outside
+    ``torch.compile``, whatever the size, e.g. in tests). Not thread-safe (a module setting)."""
+    global _mode
+    if name not in ("auto", "dense", "staircase"):
+        raise ValueError(f"'name' should be 'auto', 'dense' or 'staircase', got {name!r}")
+    previous, _mode = _mode, name
+    try:
+        yield
+    finally:
+        _mode = previous
+
+
+def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
+    """Row blocks of one sorted layer, chosen by the estimated time of their products.
+
+    Args:
+        prefix: per row (sorted by degree), how many of the ``width`` sorted inputs it sees
+            (non-decreasing).
+        width: the number of inputs.
+
+    Returns:
+        The blocks (covering all rows; block edges aligned to 16 rows or more, ``L`` rounded up
+        to a multiple of 8), their estimated time and that of the dense product (see
+        :data:`PACK`).
+    """
+    rows = len(prefix)
+    dense = _cost([(0, rows, width)])
+    if rows == 0 or width == 0:
+        return [(0, rows, width)], dense, dense
+    align = 16 if rows < 512 else 32 if rows < 2048 else 64
+    best, best_cost = [(0, rows, width)], dense
+    for step in range(rows - rows % align or align, 0, -align):  # rows per block
+        if math.ceil(rows / step) > MAX_BLOCKS:
+            break
+        edges = [*range(0, rows, step), rows]
+        candidate = _merge([(a, b, _round_up(prefix[b - 1], 8, width)) for a, b in pairwise(edges)])
+        cost = _cost(candidate)
+        if cost < best_cost:
+            best, best_cost = candidate, cost
+    return best, best_cost, dense
+
+
+def _cost(plan: list[Block]) -> float:
+    return sum((b - a + PACK) * n + WRITE * (b - a) + CALL for a, b, n in plan)
+
+
+def _round_up(n: int, multiple: int, limit: int) -> int:
+    return min(limit, -(-n // multiple) * multiple)
+
+
+def _merge(candidate: list[Block]) -> list[Block]:
+    """Neighbouring blocks that read the same columns become one."""
+    merged = [candidate[0]]
+    for a, b, n in candidate[1:]:
+        if n == merged[-1][2]:
+            merged[-1] = (merged[-1][0], b, n)
+        else:
+            merged.append((a, b, n))
+    return merged
+
+
+class LayerPlan(NamedTuple):
+    """One masked layer in sorted form: its row and column permutations, their inverses and
+    its blocks."""
+
+    rows: Tensor
+    cols: Tensor
+    inverse_rows: Tensor
+    inverse_cols: Tensor
+    blocks: list[Block]
+
+
+class Plan(NamedTuple):
+    """A MADE's active mask set in sorted form: per stage, one :class:`LayerPlan` per read."""
+
+    reads: list[list[LayerPlan]]
+    inputs: Tensor  # (D m + C,): the input columns in sorted order
+    inverse_outputs: Tensor  # (D P,): where each output is in sorted order
+    saving: float  # estimated multiply-adds per batch row saved against the dense products
+    products: int  # block products per call (each costs about CALL_TIME multiply-adds)
+
+
+_plans: weakref.WeakKeyDictionary[MADE, dict[tuple[int, ...], Plan]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def plan(made: MADE) -> Plan:
+    """The plan of ``made``'s active mask set, kept per mask set while its degrees stay the
+    same (cycling mask sets with ``next_mask`` reuses them)."""
+    key = layout_key(made)
+    plans = _plans.get(made)
+    if plans is None or any(k[1:] != key[1:] for k in plans):
+        plans = _plans[made] = {}
+    found = plans.get(key)
+    if found is not None:
+        return found
+    layout = sorted_layout(made)
+    context = made.context_features
+    reads, dense, cost, products = [], 0.0, 0.0, 0
+    for s, stage in enumerate(stages(made)):
+        rows = layout.stage_perm(s)
+        counts = layout.stage_counts(s, made)
+        # degree of each sorted row; outputs see degrees < theirs, hidden units <= theirs
+        row_degrees = [k for k, c in enumerate(counts) for _ in range(c)]
+        strict = not stage.activate
+        layer_plans = []
+        for _, source in stage.reads:
+            cols = layout.source_perm(source, context)
+            seen = [0, *accumulate(layout.source_counts(source, made))]  # seen[k]: degree < k
+            prefix = [seen[d] if strict else seen[d + 1] for d in row_degrees]
+            chosen, chosen_cost, dense_cost = blocks(prefix, cols.numel())
+            dense += dense_cost - CALL
+            cost += chosen_cost - CALL * len(chosen)
+            products += len(chosen)
+            layer_plans.append(LayerPlan(rows, cols, torch.argsort(rows), torch.argsort(cols),
+                                         chosen))
+        reads.append(layer_plans)
+    found = Plan(reads, layout.source_perm(INPUTS, context), torch.argsort(layout.output_perm),
+                 dense - cost, products)
+    plans[key] = found
+    return found
+
+
+_weights: weakref.WeakKeyDictionary[MaskedLinear, tuple[LayerPlan, Tensor, list[View]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per layer, the blocks of the sorted masked weight of its active plan, kept while
+``masked_weight()`` returns the same (cached) product: evaluation sorts the weights once."""
+
+
+def applies(made: MADE, batch: int) -> bool:
+    """Whether ``made``'s forward pass on ``batch`` rows uses the staircase (see :func:`mode`)."""
+    if _mode == "dense" or torch.compiler.is_compiling():
+        return False
+    if _mode == "staircase":
+        return True
+    p = plan(made)
+    return batch * p.saving > CALL_TIME * p.products
+
+
+def forward(made: MADE, x: Tensor) -> Tensor:
+    """``made``'s outputs ``(N, D P)`` for inputs ``x`` ``(N, D m + C)`` (features, then
+    context), computed in sorted form through the stages of :func:`flowkit.nn.layout.stages`."""
+    p = plan(made)
+    values = {INPUTS: x.index_select(1, p.inputs)}
+    h = None
+    for s, (stage, layer_plans) in enumerate(zip(stages(made), p.reads, strict=True)):
+        pre = None
+        for (layer, source), lp in zip(stage.reads, layer_plans, strict=True):
+            y = linear(values[source], layer, lp)
+            pre = y if pre is None else pre + y
+        h = h + pre if stage.residual else pre
+        values[s] = made.activation(h) if stage.activate else h
+    return values[len(p.reads) - 1].index_select(1, p.inverse_outputs)
+
+
+def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan) -> Tensor:
+    r"""``x (W \odot M)^T + b`` in sorted form: ``x`` ``(N, in)`` has its columns in the order
+    ``lp.cols``, the result ``(N, out)`` its columns in the order ``lp.rows``."""
+    bias = None if layer.bias is None else layer.bias.index_select(0, lp.rows)
+    if torch.is_grad_enabled() and (layer.weight.requires_grad or x.requires_grad):
+        return _StaircaseLinear.apply(x, layer.weight, layer.mask, bias, lp)
+    product = layer.masked_weight()
+    cached = _weights.get(layer)
+    if cached is None or cached[0] is not lp or cached[1] is not product:
+        cached = _weights[layer] = (lp, product, _views(_sorted(product, lp), lp.blocks))
+    return _product(x, cached[2], bias)
+
+
+View = tuple[int, int, int, Tensor]
+"""``(r0, r1, L, w)``: a block and its weights ``w = W[r0:r1, :L].t()``, ``(L, r1 - r0)``."""
+
+
+def _sorted(weight: Tensor, lp: LayerPlan) -> Tensor:
+    return weight.index_select(0, lp.rows).index_select(1, lp.cols)
+
+
+def _views(weight: Tensor, plan: list[Block]) -> list[View]:
+    return [(r0, r1, n, weight[r0:r1, :n].t()) for r0, r1, n in plan]
+
+
+def _product(x: Tensor, views: list[View], bias: Tensor | None) -> Tensor:
+    """The blocks of ``x weight^T + bias``, ``weight`` sorted and masked."""
+    y = x.new_empty(x.shape[0], views[-1][1])
+    for r0, r1, n, w in views:
+        out = y[:, r0:r1]
+        if n == 0:  # rows that see nothing: their bias
+            out.copy_(bias[r0:r1].expand_as(out)) if bias is not None else out.zero_()
+        elif bias is None:
+            torch.mm(x[:, :n], w, out=out)
+        else:
+            torch.addmm(bias[r0:r1], x[:, :n], w, out=out)
+    return y
+
+
+class _StaircaseLinear(torch.autograd.Function):
+    """:func:`linear` under autograd: the weight gradient is computed in its blocks only."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, mask: Tensor, bias: Tensor | None,
+                lp: LayerPlan) -> Tensor:
+        sorted_weight = _sorted(weight * mask, lp)
+        ctx.save_for_backward(x, sorted_weight, mask)
+        ctx.lp = lp
+        return _product(x, _views(sorted_weight, lp.blocks), bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, mask = ctx.saved_tensors
+        lp: LayerPlan = ctx.lp
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad.new_empty(x.shape)
+            done = 0
+            for r0, _, n in lp.blocks:  # columns [done, n) are seen by the rows from r0 on
+                if n > done:
+                    torch.mm(grad[:, r0:], weight[r0:, done:n], out=grad_x[:, done:n])
+                    done = n
+            grad_x[:, done:].zero_()
+        if ctx.needs_input_grad[1]:
+            grad_sorted = grad.new_zeros(weight.shape)
+            for r0, r1, n in lp.blocks:
+                if n:
+                    torch.mm(grad[:, r0:r1].t(), x[:, :n], out=grad_sorted[r0:r1, :n])
+            grad_w = grad_sorted.index_select(0, lp.inverse_rows)
+            grad_w = grad_w.index_select(1, lp.inverse_cols).mul_(mask)
+        if ctx.needs_input_grad[3]:
+            grad_b = grad.sum(0)
+        return grad_x, grad_w, None, grad_b, None

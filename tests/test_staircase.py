@@ -1,0 +1,275 @@
+"""Block-staircase products equal the dense masked products, values and gradients, in every
+composition (mask sets, contexts, residual blocks, direct connections, flows, solver, compile,
+save/load); the automatic choice and the block plans behave."""
+
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flowkit
+from flowkit import MADE
+from flowkit.nn import MaskedLinear, staircase
+from flowkit.nn.staircase import LayerPlan
+
+f64 = dict(dtype=torch.float64)
+
+
+@st.composite
+def made_configs(draw):
+    features = draw(st.integers(1, 12))
+    residual = draw(st.booleans())
+    if residual:
+        hidden = (draw(st.integers(16, 80)),) * draw(st.integers(1, 3))
+    else:
+        hidden = tuple(draw(st.lists(st.integers(16, 80), min_size=0, max_size=3)))
+    num_masks = draw(st.integers(1, 3))
+    return dict(
+        features=features,
+        hidden_features=hidden,
+        params_per_feature=draw(st.integers(1, 3)),
+        inputs_per_feature=draw(st.integers(1, 3)),
+        context_features=draw(st.integers(0, 3)),
+        order="random" if num_masks > 1 else draw(st.sampled_from(["natural", "reversed",
+                                                                    "random"])),
+        hidden_degrees=draw(st.sampled_from(["random", "even"])),
+        num_masks=num_masks,
+        direct_connection=draw(st.booleans()),
+        residual=residual,
+        seed=draw(st.integers(0, 1000)),
+    ), draw(st.integers(0, num_masks - 1))
+
+
+def _made(config: dict, mask: int = 0) -> MADE:
+    made = MADE(**config).double()
+    made.set_mask(mask)
+    with torch.no_grad():
+        for p in made.parameters():
+            p.normal_(0, 0.5)  # every allowed path non-zero, the masked-out entries too
+    return made
+
+
+def _inputs(made: MADE, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    g = torch.Generator().manual_seed(seed)
+    m = made.inputs_per_feature
+    x = torch.randn(n, made.features, *((m,) if m > 1 else ()), generator=g, **f64)
+    c = made.context_features
+    return x, (torch.randn(n, c, generator=g, **f64) if c else None)
+
+
+def _run(made: MADE, x, context, mode: str):
+    """Outputs without autograd, outputs with autograd and the gradients of a fixed loss with
+    respect to the inputs, the context and every parameter."""
+    leaves = [x.clone().requires_grad_(), *([] if context is None else
+                                            [context.clone().requires_grad_()])]
+    with staircase.mode(mode):
+        with torch.no_grad():
+            plain = made(x, context)
+        out = made(*leaves) if context is not None else made(leaves[0])
+        weights = torch.linspace(-1, 1, out.numel(), **f64).reshape(out.shape)
+        grads = torch.autograd.grad((out * weights).sum(), [*leaves, *made.parameters()])
+    return plain, out.detach(), grads
+
+
+def _assert_same(made: MADE, x, context):
+    dense, staircased = _run(made, x, context, "dense"), _run(made, x, context, "staircase")
+    torch.testing.assert_close(staircased[0], dense[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(staircased[1], dense[1], rtol=0, atol=1e-12)
+    for got, expected in zip(staircased[2], dense[2], strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-11)
+
+
+@settings(max_examples=25, deadline=None)
+@given(made_configs(), st.integers(1, 40))
+def test_equals_the_dense_product_for_random_shapes_orderings_and_mask_sets(config, n):
+    config, mask = config
+    made = _made(config, mask)
+    _assert_same(made, *_inputs(made, n))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 70), st.integers(1, 70), st.booleans(),
+       st.booleans(), st.data())
+def test_any_block_partition_is_exact(features, width, rows, strict, bias, data):
+    """One layer through its autograd function, for arbitrary block cuts (down to one row per
+    block) of random sorted degrees, against ``F.linear`` with the masked weight."""
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
+    in_degrees = torch.randint(0, features + 1, (width,), generator=g)
+    out_degrees = torch.randint(1 if strict else 0, features + 1, (rows,), generator=g)
+    layer = MaskedLinear(width, rows, bias=bias).double()
+    with torch.no_grad():
+        layer.weight.normal_(generator=g)
+        if bias:
+            layer.bias.normal_(generator=g)
+    mask = (out_degrees[:, None] > in_degrees) if strict else out_degrees[:, None] >= in_degrees
+    layer.set_mask(mask)
+    rows_perm, cols_perm = torch.argsort(out_degrees), torch.argsort(in_degrees)
+    seen = (in_degrees[None, :] < out_degrees[rows_perm, None]) if strict else (
+        in_degrees[None, :] <= out_degrees[rows_perm, None])
+    prefix = seen.sum(1).tolist()
+    edges = sorted(set(data.draw(st.lists(st.integers(1, rows - 1), max_size=rows))
+                       if rows > 1 else []) | {0, rows})
+    blocks = [(a, b, min(width, prefix[b - 1] + data.draw(st.integers(0, 3))))
+              for a, b in zip(edges, edges[1:], strict=False)]
+    blocks = [(a, b, max(n for _, _, n in blocks[: i + 1])) for i, (a, b, _) in
+              enumerate(blocks)]  # reads never shrink: later rows see at least as much
+    lp = LayerPlan(rows_perm, cols_perm, torch.argsort(rows_perm), torch.argsort(cols_perm),
+                   blocks)
+    x = torch.randn(5, width, generator=g, **f64, requires_grad=True)
+    expected = F.linear(x, layer.weight * layer.mask, layer.bias)
+    got = staircase.linear(x[:, cols_perm], layer, lp)[:, torch.argsort(rows_perm)]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    w = torch.randn(expected.shape, generator=g, **f64)
+    params = [x, *layer.parameters()]
+    for a, b in zip(torch.autograd.grad((got * w).sum(), params),
+                    torch.autograd.grad((expected * w).sum(), params), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    with torch.no_grad():  # the cached sorted weights
+        got = staircase.linear(x[:, cols_perm], layer, lp)[:, torch.argsort(rows_perm)]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=3000), st.integers(1, 300))
+@settings(max_examples=60, deadline=None)
+def test_blocks_cover_the_staircase_with_aligned_edges(prefix, width):
+    prefix = sorted(min(p, width) for p in prefix)
+    blocks, cost, dense = staircase.blocks(prefix, width)
+    assert cost <= dense
+    assert blocks[0][0] == 0 and blocks[-1][1] == len(prefix)
+    for (_, b, n), (a, _, m) in zip(blocks, blocks[1:], strict=False):
+        assert a == b and n <= m and a % 16 == 0  # contiguous, reads grow, rows aligned
+    for _, b, n in blocks:
+        assert n >= prefix[b - 1] and (n % 8 == 0 or n == width)
+
+
+def test_automatic_choice_by_shape_and_batch():
+    big = MADE(64, (512, 512), params_per_feature=2, order="reversed")
+    small = MADE(2, (64, 64), params_per_feature=2)
+    assert staircase.applies(big, 1024)
+    assert not staircase.applies(big, 1)
+    assert not staircase.applies(small, 4096)
+    with staircase.mode("dense"):
+        assert not staircase.applies(big, 1024)
+    with staircase.mode("staircase"):
+        assert staircase.applies(small, 1)
+    with pytest.raises(ValueError, match="'name' should be 'auto', 'dense' or 'staircase'"):
+        with staircase.mode("fast"):
+            pass
+    # the D=64 plan cuts every layer into several aligned blocks and most of the arithmetic
+    plan = staircase.plan(big)
+    assert all(len(lp.blocks) > 1 for reads in plan.reads for lp in reads)
+    assert plan.saving > 0.25 * (64 * 512 + 512 * 512 + 512 * 128)
+
+
+def test_mask_sets_plans_and_cached_weights_follow_every_change():
+    made = _made(dict(features=10, hidden_features=(48, 48), num_masks=3, order="random",
+                      direct_connection=True, context_features=2))
+    x, context = _inputs(made, 20)
+    plans = []
+    for _ in range(3):
+        plans.append(staircase.plan(made))
+        _assert_same(made, x, context)
+        made.next_mask()
+    assert staircase.plan(made) is plans[0]  # kept per mask set while the degrees stay
+    assert len({id(p) for p in plans}) == 3
+
+    def dense_and_cached():
+        with torch.no_grad(), staircase.mode("dense"):
+            dense = made(x, context)
+        with torch.no_grad(), staircase.mode("staircase"):
+            return dense, made(x, context)
+
+    optimizer = torch.optim.Adam(made.parameters(), lr=0.1)
+    for change in [
+        lambda: made.set_mask(2),
+        lambda: (made(x, context).sum().backward(), optimizer.step()),
+        lambda: made.load_state_dict(_made(dict(features=10, hidden_features=(48, 48),
+                                                num_masks=3, order="random", seed=5,
+                                                direct_connection=True,
+                                                context_features=2)).state_dict()),
+        lambda: made.output.bias.data.add_(1.0),
+    ]:
+        before = dense_and_cached()[1]
+        change()
+        dense, cached = dense_and_cached()
+        torch.testing.assert_close(cached, dense, rtol=0, atol=1e-12)
+        assert not torch.equal(cached, before)
+
+
+def test_state_dict_stays_the_unsorted_one():
+    made = MADE(16, (64, 64), params_per_feature=2, order="random", seed=3)
+    x = torch.randn(50, 16)
+    before = {k: v.clone() for k, v in made.state_dict().items()}
+    with staircase.mode("staircase"):
+        out = made(x)
+        made(x).sum().backward()
+    after = made.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    buffer = io.BytesIO()
+    torch.save(made.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = MADE(16, (64, 64), params_per_feature=2, order="random", seed=3)
+    loaded.load_state_dict(torch.load(buffer))
+    with staircase.mode("dense"):
+        torch.testing.assert_close(loaded(x), out.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_flows_and_discrete_models_agree_with_the_dense_products(residual):
+    torch.manual_seed(0)
+    maf = flowkit.MAF(6, layers=2, hidden_features=(24, 24), context_features=2,
+                      residual=residual).double()
+    iaf = flowkit.IAF(6, layers=2, hidden_features=(24, 24), residual=residual).double()
+    for flow in (maf, iaf):
+        for p in flow.parameters():
+            torch.nn.init.normal_(p, 0, 0.2)
+    x, context = torch.randn(30, 6, **f64), torch.randn(30, 2, **f64)
+    bernoulli = flowkit.BernoulliMADE(8, (48,), residual=residual, direct_connection=True,
+                                      num_masks=2, order="random").double()
+    categorical = flowkit.CategoricalMADE(5, 3, (48, 48), residual=residual).double()
+    bits, classes = torch.randint(0, 2, (30, 8)).double(), torch.randint(0, 3, (30, 5))
+
+    def results(mode):
+        with staircase.mode(mode):
+            values = [maf.log_prob(x, context), iaf.log_prob(x),
+                      bernoulli.log_prob(bits), categorical.log_prob(classes)]
+            grads = [torch.autograd.grad(v.sum(), list(m.parameters()))
+                     for v, m in zip(values, (maf, iaf, bernoulli, categorical), strict=True)]
+            torch.manual_seed(1)
+            with torch.no_grad():
+                samples = [maf.sample(context=context[:7]), *iaf.sample_and_log_prob(7)]
+        return values, grads, samples
+
+    dense, staircased = results("dense"), results("staircase")
+    for got, expected in zip(staircased[0] + staircased[2], dense[0] + dense[2], strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+    for got, expected in zip(staircased[1], dense[1], strict=True):
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    with staircase.mode("staircase"), torch.no_grad():  # the solver inverts the staircase
+        y, log_p = maf.sample_and_log_prob(context=context[:7])
+        torch.testing.assert_close(maf.log_prob(y, context[:7]), log_p, rtol=0, atol=1e-10)
+
+
+def test_compiled_forward_uses_the_dense_product_and_agrees():
+    made = _made(dict(features=5, hidden_features=(32,), params_per_feature=2))
+    x = torch.randn(20, 5, **f64)
+    with staircase.mode("staircase"):
+        eager = made(x)
+        torch._dynamo.reset()
+        compiled = torch.compile(made, backend="aot_eager", fullgraph=True)(x)
+        torch._dynamo.reset()
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_equals_the_dense_product():
+    made = _made(dict(features=12, hidden_features=(64, 64), params_per_feature=2,
+                      context_features=2, direct_connection=True, num_masks=2,
+                      order="random")).cuda()
+    x, context = _inputs(made, 33)
+    _assert_same(made, x.cuda(), context.cuda())
