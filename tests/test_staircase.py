@@ -3,6 +3,7 @@ composition (mask sets, contexts, residual blocks, direct connections, flows, so
 save/load); the automatic choice and the block plans behave."""
 
 import io
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -43,6 +44,19 @@ def made_configs(draw):
     ), draw(st.integers(0, num_masks - 1))
 
 
+@contextmanager
+def product(model: torch.nn.Module, name: str):
+    """Every MADE of ``model`` computes its products the ``name`` way within the block."""
+    mades = [m for m in model.modules() if isinstance(m, MADE)]
+    for made in mades:
+        made.product = name
+    try:
+        yield
+    finally:
+        for made in mades:
+            made.product = "auto"
+
+
 def _made(config: dict, mask: int = 0) -> MADE:
     made = MADE(**config).double()
     made.set_mask(mask)
@@ -65,7 +79,7 @@ def _run(made: MADE, x, context, mode: str):
     respect to the inputs, the context and every parameter."""
     leaves = [x.clone().requires_grad_(), *([] if context is None else
                                             [context.clone().requires_grad_()])]
-    with staircase.mode(mode):
+    with product(made, mode):
         with torch.no_grad():
             plain = made(x, context)
         out = made(*leaves) if context is not None else made(leaves[0])
@@ -151,13 +165,12 @@ def test_automatic_choice_by_shape_and_batch():
     assert staircase.applies(big, 1024)
     assert not staircase.applies(big, 1)
     assert not staircase.applies(small, 4096)
-    with staircase.mode("dense"):
+    with product(big, "dense"):
         assert not staircase.applies(big, 1024)
-    with staircase.mode("staircase"):
+    with product(small, "staircase"):
         assert staircase.applies(small, 1)
-    with pytest.raises(ValueError, match="'name' should be 'auto', 'dense' or 'staircase'"):
-        with staircase.mode("fast"):
-            pass
+    with pytest.raises(ValueError, match="'product' should be 'auto', 'dense' or 'staircase'"):
+        small.product = "fast"
     # the D=64 plan cuts every layer into several aligned blocks and most of the arithmetic
     plan = staircase.plan(big)
     assert all(len(lp.blocks) > 1 for reads in plan.reads for lp in reads)
@@ -177,9 +190,9 @@ def test_mask_sets_plans_and_cached_weights_follow_every_change():
     assert len({id(p) for p in plans}) == 3
 
     def dense_and_cached():
-        with torch.no_grad(), staircase.mode("dense"):
+        with torch.no_grad(), product(made, "dense"):
             dense = made(x, context)
-        with torch.no_grad(), staircase.mode("staircase"):
+        with torch.no_grad(), product(made, "staircase"):
             return dense, made(x, context)
 
     optimizer = torch.optim.Adam(made.parameters(), lr=0.1)
@@ -203,7 +216,7 @@ def test_state_dict_stays_the_unsorted_one():
     made = MADE(16, (64, 64), params_per_feature=2, order="random", seed=3)
     x = torch.randn(50, 16)
     before = {k: v.clone() for k, v in made.state_dict().items()}
-    with staircase.mode("staircase"):
+    with product(made, "staircase"):
         out = made(x)
         made(x).sum().backward()
     after = made.state_dict()
@@ -214,7 +227,7 @@ def test_state_dict_stays_the_unsorted_one():
     buffer.seek(0)
     loaded = MADE(16, (64, 64), params_per_feature=2, order="random", seed=3)
     loaded.load_state_dict(torch.load(buffer))
-    with staircase.mode("dense"):
+    with product(loaded, "dense"):
         torch.testing.assert_close(loaded(x), out.detach(), rtol=1e-5, atol=1e-6)
 
 
@@ -233,12 +246,15 @@ def test_flows_and_discrete_models_agree_with_the_dense_products(residual):
     categorical = flowkit.CategoricalMADE(5, 3, (48, 48), residual=residual).double()
     bits, classes = torch.randint(0, 2, (30, 8)).double(), torch.randint(0, 3, (30, 5))
 
+    models = (maf, iaf, bernoulli, categorical)
+
     def results(mode):
-        with staircase.mode(mode):
+        with product(maf, mode), product(iaf, mode), product(bernoulli, mode), \
+                product(categorical, mode):
             values = [maf.log_prob(x, context), iaf.log_prob(x),
                       bernoulli.log_prob(bits), categorical.log_prob(classes)]
             grads = [torch.autograd.grad(v.sum(), list(m.parameters()))
-                     for v, m in zip(values, (maf, iaf, bernoulli, categorical), strict=True)]
+                     for v, m in zip(values, models, strict=True)]
             torch.manual_seed(1)
             with torch.no_grad():
                 samples = [maf.sample(context=context[:7]), *iaf.sample_and_log_prob(7)]
@@ -250,7 +266,7 @@ def test_flows_and_discrete_models_agree_with_the_dense_products(residual):
     for got, expected in zip(staircased[1], dense[1], strict=True):
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
-    with staircase.mode("staircase"), torch.no_grad():  # the solver inverts the staircase
+    with product(maf, "staircase"), torch.no_grad():  # the solver inverts the staircase
         y, log_p = maf.sample_and_log_prob(context=context[:7])
         torch.testing.assert_close(maf.log_prob(y, context[:7]), log_p, rtol=0, atol=1e-10)
 
@@ -258,7 +274,7 @@ def test_flows_and_discrete_models_agree_with_the_dense_products(residual):
 def test_compiled_forward_uses_the_dense_product_and_agrees():
     made = _made(dict(features=5, hidden_features=(32,), params_per_feature=2))
     x = torch.randn(20, 5, **f64)
-    with staircase.mode("staircase"):
+    with product(made, "staircase"):
         eager = made(x)
         torch._dynamo.reset()
         compiled = torch.compile(made, backend="aot_eager", fullgraph=True)(x)

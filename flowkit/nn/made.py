@@ -266,6 +266,7 @@ class MADE(nn.Module):
         self.register_buffer("mask_index", torch.zeros((), dtype=torch.long))
         self._active = 0
         self._solver = "fast"
+        self._product = "auto"
         self.register_load_state_dict_post_hook(MADE._after_load)
         self.set_mask(0)
 
@@ -386,6 +387,22 @@ class MADE(nn.Module):
         if name not in ("fast", "naive"):
             raise ValueError(f"'solver' should be 'fast' or 'naive', got {name!r}")
         self._solver = name
+
+    @property
+    def product(self) -> str:
+        """How the forward pass computes its masked products: ``"auto"`` (the default: the
+        block staircase of :mod:`flowkit.nn.staircase` where it is estimated to be faster for
+        the layers' shapes and the batch, else the dense ``W * M``), ``"dense"`` (always ``W *
+        M``; a reference for tests and benchmarks) or ``"staircase"`` (always the staircase,
+        except while ``torch.compile`` traces). Equal to rounding either way, gradients
+        included. A run-time setting, not saved with the model."""
+        return self._product
+
+    @product.setter
+    def product(self, name: str) -> None:
+        if name not in ("auto", "dense", "staircase"):
+            raise ValueError(f"'product' should be 'auto', 'dense' or 'staircase', got {name!r}")
+        self._product = name
 
     def extra_repr(self) -> str:
         return (

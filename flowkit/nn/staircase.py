@@ -18,17 +18,16 @@ equal up to rounding, gradients included.
 
 The number of blocks of each layer is chosen from its shape (more blocks cut closer to the
 staircase but make smaller matrix products); block edges are aligned so that every product has
-friendly sizes. Small MADEs, small batches and ``torch.compile`` use the dense masked product.
+friendly sizes. Small MADEs, small batches and ``torch.compile`` use the dense masked product
+(:attr:`flowkit.nn.MADE.product` chooses).
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import accumulate, pairwise
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -49,26 +48,6 @@ Block = tuple[int, int, int]
 PACK, WRITE, CALL_TIME = 8, 16, 1e6
 CALL = CALL_TIME / 256
 MAX_BLOCKS = 32
-
-Mode = Literal["auto", "dense", "staircase"]
-_mode: Mode = "auto"
-
-
-@contextmanager
-def mode(name: Mode) -> Iterator[None]:
-    """Choose how MADEs compute their forward pass within the ``with`` block: ``"auto"`` (the
-    default: the staircase where it is measured to be faster), ``"dense"`` (the dense masked
-    product everywhere, e.g. as a benchmark reference) or ``"staircase"`` (everywhere outside
-    ``torch.compile``, whatever the size, e.g. in tests). Not thread-safe (a module setting)."""
-    global _mode
-    if name not in ("auto", "dense", "staircase"):
-        raise ValueError(f"'name' should be 'auto', 'dense' or 'staircase', got {name!r}")
-    previous, _mode = _mode, name
-    try:
-        yield
-    finally:
-        _mode = previous
-
 
 def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
     """Row blocks of one sorted layer, chosen by the estimated time of their products.
@@ -190,10 +169,12 @@ _weights: weakref.WeakKeyDictionary[MaskedLinear, tuple[LayerPlan, Tensor, list[
 
 
 def applies(made: MADE, batch: int) -> bool:
-    """Whether ``made``'s forward pass on ``batch`` rows uses the staircase (see :func:`mode`)."""
-    if _mode == "dense" or torch.compiler.is_compiling():
+    """Whether ``made``'s forward pass on ``batch`` rows uses the staircase (see
+    :attr:`flowkit.nn.MADE.product`): in ``"auto"``, when the estimated time saved exceeds
+    the fixed cost of the extra products."""
+    if made.product == "dense" or torch.compiler.is_compiling():
         return False
-    if _mode == "staircase":
+    if made.product == "staircase":
         return True
     p = plan(made)
     return batch * p.saving > CALL_TIME * p.products
