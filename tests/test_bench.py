@@ -13,7 +13,9 @@ def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):
     args.device, args.seed, args.out, args.quiet = "cpu", 0, tmp_path, False
     metrics = bench.run(args)
     record = json.loads((tmp_path / "b.json").read_text())
-    assert {r["section"] for r in record["rows"]} == {"density", "sampling", "bernoulli"}
+    assert {r["section"] for r in record["rows"]} == {"density", "sampling", "bernoulli",
+                                                      "staircase"}
+    assert all(r["vs_dense"] > 0 for r in record["rows"] if "vs_dense" in r)
     assert all(r["ms"] > 0 for r in record["rows"])
     assert all(r["identical_to_naive"] for r in record["rows"] if "identical_to_naive" in r)
     assert metrics["density/D=2/log_prob"] > 0

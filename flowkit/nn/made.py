@@ -254,8 +254,12 @@ class MADE(nn.Module):
                 if residual and i > 0:
                     layers.append(layers[0])
                 else:
-                    layers.append(masks.hidden_degrees(units, features, previous,
-                                                       hidden_degrees, generator))
+                    drawn = masks.hidden_degrees(units, features, previous, hidden_degrees,
+                                                 generator)
+                    # Units are exchangeable: those of the first set are stored sorted by
+                    # degree, so that the block staircase (flowkit.nn.staircase) reads the
+                    # weights in place. Later sets stay independent of it.
+                    layers.append(drawn.sort().values if k == 0 else drawn)
                 previous = layers[-1]
             orders.append(order_k)
             degrees.append(torch.cat([torch.zeros(0, dtype=torch.long), *layers]))  # (sum h,)

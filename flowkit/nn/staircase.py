@@ -47,6 +47,9 @@ Block = tuple[int, int, int]
 # CALL_TIME multiply-adds in all, spread here over a nominal batch of 256 rows.
 PACK, WRITE, CALL_TIME = 8, 16, 1e6
 CALL = CALL_TIME / 256
+# Under autograd, permuting a weight entry into sorted order (and its gradient back) costs
+# about SORT multiply-adds: a handful of passes over memory.
+SORT = 200
 MAX_BLOCKS = 32
 
 def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
@@ -99,13 +102,13 @@ def _merge(candidate: list[Block]) -> list[Block]:
 
 
 class LayerPlan(NamedTuple):
-    """One masked layer in sorted form: its row and column permutations, their inverses and
-    its blocks."""
+    """One masked layer in sorted form: its row and column permutations and their inverses
+    (``None`` where the units are stored sorted already) and its blocks."""
 
-    rows: Tensor
-    cols: Tensor
-    inverse_rows: Tensor
-    inverse_cols: Tensor
+    rows: Tensor | None
+    cols: Tensor | None
+    inverse_rows: Tensor | None
+    inverse_cols: Tensor | None
     blocks: list[Block]
 
 
@@ -113,10 +116,11 @@ class Plan(NamedTuple):
     """A MADE's active mask set in sorted form: per stage, one :class:`LayerPlan` per read."""
 
     reads: list[list[LayerPlan]]
-    inputs: Tensor  # (D m + C,): the input columns in sorted order
-    inverse_outputs: Tensor  # (D P,): where each output is in sorted order
+    inputs: Tensor | None  # (D m + C,): the input columns in sorted order (None: in place)
+    inverse_outputs: Tensor | None  # (D P,): where each output is in sorted order
     saving: float  # estimated multiply-adds per batch row saved against the dense products
     products: int  # block products per call (each costs about CALL_TIME multiply-adds)
+    permuted: int  # weight entries that are permuted into sorted order (SORT each)
 
 
 _plans: weakref.WeakKeyDictionary[MADE, dict[tuple[int, ...], Plan]] = (
@@ -136,7 +140,7 @@ def plan(made: MADE) -> Plan:
         return found
     layout = sorted_layout(made)
     context = made.context_features
-    reads, dense, cost, products = [], 0.0, 0.0, 0
+    reads, dense, cost, products, permuted = [], 0.0, 0.0, 0, 0
     for s, stage in enumerate(stages(made)):
         rows = layout.stage_perm(s)
         counts = layout.stage_counts(s, made)
@@ -152,13 +156,24 @@ def plan(made: MADE) -> Plan:
             dense += dense_cost - CALL
             cost += chosen_cost - CALL * len(chosen)
             products += len(chosen)
-            layer_plans.append(LayerPlan(rows, cols, torch.argsort(rows), torch.argsort(cols),
-                                         chosen))
+            r, c = _moved(rows), _moved(cols)
+            if r is not None or c is not None:
+                permuted += rows.numel() * cols.numel()
+            layer_plans.append(LayerPlan(r, c, _inverse(r), _inverse(c), chosen))
         reads.append(layer_plans)
-    found = Plan(reads, layout.source_perm(INPUTS, context), torch.argsort(layout.output_perm),
-                 dense - cost, products)
+    found = Plan(reads, _moved(layout.source_perm(INPUTS, context)),
+                 _inverse(_moved(layout.output_perm)), dense - cost, products, permuted)
     plans[key] = found
     return found
+
+
+def _moved(perm: Tensor) -> Tensor | None:
+    """``perm``, or ``None`` if it is the identity (nothing to permute)."""
+    return None if torch.equal(perm, torch.arange(len(perm), device=perm.device)) else perm
+
+
+def _inverse(perm: Tensor | None) -> Tensor | None:
+    return None if perm is None else torch.argsort(perm)
 
 
 _weights: weakref.WeakKeyDictionary[MaskedLinear, tuple[LayerPlan, Tensor, list[View]]] = (
@@ -177,14 +192,17 @@ def applies(made: MADE, batch: int) -> bool:
     if made.product == "staircase":
         return True
     p = plan(made)
-    return batch * p.saving > CALL_TIME * p.products
+    overhead = CALL_TIME * p.products
+    if torch.is_grad_enabled():  # the weights are permuted anew at every call
+        overhead += SORT * p.permuted
+    return batch * p.saving > overhead
 
 
 def forward(made: MADE, x: Tensor) -> Tensor:
     """``made``'s outputs ``(N, D P)`` for inputs ``x`` ``(N, D m + C)`` (features, then
     context), computed in sorted form through the stages of :func:`flowkit.nn.layout.stages`."""
     p = plan(made)
-    values = {INPUTS: x.index_select(1, p.inputs)}
+    values = {INPUTS: x if p.inputs is None else x.index_select(1, p.inputs)}
     h = None
     for s, (stage, layer_plans) in enumerate(zip(stages(made), p.reads, strict=True)):
         pre = None
@@ -193,13 +211,15 @@ def forward(made: MADE, x: Tensor) -> Tensor:
             pre = y if pre is None else pre + y
         h = h + pre if stage.residual else pre
         values[s] = made.activation(h) if stage.activate else h
-    return values[len(p.reads) - 1].index_select(1, p.inverse_outputs)
+    out = values[len(p.reads) - 1]
+    return out if p.inverse_outputs is None else out.index_select(1, p.inverse_outputs)
 
 
 def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan) -> Tensor:
     r"""``x (W \odot M)^T + b`` in sorted form: ``x`` ``(N, in)`` has its columns in the order
     ``lp.cols``, the result ``(N, out)`` its columns in the order ``lp.rows``."""
-    bias = None if layer.bias is None else layer.bias.index_select(0, lp.rows)
+    bias = layer.bias if layer.bias is None or lp.rows is None else (
+        layer.bias.index_select(0, lp.rows))
     if torch.is_grad_enabled() and (layer.weight.requires_grad or x.requires_grad):
         return _StaircaseLinear.apply(x, layer.weight, layer.mask, bias, lp)
     product = layer.masked_weight()
@@ -214,7 +234,10 @@ View = tuple[int, int, int, Tensor]
 
 
 def _sorted(weight: Tensor, lp: LayerPlan) -> Tensor:
-    return weight.index_select(0, lp.rows).index_select(1, lp.cols)
+    """``weight`` with rows and columns in sorted order (itself if they are)."""
+    if lp.rows is not None:
+        weight = weight.index_select(0, lp.rows)
+    return weight if lp.cols is None else weight.index_select(1, lp.cols)
 
 
 def _views(weight: Tensor, plan: list[Block]) -> list[View]:
@@ -264,8 +287,12 @@ class _StaircaseLinear(torch.autograd.Function):
             for r0, r1, n in lp.blocks:
                 if n:
                     torch.mm(grad[:, r0:r1].t(), x[:, :n], out=grad_sorted[r0:r1, :n])
-            grad_w = grad_sorted.index_select(0, lp.inverse_rows)
-            grad_w = grad_w.index_select(1, lp.inverse_cols).mul_(mask)
+            grad_w = grad_sorted
+            if lp.inverse_rows is not None:
+                grad_w = grad_w.index_select(0, lp.inverse_rows)
+            if lp.inverse_cols is not None:
+                grad_w = grad_w.index_select(1, lp.inverse_cols)
+            grad_w = grad_w.mul_(mask)
         if ctx.needs_input_grad[3]:
             grad_b = grad.sum(0)
         return grad_x, grad_w, None, grad_b, None

@@ -10,6 +10,14 @@ Sections (--sections, all by default):
   bernoulli  BernoulliMADE sampling of 100 vectors of 784 dims (hidden 500 and 2000x2000) vs
              the naive sampler, same noise, same samples; "cold" is the first call after a
              weight update (the sorted weights are rebuilt), the others reuse them.
+  staircase  MAF log_prob and an Adam step with the block-staircase products (the default)
+             vs the dense masked products and vs the unmasked MLPs: D=64 (hidden 512x2, 5
+             layers, batch 1024, training batch 512) and D=784 (hidden 2000, one layer with a
+             direct connection, batch 1000, training batch 100: the MNIST shape).
+  mnist      Bernoulli-MADE training on binarized MNIST (hidden 2000 and 8000, direct
+             connection, batch 100), default vs dense masked products: the time of a few
+             steps, and the validation NLL of a short fixed-seed run with each (needs the data:
+             --mnist-data or the data root; skipped without it).
   memory     peak memory of each measured call (see below).
   compare    nflows and zuko on the density/sampling configurations, if they are installed.
 
@@ -51,13 +59,21 @@ from flowkit.app.bench.measure import Bench, format_table
 from flowkit.app.options import positive_int
 from flowkit.train import resolve_device
 
-SECTIONS = ("density", "sampling", "bernoulli", "memory", "compare")
+SECTIONS = ("density", "sampling", "bernoulli", "staircase", "mnist", "memory", "compare")
 
 # name -> (features, hidden, layers, batch); bernoulli: name -> (features, hidden, samples)
 FLOWS = {
     "full": {"D=2": (2, (64, 64), 5, 4096), "D=64": (64, (512, 512), 5, 1024)},
     "quick": {"D=2": (2, (16, 16), 2, 256), "D=8": (8, (32, 32), 2, 64)},
 }
+# staircase: name -> (features, hidden, layers, batch, training batch, direct connection)
+STAIRCASE = {
+    "full": {"D=64": (64, (512, 512), 5, 1024, 512, False),
+             "D=784": (784, (2000,), 1, 1000, 100, True)},
+    "quick": {"D=16": (16, (64, 64), 2, 64, 32, False), "D=24": (24, (48,), 1, 32, 16, True)},
+}
+# mnist: name -> (hidden, batch, timed steps per round, steps of the NLL runs)
+MNIST = {"full": {"h=2000": ((2000,), 100, 10, 300), "h=8000": ((8000,), 100, 4, 100)}}
 BERNOULLI = {
     "full": {"h=500": (784, (500,), 100), "h=2000x2000": (784, (2000, 2000), 100)},
     "quick": {"h=32": (24, (32,), 10), "h=64x64": (24, (64, 64), 10)},
@@ -75,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rounds of the slow naive references (default: 3, --quick: 1)")
     parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch CPU threads (default: %(default)s)")
+    parser.add_argument("--mnist-data", type=Path, default=None,
+                        help="binarized MNIST .npz with 'train' and 'valid' arrays for the "
+                             "mnist section (default: the data root, see flowkit.data)")
     parser.add_argument("--json", type=Path, default=None,
                         help="where to write the results (default: <out>/bench.json)")
 
@@ -83,7 +102,7 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     size = "quick" if args.quick else "full"
     sections = args.sections or [s for s in SECTIONS
-                                 if not args.quick or s not in ("memory", "compare")]
+                                 if not args.quick or s not in ("mnist", "memory", "compare")]
     device = resolve_device(args.device)
     bench = Bench(
         device=device,
@@ -92,13 +111,18 @@ def run(args: argparse.Namespace) -> dict:
         memory="memory" in sections,
         seed=args.seed,
         say=(lambda *a: None) if args.quiet else print,
+        mnist_data=args.mnist_data,
     )
     started = time.time()
     load = [os.getloadavg()[0]]
     for section in sections:
         if section == "memory":  # not a section of its own: the peaks of the others' calls
             continue
-        configs = BERNOULLI if section == "bernoulli" else FLOWS
+        configs = {"bernoulli": BERNOULLI, "staircase": STAIRCASE, "mnist": MNIST}.get(
+            section, FLOWS)
+        if section == "mnist" and size == "quick":
+            bench.say("    mnist: no quick configuration (a training run on MNIST), skipped")
+            continue
         for name, config in configs[size].items():
             getattr(_sections, section)(bench, name, *config)
     load.append(os.getloadavg()[0])

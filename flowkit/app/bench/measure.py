@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,9 +44,10 @@ class Bench:
     """Measurements of one run: :meth:`measure` times calls and appends one row per call."""
 
     def __init__(self, device: torch.device, repeats: int, naive_repeats: int, memory: bool,
-                 seed: int, say: Callable[..., None]):
+                 seed: int, say: Callable[..., None], mnist_data: Path | None = None):
         self.device, self.repeats, self.naive_repeats = device, repeats, naive_repeats
         self.memory, self.seed, self.say = memory, seed, say
+        self.mnist_data = mnist_data  # an .npz with 'train' and 'valid', else the data root
         self.rows: list[dict[str, Any]] = []
 
     @property

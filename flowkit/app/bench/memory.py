@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 
+import flowkit
 from flowkit.app.bench.models import (
     bernoulli_calls,
+    dense_products,
     densify,
     make_bernoulli,
     make_flow,
@@ -58,11 +60,18 @@ def _call(probe: dict, device: torch.device) -> Callable[[], object]:
     if probe["kind"] == "bernoulli":
         model = make_bernoulli(probe, device)
         return bernoulli_calls(model, probe["samples"], probe["seed"])[probe["call"]]
-    if probe["kind"] != "density":
+    if probe["kind"] == "mnist":
+        return _mnist_step(probe, device)
+    if probe["kind"] not in ("density", "staircase"):
         flow, x = make_flow(probe["kind"], probe, device)
         return sampling_calls(probe["kind"], flow, x)[probe["call"]]
     flow, x = make_flow("maf", probe, device)
-    target = densify(flow) if probe["call"].endswith("dense") else flow
+    if probe["kind"] == "staircase":  # calls end in " unmasked" (MLPs), " dense" or neither
+        target = {"unmasked": densify, "dense": dense_products}.get(
+            probe["call"].rsplit(" ", 1)[-1], lambda f: f)(flow)
+        x = x[: probe["train_batch"]] if probe["call"].startswith("train") else x
+    else:
+        target = densify(flow) if probe["call"].endswith("dense") else flow
     optimizer = torch.optim.Adam(target.parameters(), lr=1e-5)
 
     def fn() -> None:
@@ -75,6 +84,24 @@ def _call(probe: dict, device: torch.device) -> Callable[[], object]:
         else:
             with torch.no_grad(), validate_values(probe["call"].endswith("on")):
                 target.log_prob(x)
+    return fn
+
+
+def _mnist_step(probe: dict, device: torch.device) -> Callable[[], object]:
+    """One Adam step of a Bernoulli-MADE (direct connection) on a batch of random bits."""
+    model = flowkit.BernoulliMADE(784, probe["hidden"], direct_connection=True,
+                                  seed=probe["seed"]).to(device)
+    if probe["call"].endswith("dense"):
+        model.made.product = "dense"
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 2, (probe["batch"], 784), device=device).float()
+
+    def fn() -> None:
+        with validate_values(False):
+            loss = -model.log_prob(x).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
     return fn
 
 

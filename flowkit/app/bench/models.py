@@ -11,15 +11,24 @@ import torch
 from torch import Tensor, nn
 
 import flowkit
-from flowkit.transforms import MaskedAutoregressive
+from flowkit.transforms import Compose, MaskedAffineAutoregressive, MaskedAutoregressive
 from flowkit.validation import validate_values
 
 
 def make_flow(kind: str, spec: dict, device: torch.device) -> tuple[flowkit.Flow, Tensor]:
-    """A MAF or IAF with non-trivial weights (not the identity it starts as) and data."""
-    builder = flowkit.MAF if kind == "maf" else flowkit.IAF
-    flow = builder(spec["features"], layers=spec["layers"], hidden_features=spec["hidden"],
-                   seed=spec["seed"]).to(device)
+    """A MAF or IAF with non-trivial weights (not the identity it starts as) and data. With
+    ``spec["direct"]``, a one-layer affine MAF whose MADE has a direct connection (the
+    builders have no such option)."""
+    if spec.get("direct"):
+        made = flowkit.MADE(spec["features"], spec["hidden"], params_per_feature=2,
+                            direct_connection=True, seed=spec["seed"])
+        layer = MaskedAffineAutoregressive(made, "maf")
+        flow = flowkit.Flow(Compose([layer]), flowkit.StandardNormal(spec["features"]))
+    else:
+        builder = flowkit.MAF if kind == "maf" else flowkit.IAF
+        flow = builder(spec["features"], layers=spec["layers"],
+                       hidden_features=spec["hidden"], seed=spec["seed"])
+    flow = flow.to(device)
     generator = torch.Generator().manual_seed(spec["seed"])
     with torch.no_grad():
         for module in flow.modules():
@@ -39,22 +48,39 @@ class DenseMLP(nn.Module):
         self.activation = made.activation
         self.hidden = nn.ModuleList(_linear(layer) for layer in made.hidden)
         self.output = _linear(made.output)
+        self.direct = None if made.direct is None else _linear(made.direct)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         return self._forward(x, context)
 
     def _forward(self, x: Tensor, context: Tensor | None) -> Tensor:
         """What a flow layer calls (as it calls :meth:`flowkit.MADE._forward`)."""
-        h = x if context is None else torch.cat([x, context], dim=-1)
+        x = x if context is None else torch.cat([x, context], dim=-1)
+        h = x
         for layer in self.hidden:
             h = self.activation(layer(h))
-        return self.output(h).unflatten(-1, self.shape)
+        out = self.output(h)
+        if self.direct is not None:
+            out = out + self.direct(x)
+        return out.unflatten(-1, self.shape)
 
 
 def _linear(masked: nn.Linear) -> nn.Linear:
-    layer = nn.Linear(masked.in_features, masked.out_features, device=masked.weight.device)
-    layer.load_state_dict({"weight": masked.weight, "bias": masked.bias})
+    bias = masked.bias is not None
+    layer = nn.Linear(masked.in_features, masked.out_features, bias=bias,
+                      device=masked.weight.device)
+    layer.load_state_dict({"weight": masked.weight, **({"bias": masked.bias} if bias else {})})
     return layer
+
+
+def dense_products(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose MADEs always compute the dense masked products ``W * M``
+    (:attr:`flowkit.nn.MADE.product`), flowkit's path before the block staircase."""
+    model = copy.deepcopy(model)
+    for module in model.modules():
+        if isinstance(module, flowkit.MADE):
+            module.product = "dense"
+    return model
 
 
 def densify(flow: flowkit.Flow) -> flowkit.Flow:

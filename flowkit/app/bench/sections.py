@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -11,6 +12,7 @@ import flowkit
 from flowkit.app.bench.measure import Bench, speed
 from flowkit.app.bench.models import (
     bernoulli_calls,
+    dense_products,
     densify,
     make_bernoulli,
     make_flow,
@@ -18,6 +20,7 @@ from flowkit.app.bench.models import (
     peer_flows,
     sampling_calls,
 )
+from flowkit.data import binarized_mnist, load_split_file
 from flowkit.validation import validate_values
 
 
@@ -135,3 +138,107 @@ def compare(bench: Bench, config: str, features: int, hidden: tuple[int, ...], l
         calls[f"{lib} sample"] = sample(batch)
         reference[f"{lib} sample"] = "flowkit sample"
     bench.measure("compare", config, calls, reference, repeats=bench.naive_repeats)
+
+
+def staircase(bench: Bench, config: str, features: int, hidden: tuple[int, ...], layers: int,
+              batch: int, train_batch: int, direct: bool) -> None:
+    """MAF log_prob and an Adam step with the block-staircase products (the default choice)
+    against the dense masked products and the unmasked MLPs of the same shape."""
+    spec = dict(features=features, hidden=hidden, layers=layers, batch=batch,
+                direct=direct, seed=bench.seed)
+    flow, x = make_flow("maf", spec, bench.device)
+    flows = {"": flow, " dense": dense_products(flow), " unmasked": densify(flow)}
+    optimizers = {f: torch.optim.Adam(f.parameters(), lr=1e-5) for f in flows.values()}
+    x_train = x[:train_batch]
+
+    def log_prob(f: flowkit.Flow) -> Callable[[], Tensor]:
+        def call() -> Tensor:
+            with torch.no_grad(), validate_values(False):
+                return f.log_prob(x)
+        return call
+
+    def train(f: flowkit.Flow) -> Callable[[], float]:
+        def call() -> float:
+            with validate_values(False):
+                loss = -f.log_prob(x_train).mean()
+            optimizers[f].zero_grad()
+            loss.backward()
+            optimizers[f].step()
+            return 0.0
+        return call
+
+    calls, reference, probes = {}, {}, {}
+    for what, make in (("log_prob", log_prob), (f"train step (batch {train_batch})", train)):
+        for suffix, f in flows.items():
+            calls[what + suffix] = make(f)
+            probes[what + suffix] = {**spec, "kind": "staircase", "call": what + suffix,
+                                     "train_batch": train_batch}
+            if suffix != " unmasked":
+                reference[what + suffix] = what + " unmasked"
+    stats = bench.measure("staircase", config, calls, reference, probes=probes)
+    for what in ("log_prob", f"train step (batch {train_batch})"):
+        row = next(r for r in bench.rows[-len(calls):] if r["what"] == what)
+        row["vs_dense"] = stats[what + " dense"]["ms"] / row["ms"]
+        bench.say(f"    {what}: {speed(1 / row['vs_dense'])} than the dense masked products")
+
+
+def mnist(bench: Bench, config: str, hidden: tuple[int, ...], batch: int, chunk: int,
+          steps: int) -> None:
+    """Bernoulli-MADE training on binarized MNIST (direct connection, Adam, lr 1e-3) with the
+    default products against the dense masked products: the time of ``chunk`` steps (an epoch
+    is ``50000 / batch`` steps), then the validation NLL of two runs of ``steps`` steps from
+    the same seed, batches and initial weights, one with each kind of product."""
+    try:
+        data = [binarized_mnist(s, download=False) if bench.mnist_data is None
+                else load_split_file(bench.mnist_data, s) for s in ("train", "valid")]
+    except FileNotFoundError as error:
+        bench.say(f"    mnist: no binarized MNIST data ({error}; pass --mnist-data), skipped")
+        return
+    train_x, valid_x = (d.to(bench.device, torch.float32) for d in data)
+    model = flowkit.BernoulliMADE(784, hidden, direct_connection=True, seed=bench.seed)
+    initial = copy.deepcopy(model.state_dict())
+    models = {"": model.to(bench.device), " dense": dense_products(model)}
+
+    def run(m: flowkit.BernoulliMADE, order: Tensor, start: int, count: int) -> None:
+        optimizer = optimizers[m]
+        for i in range(start, start + count):
+            rows = order[(i * batch) % len(order):][:batch]
+            with validate_values(False):
+                loss = -m.log_prob(train_x[rows]).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    def timed_steps(m: flowkit.BernoulliMADE) -> Callable[[], None]:
+        position = [0]
+
+        def call() -> None:
+            run(m, order, position[0], chunk)
+            position[0] += chunk
+        return call
+
+    order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(bench.seed))
+    order = order.to(bench.device)
+    optimizers = {m: torch.optim.Adam(m.parameters(), lr=1e-3) for m in models.values()}
+    what = f"{chunk} train steps (batch {batch})"
+    calls = {what + suffix: timed_steps(m) for suffix, m in models.items()}
+    probes = {name: {"kind": "mnist", "hidden": hidden, "batch": batch, "seed": bench.seed,
+                     "call": name} for name in calls}
+    bench.measure("mnist", config, calls, {what: what + " dense"}, probes=probes)
+
+    nll = {}
+    for suffix in models:
+        fresh = flowkit.BernoulliMADE(784, hidden, direct_connection=True, seed=bench.seed)
+        fresh.load_state_dict(initial)  # the same initial weights: only the products differ
+        fresh = fresh.to(bench.device)
+        fresh.made.product = "dense" if suffix else "auto"
+        optimizers[fresh] = torch.optim.Adam(fresh.parameters(), lr=1e-3)
+        run(fresh, order, 0, steps)
+        with torch.no_grad(), validate_values(False):
+            nll[suffix] = -torch.cat([fresh.log_prob(v) for v in valid_x.split(1000)]).mean()
+    row = next(r for r in bench.rows[-2:] if r["what"] == what)
+    row.update(epoch_s=row["ms"] * 50000 / batch / chunk / 1000, nll_steps=steps,
+               valid_nll=nll[""].item(), valid_nll_dense=nll[" dense"].item())
+    bench.say(f"    epoch about {row['epoch_s']:.0f} s; validation NLL after {steps} steps "
+              f"{row['valid_nll']:.4f} (dense products {row['valid_nll_dense']:.4f}, "
+              f"difference {abs(row['valid_nll'] - row['valid_nll_dense']):.2e} nats)")
