@@ -43,10 +43,11 @@ Block = tuple[int, int, int]
 # Estimated time of one block product, per batch row, in multiply-adds:
 #   (rows + PACK) * columns + WRITE * rows + CALL
 # PACK: reading the input prefix into the product's working memory (once per block); WRITE:
-# storing the outputs; CALL: the fixed cost of a product (Python, dispatch, setup), about
-# CALL_TIME multiply-adds in all, spread here over a nominal batch of 256 rows.
-PACK, WRITE, CALL_TIME = 8, 16, 1e6
-CALL = CALL_TIME / 256
+# storing the outputs; CALL: a fixed cost per block (the choice of blocks at D=64, hidden 512,
+# was fastest with more, smaller blocks than a per-call overhead alone suggests). CALL_TIME:
+# the fixed cost of one product call (Python, dispatch, setup) in multiply-adds, which the
+# automatic choice weighs against the batch's saving.
+PACK, WRITE, CALL, CALL_TIME = 8, 16, 256, 1e6
 # Under autograd, permuting a weight entry into sorted order (and its gradient back) costs
 # about SORT multiply-adds: a handful of passes over memory.
 SORT = 200
@@ -176,10 +177,10 @@ def _inverse(perm: Tensor | None) -> Tensor | None:
     return None if perm is None else torch.argsort(perm)
 
 
-_weights: weakref.WeakKeyDictionary[MaskedLinear, tuple[LayerPlan, Tensor, list[View]]] = (
+_weights: weakref.WeakKeyDictionary[MaskedLinear, tuple[LayerPlan, Tensor, list[Chunk]]] = (
     weakref.WeakKeyDictionary()
 )
-"""Per layer, the blocks of the sorted masked weight of its active plan, kept while
+"""Per layer, the column chunks of the sorted masked weight of its active plan, kept while
 ``masked_weight()`` returns the same (cached) product: evaluation sorts the weights once."""
 
 
@@ -225,12 +226,13 @@ def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan) -> Tensor:
     product = layer.masked_weight()
     cached = _weights.get(layer)
     if cached is None or cached[0] is not lp or cached[1] is not product:
-        cached = _weights[layer] = (lp, product, _views(_sorted(product, lp), lp.blocks))
-    return _product(x, cached[2], bias)
+        cached = _weights[layer] = (lp, product, _chunks(_sorted(product, lp), lp.blocks))
+    return _product(x, cached[2], bias, layer.out_features)
 
 
-View = tuple[int, int, int, Tensor]
-"""``(r0, r1, L, w)``: a block and its weights ``w = W[r0:r1, :L].t()``, ``(L, r1 - r0)``."""
+Chunk = tuple[int, int, int, Tensor]
+"""``(r0, c0, c1, w)``: the columns ``[c0, c1)`` that the rows from ``r0`` on read, and their
+weights ``w = W[r0:, c0:c1].t()``, ``(c1 - c0, out - r0)``."""
 
 
 def _sorted(weight: Tensor, lp: LayerPlan) -> Tensor:
@@ -240,21 +242,28 @@ def _sorted(weight: Tensor, lp: LayerPlan) -> Tensor:
     return weight if lp.cols is None else weight.index_select(1, lp.cols)
 
 
-def _views(weight: Tensor, plan: list[Block]) -> list[View]:
-    return [(r0, r1, n, weight[r0:r1, :n].t()) for r0, r1, n in plan]
+def _chunks(weight: Tensor, plan: list[Block]) -> list[Chunk]:
+    """The column chunks of a sorted weight: block ``i`` adds the columns ``[L_{i-1}, L_i)``,
+    which its rows and all later rows read."""
+    chunks, done = [], 0
+    for r0, _, n in plan:
+        if n > done:
+            chunks.append((r0, done, n, weight[r0:, done:n].t()))
+            done = n
+    return chunks
 
 
-def _product(x: Tensor, views: list[View], bias: Tensor | None) -> Tensor:
-    """The blocks of ``x weight^T + bias``, ``weight`` sorted and masked."""
-    y = x.new_empty(x.shape[0], views[-1][1])
-    for r0, r1, n, w in views:
-        out = y[:, r0:r1]
-        if n == 0:  # rows that see nothing: their bias
-            out.copy_(bias[r0:r1].expand_as(out)) if bias is not None else out.zero_()
-        elif bias is None:
-            torch.mm(x[:, :n], w, out=out)
-        else:
-            torch.addmm(bias[r0:r1], x[:, :n], w, out=out)
+def _product(x: Tensor, chunks: list[Chunk], bias: Tensor | None, out: int) -> Tensor:
+    """``x weight^T + bias`` ``(N, out)`` from the column chunks of the sorted masked weight:
+    each input column is read once, each chunk adds into the rows that read it."""
+    r0, c0, c1, w = chunks[0] if chunks else (out, 0, 0, None)
+    if r0 == 0:  # the first chunk reaches every row: it writes them
+        y = torch.mm(x[:, c0:c1], w) if bias is None else torch.addmm(bias, x[:, c0:c1], w)
+        chunks = chunks[1:]
+    else:
+        y = x.new_zeros(x.shape[0], out) if bias is None else bias.expand(x.shape[0], out).clone()
+    for r0, c0, c1, w in chunks:
+        y[:, r0:].addmm_(x[:, c0:c1], w)
     return y
 
 
@@ -267,7 +276,7 @@ class _StaircaseLinear(torch.autograd.Function):
         sorted_weight = _sorted(weight * mask, lp)
         ctx.save_for_backward(x, sorted_weight, mask)
         ctx.lp = lp
-        return _product(x, _views(sorted_weight, lp.blocks), bias)
+        return _product(x, _chunks(sorted_weight, lp.blocks), bias, weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -275,13 +284,7 @@ class _StaircaseLinear(torch.autograd.Function):
         lp: LayerPlan = ctx.lp
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad.new_empty(x.shape)
-            done = 0
-            for r0, _, n in lp.blocks:  # columns [done, n) are seen by the rows from r0 on
-                if n > done:
-                    torch.mm(grad[:, r0:], weight[r0:, done:n], out=grad_x[:, done:n])
-                    done = n
-            grad_x[:, done:].zero_()
+            grad_x = _grad_input(grad, weight, lp.blocks)
         if ctx.needs_input_grad[1]:
             grad_sorted = grad.new_zeros(weight.shape)
             for r0, r1, n in lp.blocks:
@@ -296,3 +299,20 @@ class _StaircaseLinear(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             grad_b = grad.sum(0)
         return grad_x, grad_w, None, grad_b, None
+
+
+def _grad_input(grad: Tensor, weight: Tensor, plan: list[Block]) -> Tensor:
+    """``grad weight`` ``(N, in)`` block by block: block ``i`` adds into the columns it read,
+    ``[0, L_i)``; each gradient column is read once. The last block, which reads the most,
+    writes first."""
+    width = weight.shape[1]
+    blocks = [b for b in plan if b[2]]
+    if not blocks:
+        return grad.new_zeros(grad.shape[0], width)
+    r0, r1, n = blocks[-1]
+    grad_x = grad.new_empty(grad.shape[0], width)
+    torch.mm(grad[:, r0:r1], weight[r0:r1, :n], out=grad_x[:, :n])
+    grad_x[:, n:].zero_()
+    for r0, r1, n in blocks[:-1]:
+        grad_x[:, :n].addmm_(grad[:, r0:r1], weight[r0:r1, :n])
+    return grad_x
