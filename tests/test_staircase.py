@@ -289,3 +289,26 @@ def test_cuda_equals_the_dense_product():
                       order="random")).cuda()
     x, context = _inputs(made, 33)
     _assert_same(made, x.cuda(), context.cuda())
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_relabelled_hidden_units_keep_the_network_of_every_mask_set(residual, monkeypatch):
+    """The hidden units are stored in order of their first-set degree; the network (for every
+    mask set) is the one the same seeds gave before the relabelling."""
+    config = dict(features=7, hidden_features=(20, 20), params_per_feature=2,
+                  context_features=2, num_masks=3, order="random", residual=residual,
+                  direct_connection=True, seed=4)
+    torch.manual_seed(1)
+    made = MADE(**config).double()
+    with monkeypatch.context() as patch:
+        patch.setattr(MADE, "_relabel", lambda self, degrees: degrees)
+        torch.manual_seed(1)
+        reference = MADE(**config).double()
+    for degrees in made.degrees()[1:]:
+        assert torch.equal(degrees, degrees.sort().values)
+    assert not all(torch.equal(d, d.sort().values) for d in reference.degrees()[1:])
+    x, context = torch.randn(9, 7, **f64), torch.randn(9, 2, **f64)
+    for k in range(3):
+        made.set_mask(k)
+        reference.set_mask(k)
+        torch.testing.assert_close(made(x, context), reference(x, context), rtol=0, atol=1e-12)

@@ -159,7 +159,10 @@ class MADE(nn.Module):
             also when ``features == 1``.
         order: ``"natural"``, ``"reversed"``, ``"random"``, or a sequence such that
             ``order[i]`` is the ``i``-th feature to be modelled.
-        hidden_degrees: ``"random"`` (as in the paper) or ``"even"`` (deterministic).
+        hidden_degrees: ``"random"`` (as in the paper) or ``"even"`` (deterministic). The
+            hidden units are stored in order of their degree in the first mask set (a
+            relabelling of exchangeable units), so that the block-staircase products read the
+            weights in place.
         num_masks: number of mask sets for order/connectivity-agnostic training. Set ``k``
             uses a new random ordering if ``order == "random"`` and new hidden degrees if
             ``hidden_degrees == "random"``. Switch with :meth:`set_mask` / :meth:`next_mask`.
@@ -254,15 +257,12 @@ class MADE(nn.Module):
                 if residual and i > 0:
                     layers.append(layers[0])
                 else:
-                    drawn = masks.hidden_degrees(units, features, previous, hidden_degrees,
-                                                 generator)
-                    # Units are exchangeable: those of the first set are stored sorted by
-                    # degree, so that the block staircase (flowkit.nn.staircase) reads the
-                    # weights in place. Later sets stay independent of it.
-                    layers.append(drawn.sort().values if k == 0 else drawn)
+                    layers.append(masks.hidden_degrees(units, features, previous,
+                                                       hidden_degrees, generator))
                 previous = layers[-1]
             orders.append(order_k)
             degrees.append(torch.cat([torch.zeros(0, dtype=torch.long), *layers]))  # (sum h,)
+        degrees = self._relabel(degrees)
         self.register_buffer("orders", torch.stack(orders))
         self.register_buffer("hidden_degree_sets", torch.stack(degrees))
         # The active set is kept both as a buffer (saved with the masks) and as a Python int
@@ -273,6 +273,22 @@ class MADE(nn.Module):
         self._product = "auto"
         self.register_load_state_dict_post_hook(MADE._after_load)
         self.set_mask(0)
+
+    @torch.no_grad()
+    def _relabel(self, degrees: list[Tensor]) -> list[Tensor]:
+        """Relabel the hidden units so that those of the first mask set are in order of degree:
+        the same network (each unit keeps its weights, bias and degree in every set), stored so
+        that the block-staircase products (:mod:`flowkit.nn.staircase`) read the weights in
+        place. Returns the degree sets ``(sum h,)`` in the new order."""
+        sizes = list(self.hidden_features)
+        perms = [torch.argsort(d, stable=True) for d in degrees[0].split(sizes)]
+        following = [*self.hidden[1:], self.output][: len(self.hidden)]
+        for layer, after, perm in zip(self.hidden, following, perms, strict=True):
+            layer.weight.copy_(layer.weight[perm])
+            layer.bias.copy_(layer.bias[perm])
+            after.weight.copy_(after.weight[:, perm])
+        return [torch.cat([d[p] for d, p in zip(set_k.split(sizes), perms, strict=True)]
+                          or [set_k]) for set_k in degrees]
 
     # ----------------------------------------------------------------- mask sets
 
