@@ -48,7 +48,9 @@ class Flow(nn.Module):
     No Python loop over contexts: rows are expanded and processed as one batch. Inputs are
     checked here, once per call (type, shape, dtype, device, NaN); the transforms and MADEs
     inside trust the flow. A point with an infinite coordinate is outside the support: its
-    log-density is ``-inf``.
+    log-density is ``-inf``. Nothing is cast: ``x`` and the context must both have the model's
+    dtype and device (a float64 context for a float32 flow is a TypeError, as a float64 ``x``
+    is); convert the inputs or the model with ``.to()``.
 
     Args:
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
