@@ -140,7 +140,6 @@ def atomic_write(path: str | os.PathLike, fill: Callable[[IO[bytes]], None]) -> 
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
     except BaseException as e:
         with contextlib.suppress(OSError):  # missing, or a read-only folder that never had it
             tmp.unlink()
@@ -150,6 +149,14 @@ def atomic_write(path: str | os.PathLike, fill: Callable[[IO[bytes]], None]) -> 
                 f"could not write '{path}': {e.strerror or e} ({kept})", e.errno, str(path)
             ) from e
         raise
+    try:
+        _fsync_dir(path.parent)
+    except OSError as e:
+        raise CheckpointWriteError(
+            f"wrote '{path}' but could not sync its folder to disk: {e.strerror or e}",
+            e.errno,
+            str(path),
+        ) from e
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:

@@ -24,6 +24,7 @@ macOS; on Windows (no ``fcntl``) the PID rule applies.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -90,6 +91,7 @@ def run_lock(folder: str | os.PathLike) -> Iterator[Path]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        _remove_empty(created)
         raise CheckpointWriteError(
             f"cannot create the run folder '{folder}': {e.strerror or e}", e.errno, str(folder)
         ) from e
@@ -175,7 +177,8 @@ def _take(fd: int, path: Path, created: bool) -> bool:
         os.write(fd, json.dumps(me).encode())
         os.fsync(fd)
     except OSError as e:
-        os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         raise CheckpointWriteError(
             f"cannot write the lock file '{path}': {e.strerror or e}", e.errno, str(path)
         ) from e
@@ -291,5 +294,7 @@ def _remove_empty(created: list[Path]) -> None:
     for folder in created:
         try:
             folder.rmdir()
-        except OSError:
+        except FileNotFoundError:  # never made (a failed mkdir)
+            continue
+        except OSError:  # not empty
             return
