@@ -1,4 +1,6 @@
-"""Variational inference with an inverse autoregressive flow (IAF) on a 2-D energy function.
+"""Variational inference with an inverse autoregressive flow (IAF) on a 2-D energy function
+========================================================================================
+
 
     .venv/bin/python demos/energy_vi.py                  # U3, about a minute on a laptop CPU
     .venv/bin/python demos/energy_vi.py --energy U4 --device cuda

@@ -1,4 +1,6 @@
-"""A Bernoulli-MADE on binarized MNIST in a page (see docs/discrete.md).
+"""A Bernoulli-MADE on binarized MNIST in a page (see docs/discrete.md)
+====================================================================
+
 
 Trains a one-hidden-layer MADE with direct connections and 8 connectivity masks for a few
 epochs, cycling to the next mask set after every step; scores the validation split with one

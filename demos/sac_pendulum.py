@@ -1,4 +1,6 @@
-"""SAC on Pendulum-v1: conditional IAF policy vs Gaussian policy (see docs/rl.md).
+"""SAC on Pendulum-v1: conditional IAF policy vs Gaussian policy (see docs/rl.md)
+==============================================================================
+
 
 Same as ``flowkit rl ARGS`` (needs the optional extra: ``pip install gymnasium``); for
 example::

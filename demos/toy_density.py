@@ -1,4 +1,6 @@
-"""Density estimation with a normalizing flow on 2-D toy data: the first demo to read.
+"""Density estimation with a normalizing flow on 2-D toy data: the first demo to read
+==================================================================================
+
 
     .venv/bin/python demos/toy_density.py                 # about a minute on a laptop CPU
     .venv/bin/python demos/toy_density.py --device cuda --dataset rings

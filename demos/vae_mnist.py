@@ -1,4 +1,6 @@
-"""VAE on binarized MNIST: diagonal-Gaussian vs IAF posterior (see docs/vae.md).
+"""VAE on binarized MNIST: diagonal-Gaussian vs IAF posterior (see docs/vae.md)
+============================================================================
+
 
 Same as ``flowkit vae ARGS``; for example::
 
