@@ -17,7 +17,7 @@ STAMP := $(VENV)/.flowkit-installed
 # The documentation site (warnings are errors; -E: fresh build, so no warning hides in a cache)
 # and the examples of the docstrings and docs pages, run as doctests.
 DOCS_BUILD := $(BIN)/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
-DOCTEST := $(BIN)/pytest -q --doctest-modules flowkit --doctest-glob='*.md' docs
+DOCTEST := $(BIN)/pytest -q --doctest-modules flowkit --doctest-glob='*.md' docs --ignore=docs/gallery --ignore=docs/_build
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
