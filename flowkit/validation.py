@@ -16,14 +16,86 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from numbers import Integral, Real
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 _check_values = True
+
+_NO_VALUE = object()
+
+
+class Mention(NamedTuple):
+    """An argument named in an error message: ``Mention("lr")`` reads ``'lr'``,
+    ``Mention("lr", 0.01)`` reads ``lr=0.01`` (a setting the message reports or suggests)."""
+
+    name: str
+    value: object = _NO_VALUE
+
+    @property
+    def has_value(self) -> bool:
+        """Whether the mention carries a value (``lr=0.01``) or only the name (``'lr'``)."""
+        return self.value is not _NO_VALUE
+
+
+def python_spelling(mention: Mention) -> str:
+    """How a Python caller writes an argument: ``'lr'``, or ``lr=0.01`` with a value."""
+    if not mention.has_value:
+        return f"'{mention.name}'"
+    return f"{mention.name}={mention.value!r}"
+
+
+Spelling = Callable[[Mention], str]
+"""How a message spells the arguments it mentions (:func:`python_spelling`; a command line
+spells them as its options)."""
+
+
+class WordedError(Exception):
+    """An error whose message names arguments as :class:`Mention` parts, so that the caller
+    that took them under other names (a command line's ``--lr``) can re-spell the message with
+    :meth:`spell_with` instead of rewriting its text.
+
+    Attributes:
+        parts: the message, text and :class:`Mention` parts in order.
+    """
+
+    def __init__(self, *parts: str | Mention):
+        super().__init__(*parts)
+        self.parts = parts
+        self.spelling: Spelling = python_spelling
+
+    def spell_with(self, spelling: Spelling) -> None:
+        """Spell the mentioned arguments with ``spelling`` from now on (``str(error)``)."""
+        self.spelling = spelling
+
+    @property
+    def mentions(self) -> list[str]:
+        """The names of the arguments the message mentions, in order."""
+        return [p.name for p in self.parts if isinstance(p, Mention)]
+
+    def __str__(self) -> str:
+        return "".join(p if isinstance(p, str) else self.spelling(p) for p in self.parts)
+
+
+class ArgumentError(WordedError, ValueError):
+    """A bad argument: wrong type, out of range, not finite, or not fitting the others.
+
+    ``ArgumentError("steps", "should be >= 1, got 0")`` reads ``'steps' should be >= 1, got 0``:
+    a message whose parts mention no argument starts with ``argument``'s name.
+
+    Attributes:
+        argument: the name of the argument, as the caller passed it.
+    """
+
+    def __init__(self, argument: str, *parts: str | Mention):
+        if not any(isinstance(p, Mention) for p in parts):
+            parts = (Mention(argument), " ", *parts)
+        super().__init__(*parts)
+        self.argument = argument
 
 
 @contextmanager
@@ -228,9 +300,9 @@ def check_int(name: str, value: object, minimum: int) -> int:
     ``bool``, at least ``minimum``. Returns it as a Python ``int``. Anything else (``2.5``,
     ``"2"``, ``True``, ``0`` for ``minimum=1``) is a ValueError, as for :func:`check_n`."""
     if not is_int(value):
-        raise ValueError(f"'{name}' should be an integer >= {minimum}, got {value!r}")
+        raise ArgumentError(name, f"should be an integer >= {minimum}, got {value!r}")
     if value < minimum:
-        raise ValueError(f"'{name}' should be >= {minimum}, got {value!r}")
+        raise ArgumentError(name, f"should be >= {minimum}, got {value!r}")
     return int(value)
 
 
@@ -247,28 +319,28 @@ def check_float(
     ``[minimum, maximum]`` (``(minimum, maximum)`` with ``exclusive=True``) where given.
     Returns it as a Python ``float``; anything else is a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"'{name}' should be a real number, got {value!r}")
+        raise ArgumentError(name, f"should be a real number, got {value!r}")
     number = float(value)
     if math.isnan(number) or (finite and math.isinf(number)):
-        raise ValueError(f"'{name}' should be a finite number, got {value!r}")
+        raise ArgumentError(name, f"should be a finite number, got {value!r}")
     low = minimum is not None and (number <= minimum if exclusive else number < minimum)
     high = maximum is not None and (number >= maximum if exclusive else number > maximum)
     if low or high:
         if minimum == 0 and maximum is None:
             expected = "positive" if exclusive else ">= 0"
-            raise ValueError(f"'{name}' should be {expected}, got {value!r}")
+            raise ArgumentError(name, f"should be {expected}, got {value!r}")
         interval = (
             f"{'(' if exclusive else '['}{'-inf' if minimum is None else f'{minimum:g}'}, "
             f"{'inf' if maximum is None else f'{maximum:g}'}{')' if exclusive else ']'}"
         )
-        raise ValueError(f"'{name}' should be in {interval}, got {value!r}")
+        raise ArgumentError(name, f"should be in {interval}, got {value!r}")
     return number
 
 
 def check_bool(name: str, value: object) -> bool:
     """Check a flag: ``True`` or ``False``, not a truthy string or number (a ValueError)."""
     if not isinstance(value, bool):
-        raise ValueError(f"'{name}' should be True or False, got {value!r}")
+        raise ArgumentError(name, f"should be True or False, got {value!r}")
     return value
 
 

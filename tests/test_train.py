@@ -331,7 +331,7 @@ def test_a_fresh_run_refuses_to_replace_a_checkpoint(tmp_path):
     untouched = weights(flow)
     expected = (
         f"'{tmp_path / CHECKPOINT_NAME}' exists: pass resume=True to continue that run, or pick "
-        "another checkpoint_dir"
+        "another 'checkpoint_dir'"
     )
     with pytest.raises(ValueError, match=re.escape(expected)):
         fit(flow, gaussian(256), **common)
@@ -381,7 +381,7 @@ def test_resume_checks(tmp_path):
             resume=True,
             **QUIET,
         )
-    with pytest.raises(ValueError, match="'resume=True' needs 'checkpoint_dir'"):
+    with pytest.raises(ValueError, match="resume=True needs 'checkpoint_dir'"):
         fit(small_maf(), gaussian(256), steps=5, resume=True, **QUIET)
 
 
@@ -537,7 +537,7 @@ BAD_CALLS = {
     "restore-best-without-valid": (
         lambda m: fit(m, gaussian(100), steps=5, restore_best=True, **QUIET),
         ValueError,
-        r"'restore_best=True' needs validation data",
+        r"restore_best=True needs validation data: pass 'valid'",
     ),
     "patience-without-valid": (
         lambda m: fit(m, gaussian(100), steps=5, early_stopping_patience=2, **QUIET),
@@ -562,7 +562,7 @@ BAD_CALLS = {
     "zero-steps": (
         lambda m: fit(m, gaussian(100), steps=0, batch_size=10, **QUIET),
         ValueError,
-        r"'steps' should be a positive integer, got 0",
+        r"'steps' should be >= 1, got 0",
     ),
     "log-prob-shape": (
         lambda m: fit(_BadShape(), gaussian(100), steps=5, batch_size=10, **QUIET),
@@ -781,7 +781,7 @@ def test_cli_names_its_options_in_errors(tmp_path, capsys):
     assert cli.main(args) == 2  # without --resume into the same folder
     err = capsys.readouterr().err
     assert (f"'{out / CHECKPOINT_NAME}' exists: pass --resume to continue that run, or pick "
-            "another --out") in err
+            "another '--out'") in err
     np.save(tmp_path / "huge.npy", gaussian(600).numpy() * 1e30)  # log-densities overflow
     code = cli.main(["fit", "--data", str(tmp_path / "huge.npy"), "--steps", "20", "--quiet",
                      "--device", "cpu", "--out", str(tmp_path / "huge")])

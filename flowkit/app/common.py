@@ -1,15 +1,18 @@
 """Small helpers shared by the experiments: a mean with its standard error, a plain MLP, the
-refusal to replace an earlier run."""
+refusal to replace an earlier run, the spelling of library arguments as command options."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from torch import Tensor, nn
 
-__all__ = ["mean_se", "mlp", "refuse_to_replace"]
+from flowkit.validation import Mention, WordedError, python_spelling
+
+__all__ = ["as_options", "mean_se", "mlp", "refuse_to_replace"]
 
 
 def mean_se(values: Tensor) -> tuple[float, float]:
@@ -67,3 +70,39 @@ def refuse_to_replace(checkpoint: Path, resume: bool) -> None:
         raise ValueError(
             f"'{checkpoint}' exists: pass --resume to continue that run, or pick another --out"
         )
+
+
+@contextmanager
+def as_options(options: Mapping[str, str]) -> Iterator[None]:
+    """Inside the block, errors of the library that name its arguments (a
+    :class:`~flowkit.validation.WordedError`: bad arguments, non-finite or diverged training)
+    name them as this command's options: ``'lr'`` as ``'--lr'``, ``lr=0.01`` as ``--lr 0.01``,
+    ``resume=True`` as ``--resume``. Arguments without an option keep their Python spelling.
+
+    Args:
+        options: the option of each library argument the command sets, e.g.
+            ``{"lr": "--lr", "checkpoint_dir": "--out"}``.
+
+    Example:
+        >>> from flowkit.validation import ArgumentError
+        >>> try:
+        ...     with as_options({"lr": "--lr"}):
+        ...         raise ArgumentError("lr", "should be positive, got -1")
+        ... except ArgumentError as e:
+        ...     print(e)
+        '--lr' should be positive, got -1
+    """
+
+    def spell(mention: Mention) -> str:
+        option = options.get(mention.name)
+        if option is None:
+            return python_spelling(mention)
+        if not mention.has_value:
+            return f"'{option}'"
+        return option if mention.value is True else f"{option} {mention.value}"
+
+    try:
+        yield
+    except WordedError as e:
+        e.spell_with(spell)
+        raise

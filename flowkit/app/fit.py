@@ -28,7 +28,28 @@ import numpy as np
 import torch
 
 from flowkit.checkpoint import write_bytes_atomic
-from flowkit.train import CHECKPOINT_NAME, History, NonFiniteLossError, fit, is_main_process
+from flowkit.train import CHECKPOINT_NAME, DEFAULTS, History, fit, is_main_process
+
+from .common import as_options
+
+OPTIONS = {
+    "lr": "--lr",
+    "lr_schedule": "--lr-schedule",
+    "clip_grad_norm": "--clip-grad-norm",
+    "divergence_threshold": "--divergence-threshold",
+    "steps": "--steps",
+    "batch_size": "--batch-size",
+    "valid_every": "--valid-every",
+    "early_stopping_patience": "--patience",
+    "checkpoint_every": "--checkpoint-every",
+    "checkpoint_dir": "--out",
+    "resume": "--resume",
+    "seed": "--seed",
+    "device": "--device",
+    "data": "--data",
+}
+"""The option of this command that sets each argument of :func:`~flowkit.train.fit`: errors
+of ``fit`` are spelled with them (:func:`~flowkit.app.common.as_options`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="clip the global gradient norm to NORM at every step (default: off)",
     )
     train.add_argument(
+        "--divergence-threshold",
+        type=number_or_off,
+        default=DEFAULTS["divergence_threshold"],
+        metavar="T",
+        help="stop when the smoothed training loss rises more than T x max(1, |best|) above its "
+        "best; 'off' turns the check off (default: %(default)s)",
+    )
+    train.add_argument(
         "--valid-every",
         type=int,
         default=None,
@@ -133,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batch_norm=args.batch_norm,
         seed=args.seed,
     )
-    try:
+    with as_options(OPTIONS):
         history = fit(
             flow,
             data,
@@ -143,6 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             lr=args.lr,
             lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule,
             clip_grad_norm=args.clip_grad_norm,
+            divergence_threshold=args.divergence_threshold,
             valid_every=args.valid_every,
             early_stopping_patience=args.patience,
             seed=args.seed,
@@ -152,10 +182,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             resume=args.resume,
             progress=not args.quiet,
         )
-    except NonFiniteLossError as e:
-        raise NonFiniteLossError(_as_options(str(e)), e.step, e.value) from e
-    except ValueError as e:
-        raise ValueError(_as_options(str(e))) from e
     metrics: dict[str, Any] = {
         "data": args.data,
         "flow": args.flow,
@@ -182,22 +208,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
-_OPTION_SPELLING = (
-    ("call fit again with resume=True", "run the command again with --resume"),
-    ("resume=True", "--resume"),
-    ("clip_grad_norm=1.0", "--clip-grad-norm 1.0"),
-    ("(lr=", "(--lr "),
-    ("checkpoint_dir", "--out"),
-)
-"""How :func:`~flowkit.train.fit`'s messages name its arguments, and this command's options."""
-
-
-def _as_options(message: str) -> str:
-    """A message of :func:`~flowkit.train.fit` with its arguments spelled as this command's
-    options (``--resume`` for ``resume=True``, ...)."""
-    for python, option in _OPTION_SPELLING:
-        message = message.replace(python, option)
-    return message
+def number_or_off(text: str) -> float | None:
+    """``--divergence-threshold``: a number, or ``off`` (no divergence check)."""
+    return None if text == "off" else float(text)
 
 
 def _toy(name: str, valid_size: int, seed: int) -> tuple[Any, torch.Tensor, int]:

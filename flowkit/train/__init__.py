@@ -1,15 +1,23 @@
-"""Training: maximum likelihood (:func:`fit`), reverse KL (:func:`fit_reverse_kl`), checkpoints,
-resume and ``torchrun`` support. See ``docs/training.md``."""
+"""Training: maximum likelihood (:func:`fit`), reverse KL (:func:`fit_reverse_kl`), their shared
+options (:class:`TrainOptions`), callbacks, checkpoints, resume and ``torchrun`` support. See
+``docs/training.md``."""
 
+from .callbacks import Callbacks, Progress
 from .distributed import is_main_process, resolve_device
 from .history import History
-from .loop import CHECKPOINT_NAME, NonFiniteLossError
+from .loop import CHECKPOINT_NAME, DivergenceError, NonFiniteLossError
 from .objectives import fit, fit_reverse_kl
+from .options import DEFAULTS, TrainOptions
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "DEFAULTS",
+    "Callbacks",
+    "DivergenceError",
     "History",
     "NonFiniteLossError",
+    "Progress",
+    "TrainOptions",
     "fit",
     "fit_reverse_kl",
     "is_main_process",

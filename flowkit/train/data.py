@@ -59,8 +59,18 @@ def as_tensor(
         raise TypeError(
             f"'{name}' should be a torch.Tensor or numpy array, got {type(value).__name__}"
         )
-    t = torch.as_tensor(value)
-    cast = dtype if t.is_floating_point() or t.is_complex() or not keep_discrete else None
+    try:
+        t = torch.as_tensor(value)
+    except TypeError as e:  # numpy arrays of objects or strings
+        raise ValueError(
+            f"'{name}' should hold numbers, got a numpy array of dtype {value.dtype}"
+        ) from e
+    if t.is_complex():
+        raise ValueError(
+            f"'{name}' should hold real values, got dtype {t.dtype} (complex values are refused, "
+            "not cast: casting would drop the imaginary part)"
+        )
+    cast = dtype if t.is_floating_point() or not keep_discrete else None
     return t.to(device=device, dtype=cast)
 
 

@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..validation import ArgumentError
+
 
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
@@ -38,14 +40,29 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     CUDA) becomes ``cuda:LOCAL_RANK`` under ``torchrun``, so each process drives its own GPU.
 
     Raises:
-        ValueError: CUDA was requested but is not available.
+        ArgumentError: not a device name or :class:`torch.device`, or CUDA was requested but is
+            not available (a ``ValueError``).
     """
+    if not isinstance(device, str | torch.device):
+        raise ArgumentError(
+            "device", f"should be a string such as 'cpu' or a torch.device, got {device!r}"
+        )
     if isinstance(device, str) and device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ArgumentError(
+            "device", f"should be 'auto', 'cpu', 'cuda', 'cuda:N' or another torch device, "
+            f"got {device!r}"
+        ) from e
+    if device.type == "meta":
+        raise ArgumentError("device", "is 'meta', which holds no values; use 'cpu' or 'cuda'")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"'device' is {str(device)!r} but CUDA is not available; use 'cpu'")
+            raise ArgumentError(
+                "device", f"is {str(device)!r} but CUDA is not available; use 'cpu'"
+            )
         if device.index is None:
             device = torch.device("cuda", _env_int("LOCAL_RANK", 0))
     return device

@@ -25,7 +25,9 @@ class History:
         best_step: step with the lowest validation loss (``None`` without validation data).
         best_valid_loss: that loss.
         stopped_early: whether early stopping ended the run.
-        wall_time: seconds spent in training, summed over resumed segments.
+        wall_time: seconds spent in training, summed over resumed segments (validation
+            included).
+        valid_time: the part of ``wall_time`` spent computing validation losses.
         seed: the seed the run used (drawn at random when none was given).
     """
 
@@ -38,6 +40,7 @@ class History:
     best_valid_loss: float | None = None
     stopped_early: bool = False
     wall_time: float = 0.0
+    valid_time: float = 0.0
     seed: int | None = None
 
     @property

@@ -1,16 +1,24 @@
 """The training engine shared by :func:`flowkit.train.fit` and
-:func:`flowkit.train.fit_reverse_kl`: set-up, optimizer and schedule, validation bookkeeping,
-checkpoints, resume and progress. Internal; the public API is in :mod:`flowkit.train`.
+:func:`flowkit.train.fit_reverse_kl`: the session around a run (:func:`session`: device, process
+group, checkpoint to resume, seed) and the run itself (:class:`Trainer`: optimizer and schedule,
+steps, validation bookkeeping, callbacks, checks, checkpoints, progress). Internal; the public
+API is in :mod:`flowkit.train`.
 
 Implementation notes:
 
 * **No per-step host synchronisation.** Each step's loss stays on the device in a list; it is
   copied to the host (one ``.tolist()``, averaged over processes) only every ``log_every`` steps,
-  at validations and at checkpoints. Non-finite losses are detected at those points; the error
-  names the first bad step. A checkpoint is only written after the losses since the previous
-  one were checked and the weights and floating buffers were found finite (a step with a finite
-  loss but an infinite gradient makes Adam write NaN weights; one host copy per checkpoint tells),
-  so the last checkpoint on disk is always a good one.
+  at validations, at checkpoints and, when an ``after_epoch`` callback asks for it, at the end
+  of each epoch ("recording"). Each recording checks the new losses (finite, not diverged) and
+  the weights and floating buffers (finite: a step with a finite loss but an infinite gradient
+  makes Adam write NaN weights), and then keeps a copy of the weights. When a check fails, the
+  model gets that copy back (the last weights found finite) before the error is raised, so
+  ``fit`` never leaves non-finite weights in the model, and a checkpoint is only written from
+  checked weights, so the last checkpoint on disk is always a good one.
+* **Divergence.** The loss smoothed over steps, :math:`m_t = m_{t-1} + 0.1 (\\ell_t - m_{t-1})`
+  (:math:`m_1 = \\ell_1`), is compared with its lowest value so far :math:`m^*`: the run stops
+  when :math:`m_t - m^* > \\tau \\max(1, |m^*|)`, :math:`\\tau` = ``divergence_threshold``. The
+  state is a function of the recorded losses, so a resumed run rebuilds it from its history.
 * **Denormals.** On the CPU, :func:`session` calls ``torch.set_flush_denormal(True)`` (and sets it
   back to ``False`` on exit). A weight that the current MADE mask hides gets a zero gradient. If it
   had gradients before (another mask set in order- or connectivity-agnostic training), Adam's first
@@ -40,8 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler
+from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
 
 from ..checkpoint import (
@@ -52,10 +59,12 @@ from ..checkpoint import (
     save_checkpoint,
 )
 from ..checkpoint.models import model_entry
-from ..validation import validate_values
+from ..validation import ArgumentError, Mention, WordedError, validate_values
+from .callbacks import Progress
 from .data import derive_seed
 from .distributed import Dist, resolve_device, setup
 from .history import History
+from .options import TrainOptions, make_optimizer, make_schedule
 
 CHECKPOINT_NAME = "checkpoint.pt"
 """File name of the training checkpoint inside ``checkpoint_dir``."""
@@ -75,28 +84,41 @@ _REQUIRED_KEYS = (
     "history",
     "best",
 )
-"""The ``extra`` entries of a training checkpoint that resuming reads (``save`` in :func:`train`
+"""The ``extra`` entries of a training checkpoint that resuming reads (:meth:`Trainer._save`
 writes them, with the model)."""
 
-_OPTIMIZERS: dict[str, type[Optimizer]] = {
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
-    "sgd": torch.optim.SGD,
-}
 
+class NonFiniteLossError(WordedError, FloatingPointError):
+    """The training loss, or the weights, became NaN or infinite.
 
-class NonFiniteLossError(FloatingPointError):
-    """The training loss, or the weights about to be checkpointed, became NaN or infinite.
+    The model holds the weights of the last recording at which everything was finite (see
+    ``docs/training.md``), and the last checkpoint is kept.
 
     Attributes:
-        step: the first step (1-based) whose loss was not finite, or the step of the checkpoint
-            at which non-finite weights were found.
+        step: the first step (1-based) whose loss was not finite, or the step at which
+            non-finite weights were found.
         value: that loss, or the first non-finite value of those weights.
     """
 
-    def __init__(self, message: str, step: int, value: float):
-        super().__init__(message)
+    def __init__(self, *parts: str | Mention, step: int, value: float):
+        super().__init__(*parts)
         self.step, self.value = step, value
+
+
+class DivergenceError(WordedError, FloatingPointError):
+    """The smoothed training loss rose far above its best value (``divergence_threshold``).
+
+    The model holds the weights of the last recording before, and the last checkpoint is kept.
+
+    Attributes:
+        step: the step at which the smoothed loss crossed the threshold.
+        value: the smoothed loss at that step.
+        best: its lowest value before.
+    """
+
+    def __init__(self, *parts: str | Mention, step: int, value: float, best: float):
+        super().__init__(*parts)
+        self.step, self.value, self.best = step, value, best
 
 
 @dataclass
@@ -109,19 +131,14 @@ class Session:
     objective: str  # "nll" or "neg_elbo", the History.objective of the run
 
 
-@dataclass
-class Options:
+@dataclass(frozen=True)
+class Plan:
+    """What a run does besides the shared options: its length and its validation."""
+
     steps: int
-    lr: float
-    optimizer: str | Callable[..., Optimizer]
-    lr_schedule: str | Callable[[Optimizer, int], LRScheduler] | None
-    clip_grad_norm: float | None
-    valid_every: int | None
-    patience: int | None
-    restore_best: bool
-    checkpoint_every: int
-    progress: bool
-    log_every: int
+    valid_every: int | None = None
+    patience: int | None = None
+    restore_best: bool = False
 
 
 @contextmanager
@@ -139,16 +156,16 @@ def session(
     dist = setup(dev)
     path = _checkpoint_path(checkpoint_dir)
     if resume and path is None:
-        raise ValueError("'resume=True' needs 'checkpoint_dir'")
+        raise ArgumentError("resume", Mention("resume", True), " needs ", Mention("checkpoint_dir"))
     flushing = dev.type == "cpu" and torch.set_flush_denormal(True)
     try:
         with _folder_lock(path, dist):
             # rank 0 decides, so all ranks agree
             exists = path is not None and dist.broadcast(path.is_file())
             if exists and not resume:
-                raise ValueError(
-                    f"'{path}' exists: pass resume=True to continue that run, or pick another "
-                    "checkpoint_dir"
+                raise ArgumentError(
+                    "checkpoint_dir", f"'{path}' exists: pass ", Mention("resume", True),
+                    " to continue that run, or pick another ", Mention("checkpoint_dir"),
                 )
             ckpt = None
             if exists:
@@ -239,9 +256,9 @@ def _choose_seed(
 ) -> int:
     if ckpt is not None:
         if seed is not None and seed != ckpt["seed"]:
-            raise ValueError(
-                f"'seed' is {seed} but '{path}' was written with seed {ckpt['seed']}; pass "
-                f"seed={ckpt['seed']} or seed=None to resume it"
+            raise ArgumentError(
+                "seed", Mention("seed"), f" is {seed} but '{path}' was written with seed "
+                f"{ckpt['seed']}; pass ", Mention("seed", ckpt["seed"]), " to resume it",
             )
         return ckpt["seed"]
     seed = dist.broadcast(secrets.randbits(63) if seed is None else seed)
@@ -249,45 +266,10 @@ def _choose_seed(
     return seed
 
 
-def check_positive(**values: int | None) -> None:
-    for name, v in values.items():
-        if v is not None and (not isinstance(v, int) or v <= 0):
-            raise ValueError(f"'{name}' should be a positive integer, got {v!r}")
-
-
-def _make_optimizer(
-    spec: str | Callable[..., Optimizer], params: list[Tensor], lr: float
-) -> Optimizer:
-    if isinstance(spec, str):
-        if spec.lower() not in _OPTIMIZERS:
-            raise ValueError(
-                f"'optimizer' should be one of {sorted(_OPTIMIZERS)} or a callable, got {spec!r}"
-            )
-        return _OPTIMIZERS[spec.lower()](params, lr=lr)
-    opt = spec(params, lr=lr)
-    if not isinstance(opt, Optimizer):
-        raise TypeError(f"'optimizer' returned {type(opt).__name__}, expected a torch Optimizer")
-    return opt
-
-
-def _make_schedule(
-    spec: str | Callable[[Optimizer, int], LRScheduler] | None, opt: Optimizer, steps: int
-) -> LRScheduler | None:
-    if spec is None:
-        return None
-    if spec == "cosine":
-        return CosineAnnealingLR(opt, T_max=steps)
-    if spec == "linear":
-        return LinearLR(opt, start_factor=1.0, end_factor=0.0, total_iters=steps)
-    if isinstance(spec, str):
-        raise ValueError(
-            f"'lr_schedule' should be None, 'cosine', 'linear' or a callable, got {spec!r}"
-        )
-    return spec(opt, steps)
-
-
 class _Best:
-    """Best validation loss so far, its weights (when ``keep`` is set) and patience count."""
+    """Best validation loss so far, its weights (when ``keep`` is set) and patience count. A
+    NaN or infinite validation loss is recorded but never the best (it counts as no
+    improvement)."""
 
     def __init__(self, patience: int | None, keep: bool):
         self.patience, self.keep, self.state, self.bad = patience, keep, None, 0
@@ -295,10 +277,11 @@ class _Best:
     def update(self, model: nn.Module, history: History, step: int, loss: float) -> None:
         history.valid_steps.append(step)
         history.valid_loss.append(loss)
-        if history.best_valid_loss is None or loss < history.best_valid_loss:
+        best = history.best_valid_loss
+        if math.isfinite(loss) and (best is None or loss < best):
             history.best_step, history.best_valid_loss, self.bad = step, loss, 0
             if self.keep:
-                self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                self.state = _copy(model)
         else:
             self.bad += 1
             history.stopped_early = self.patience is not None and self.bad >= self.patience
@@ -311,6 +294,324 @@ class _Best:
         self.state = (
             None if d["state"] is None else {k: v.to(device) for k, v in d["state"].items()}
         )
+
+
+class _Divergence:
+    """The smoothed loss ``m_t`` and its minimum (module notes, "Divergence")."""
+
+    SMOOTHING = 0.1
+
+    def __init__(self, threshold: float | None):
+        self.threshold, self.mean, self.best = threshold, math.nan, math.inf
+
+    def update(self, loss: float) -> bool:
+        """Add the next step's (finite) loss; whether the run has diverged."""
+        if self.threshold is None:
+            return False
+        self.mean = loss if math.isnan(self.mean) else self.mean + self.SMOOTHING * (
+            loss - self.mean
+        )
+        self.best = min(self.best, self.mean)
+        return self.mean - self.best > self.threshold * max(1.0, abs(self.best))
+
+
+class _Bar:
+    """The tqdm progress bar and its postfix: the loss (the ELBO for reverse-KL runs) and the
+    last validation loss."""
+
+    def __init__(self, steps: int, step: int, objective: str, enabled: bool):
+        self.tqdm = tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True,
+                         desc=objective, disable=not enabled)
+        self.postfix: dict[str, str] = {}
+        self.label, self.sign = ("elbo", -1.0) if objective == "neg_elbo" else ("loss", 1.0)
+
+    def loss(self, mean: float) -> None:
+        self.postfix[self.label] = f"{self.sign * mean:.4f}"
+
+    def valid(self, history: History) -> None:
+        self.postfix["valid"] = f"{history.valid_loss[-1]:.4f}"
+        if history.stopped_early:
+            self.postfix["stopped early; best step"] = str(history.best_step)
+
+    def show(self, refresh: bool = False) -> None:
+        self.tqdm.set_postfix(self.postfix, refresh=refresh)
+
+
+class Trainer:
+    """One run: the optimizer steps of :meth:`run` and everything that happens between them.
+
+    Args:
+        s: the :func:`session` of the run.
+        model: the model being trained (already on ``s.device``).
+        objective: the loss as a module (its ``forward`` computes the loss of a batch).
+        source: the batch source (:mod:`flowkit.train.data`), with ``next_batch(step)``,
+            ``batches_per_epoch``, ``state_dict()`` and ``load_state_dict(state, step)``.
+        o: the resolved shared options.
+        plan: the run's length and validation.
+        validate: a function returning the validation loss, or None.
+    """
+
+    def __init__(
+        self,
+        s: Session,
+        model: nn.Module,
+        objective: nn.Module,
+        source: Any,
+        o: TrainOptions,
+        plan: Plan,
+        validate: Callable[[], float] | None,
+    ):
+        self.s, self.model, self.objective, self.source = s, model, objective, source
+        self.o, self.plan, self.validate = o, plan, validate
+        self.callbacks = o["callbacks"]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("'model' has no trainable parameters")
+        self.opt = make_optimizer(o["optimizer"], self.params, o["lr"])
+        self.sched = make_schedule(o["lr_schedule"], self.opt, plan.steps)
+        self.best = _Best(plan.patience, keep=plan.restore_best or plan.patience is not None)
+        self.divergence = _Divergence(o["divergence_threshold"])
+        self.history = History(objective=s.objective, seed=s.seed)
+        self.step = 0
+        self.saved_step: int | None = None  # the step of the checkpoint on disk
+        self.pending: list[Tensor] = []  # losses of the steps since the last recording
+        if s.ckpt is not None:
+            self._resume(s.ckpt)
+        self.good_step, self.good = self.step, _copy(model)  # the last weights found finite
+        self.bar = _Bar(plan.steps, self.step, s.objective, o["progress"] and s.dist.is_main)
+        self.wall_start, self.t0 = self.history.wall_time, time.perf_counter()
+
+    # ------------------------------------------------------------------ resume and checkpoints
+
+    def _resume(self, c: dict[str, Any]) -> None:
+        s, o = self.s, self.o  # the weights were restored by session()
+        self.opt.load_state_dict(c["optimizer"])
+        if self.sched is not None:
+            if c["total_steps"] != self.plan.steps:
+                raise ArgumentError(
+                    "steps", Mention("steps"), f" is {self.plan.steps} but '{s.path}' belongs to "
+                    f"a run of {c['total_steps']} steps, and its learning-rate schedule was built "
+                    "for that length; resume with the same ", Mention("steps"), " (runs without ",
+                    Mention("lr_schedule"), " can be extended)",
+                )
+            self.sched.load_state_dict(c["scheduler"])
+        if o["lr"] != c["lr"]:
+            _rescale_lr(self.opt, self.sched, o["lr"] / c["lr"])
+        self.best.load_state_dict(c["best"], s.device)
+        self.step = self.saved_step = c["step"]
+        self.history = History.from_dict(c["history"])
+        for loss in self.history.train_loss:
+            self.divergence.update(loss)
+        mine = c["processes"][s.dist.rank]
+        self.source.load_state_dict(mine["data"], self.step)
+        _set_rng_state(mine["rng"], s.device)
+
+    def _save(self) -> None:
+        """Write the checkpoint of this step (weights checked first), then ``on_checkpoint``."""
+        s = self.s
+        if self.good_step != self.step:
+            self._check_weights()
+        self._clock()
+        mine = {"rng": _rng_state(s.device), "data": self.source.state_dict()}
+        processes = s.dist.gather(mine)
+        if s.dist.is_main and s.path is not None:
+            save_checkpoint(
+                s.path,
+                TRAINING_KIND,
+                model=self.model,
+                extra={
+                    "optimizer": self.opt.state_dict(),
+                    "scheduler": None if self.sched is None else self.sched.state_dict(),
+                    "step": self.step,
+                    "total_steps": self.plan.steps,
+                    "seed": s.seed,
+                    "lr": self.o["lr"],
+                    "world_size": s.dist.world_size,
+                    "processes": processes,
+                    "history": self.history.to_dict(),
+                    "best": self.best.state_dict(),
+                },
+            )
+        self.saved_step = self.step
+        if self.callbacks is not None and self.callbacks.on_checkpoint is not None:
+            self.callbacks.on_checkpoint(self._progress(checkpoint=s.path))
+
+    # ------------------------------------------------------------------------------ the run
+
+    def run(self, check: Callable[[tuple[Any, ...]], None]) -> History:
+        """Train to ``plan.steps`` (or early stopping) and return the history. ``check`` is
+        called once on the first batch, before the first step."""
+        s = self.s
+        runner = s.dist.wrap(self.objective, s.device)
+        self.model.train()
+        checked = False
+        # flowkit models check their inputs for NaN/Inf, which reads them back to the host; the
+        # data was checked once up front (arrays) or shows up as a non-finite loss (other sources)
+        with validate_values(False), self.bar.tqdm:
+            while self.step < self.plan.steps and not self.history.stopped_early:
+                args = self.source.next_batch(self.step)
+                if not checked:
+                    cuda = [s.device] if s.device.type == "cuda" else []
+                    with torch.random.fork_rng(devices=cuda), validate_values(True):
+                        check(args)
+                    checked = True
+                self._train_step(runner, args)
+                self._between_steps()
+            self._record()
+            self.bar.show(refresh=True)
+        self._finish()
+        return self.history
+
+    def _train_step(self, runner: nn.Module, args: tuple[Any, ...]) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss = runner(*args)
+        loss.backward()
+        if self.o["clip_grad_norm"] is not None:
+            nn.utils.clip_grad_norm_(self.params, self.o["clip_grad_norm"])
+        self.opt.step()
+        if self.sched is not None:
+            self.sched.step()
+        loss = loss.detach()
+        self.pending.append(loss)
+        self.step += 1
+        self.bar.tqdm.update()
+        if self.callbacks is not None and self.callbacks.after_step is not None:
+            self.callbacks.after_step(self._progress(loss=loss))
+
+    def _between_steps(self) -> None:
+        """What happens after a step: recording, validation, ``after_epoch``, checkpoint."""
+        step, plan, o, cb = self.step, self.plan, self.o, self.callbacks
+        per_epoch = self.source.batches_per_epoch
+        at_valid = self.validate is not None and (
+            step % plan.valid_every == 0 or step == plan.steps
+        )
+        at_epoch = (
+            per_epoch is not None and step % per_epoch == 0
+            and cb is not None and cb.after_epoch is not None
+        )
+        at_ckpt = self.s.path is not None and step % o["checkpoint_every"] == 0
+        if not (at_valid or at_epoch or at_ckpt or step % o["log_every"] == 0
+                or step == plan.steps):
+            return
+        self._record()
+        if at_valid:
+            self._validate()
+        if at_epoch:
+            cb.after_epoch(self._progress())
+        if at_ckpt:
+            self._save()
+        self.bar.show()
+
+    def _validate(self) -> None:
+        t0 = time.perf_counter()
+        loss = self.validate()
+        self.history.valid_time += time.perf_counter() - t0
+        self.best.update(self.model, self.history, self.step, loss)
+        self.bar.valid(self.history)
+
+    def _finish(self) -> None:
+        """Check the last weights, restore the best ones if asked, write the last checkpoint."""
+        if self.good_step != self.step:
+            self._check_weights()
+        if self.best.state is not None:
+            self.model.load_state_dict(self.best.state)
+        if self.s.path is not None:
+            self._save()
+        self._clock()
+        self.model.eval()
+
+    # --------------------------------------------------------------------- recording, checks
+
+    def _record(self) -> None:
+        """Copy the pending losses to the history and check them and the weights."""
+        if not self.pending:
+            return
+        values = self.s.dist.all_mean(torch.stack(self.pending)).tolist()
+        self.pending.clear()
+        first = len(self.history.train_loss) + 1
+        for step, v in enumerate(values, start=first):
+            if not math.isfinite(v):
+                self._fail(NonFiniteLossError, f"the training loss is {v} at step {step}", step, v)
+            if self.divergence.update(v):
+                d = self.divergence
+                self._fail(
+                    DivergenceError,
+                    f"the training loss diverged at step {step}: smoothed over steps it reached "
+                    f"{d.mean:.4g}, far above its best {d.best:.4g} (more than "
+                    f"{d.threshold:g} x max(1, |best|) above it; see "
+                    "'divergence_threshold')",
+                    step, d.mean, best=d.best,
+                )
+        self.history.train_loss.extend(values)
+        _record_epochs(self.history, self.source.batches_per_epoch)
+        self._check_weights()
+        self._clock()
+        self.bar.loss(sum(values) / len(values))
+
+    def _check_weights(self) -> None:
+        """Fail if a weight or floating buffer is not finite; else keep a copy of them."""
+        bad = _first_nonfinite(self.model, self.s.dist)
+        if bad is not None:
+            name, value = bad
+            self._fail(
+                NonFiniteLossError,
+                f"the model's '{name}' is {value} at step {self.step}, although every loss so far "
+                "was finite (an infinite gradient, or a buffer such as a running statistic that "
+                "overflowed)",
+                self.step, value,
+            )
+        self.good_step, self.good = self.step, _copy(self.model)
+
+    def _fail(self, error: type[WordedError], problem: str, step: int, value: float,
+              **extra: float) -> None:
+        """Give the model back its last weights found finite and raise ``error``."""
+        self.model.load_state_dict(self.good)
+        self.model.eval()
+        raise error(*_advice(problem, self), step=step, value=value, **extra)
+
+    def _clock(self) -> None:
+        self.history.wall_time = self.wall_start + time.perf_counter() - self.t0
+
+    def _progress(self, loss: Tensor | None = None, checkpoint: Path | None = None) -> Progress:
+        per_epoch = self.source.batches_per_epoch
+        return Progress(
+            model=self.model,
+            step=self.step,
+            steps=self.plan.steps,
+            epoch=None if per_epoch is None else self.step // per_epoch,
+            history=self.history,
+            loss=loss,
+            checkpoint=checkpoint,
+        )
+
+
+def _advice(problem: str, t: Trainer) -> tuple[str | Mention, ...]:
+    """The message of a failed run: ``problem``, the usual fixes, what became of the weights and
+    of the checkpoint, in parts that name :func:`~flowkit.train.fit`'s arguments (a command line
+    re-spells them as its options)."""
+    parts: list[str | Mention] = [
+        f"{problem}. Usual fixes: lower the learning rate (", Mention("lr", t.o["lr"]),
+        " now), clip gradients (", Mention("clip_grad_norm", 1.0), "), standardise the data "
+        "(zero mean and unit variance per feature) and check it for extreme values or duplicates "
+        "(continuous densities on repeated points grow without bound). The model holds the "
+        f"weights of step {t.good_step}, the last found finite.",
+    ]
+    if t.saved_step is not None:
+        parts += [f" The last good checkpoint, '{t.s.path}' (step {t.saved_step}), was kept: "
+                  "continue from it with ", Mention("resume", True), " and a lower ",
+                  Mention("lr"), "."]
+    elif t.s.path is not None:
+        first = min(t.o["checkpoint_every"], t.plan.steps)
+        parts.append(f" No checkpoint was written yet (the first is due at step {first}).")
+    else:
+        parts += [" No checkpoint was written (pass ", Mention("checkpoint_dir"),
+                  " to keep one)."]
+    return tuple(parts)
+
+
+def _copy(model: nn.Module) -> dict[str, Tensor]:
+    """A copy of the model's weights and buffers (on its device)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _rng_state(device: torch.device) -> dict[str, Any]:
@@ -338,7 +639,7 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     )
 
 
-def _rescale_lr(opt: Optimizer, sched: LRScheduler | None, ratio: float) -> None:
+def _rescale_lr(opt: torch.optim.Optimizer, sched: LRScheduler | None, ratio: float) -> None:
     """Multiply the current and base learning rates (a new ``lr`` given on resume)."""
     for group in opt.param_groups:
         for key in ("lr", "initial_lr"):
@@ -348,174 +649,12 @@ def _rescale_lr(opt: Optimizer, sched: LRScheduler | None, ratio: float) -> None
         sched.base_lrs = [b * ratio for b in sched.base_lrs]
 
 
-def train(
-    s: Session,
-    model: nn.Module,
-    objective: nn.Module,
-    source: Any,
-    check: Callable[[tuple[Any, ...]], None],
-    o: Options,
-    validate: Callable[[], float] | None,
-) -> History:
-    check_positive(
-        steps=o.steps,
-        checkpoint_every=o.checkpoint_every,
-        log_every=o.log_every,
-        valid_every=o.valid_every,
-        early_stopping_patience=o.patience,
-    )
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("'model' has no trainable parameters")
-    opt = _make_optimizer(o.optimizer, params, o.lr)
-    sched = _make_schedule(o.lr_schedule, opt, o.steps)
-    best = _Best(o.patience, keep=o.restore_best or o.patience is not None)
-    step, saved_step = 0, None
-    history = History(objective=s.objective, seed=s.seed)
-    if s.ckpt is not None:
-        c = s.ckpt  # the weights were restored by session()
-        opt.load_state_dict(c["optimizer"])
-        if sched is not None:
-            if c["total_steps"] != o.steps:
-                raise ValueError(
-                    f"'steps' is {o.steps} but '{s.path}' belongs to a run of {c['total_steps']} "
-                    "steps, and its learning-rate schedule was built for that length; resume "
-                    "with the same 'steps' (runs without lr_schedule can be extended)"
-                )
-            sched.load_state_dict(c["scheduler"])
-        if o.lr != c["lr"]:
-            _rescale_lr(opt, sched, o.lr / c["lr"])
-        best.load_state_dict(c["best"], s.device)
-        step = saved_step = c["step"]
-        history = History.from_dict(c["history"])
-        mine = c["processes"][s.dist.rank]
-        source.load_state_dict(mine["data"], step)
-        _set_rng_state(mine["rng"], s.device)
-
-    def save() -> None:
-        """Write the checkpoint, or raise if the weights are not finite (keeping the last one)."""
-        bad = _first_nonfinite(model, s.dist)
-        if bad is not None:
-            name, value = bad
-            raise NonFiniteLossError(
-                _nonfinite_message(
-                    f"the model's '{name}' is {value} at step {step}, although every loss so far "
-                    "was finite (an infinite gradient, or a buffer such as a running statistic "
-                    "that overflowed)",
-                    o,
-                    s.path,
-                    saved_step,
-                ),
-                step,
-                value,
-            )
-        history.wall_time = wall_start + time.perf_counter() - t0
-        mine = {"rng": _rng_state(s.device), "data": source.state_dict()}
-        processes = s.dist.gather(mine)
-        if s.dist.is_main and s.path is not None:
-            save_checkpoint(
-                s.path,
-                TRAINING_KIND,
-                model=model,
-                extra={
-                    "optimizer": opt.state_dict(),
-                    "scheduler": None if sched is None else sched.state_dict(),
-                    "step": step,
-                    "total_steps": o.steps,
-                    "seed": s.seed,
-                    "lr": o.lr,
-                    "world_size": s.dist.world_size,
-                    "processes": processes,
-                    "history": history.to_dict(),
-                    "best": best.state_dict(),
-                },
-            )
-
-    pending: list[Tensor] = []  # losses of the steps since the last copy to the host
-
-    def flush() -> float | None:
-        """Copy pending losses to the history; the mean of them, or raise if one is not finite."""
-        if not pending:
-            return None
-        values = s.dist.all_mean(torch.stack(pending)).tolist()
-        pending.clear()
-        first = len(history.train_loss) + 1
-        for i, v in enumerate(values):
-            if not math.isfinite(v):
-                problem = f"the training loss is {v} at step {first + i}"
-                raise NonFiniteLossError(
-                    _nonfinite_message(problem, o, s.path, saved_step), first + i, v
-                )
-        history.train_loss.extend(values)
-        _record_epochs(history, source.batches_per_epoch)
-        return sum(values) / len(values)
-
-    runner = s.dist.wrap(objective, s.device)
-    bar = tqdm(
-        total=o.steps,
-        initial=step,
-        unit="step",
-        dynamic_ncols=True,
-        desc=history.objective,
-        disable=not (o.progress and s.dist.is_main),
-    )
-    postfix: dict[str, str] = {}
-    # the bar shows the ELBO itself for reverse-KL runs, the minimised loss otherwise
-    label, sign = ("elbo", -1.0) if s.objective == "neg_elbo" else ("loss", 1.0)
-    wall_start, t0 = history.wall_time, time.perf_counter()
-    model.train()
-    checked = False
-    # flowkit models check their inputs for NaN/Inf, which reads them back to the host; the
-    # data was checked once up front (arrays) or shows up as a non-finite loss (other sources)
-    with validate_values(False), bar:
-        while step < o.steps and not history.stopped_early:
-            args = source.next_batch(step)
-            if not checked:
-                cuda = [s.device] if s.device.type == "cuda" else []
-                with torch.random.fork_rng(devices=cuda), validate_values(True):
-                    check(args)
-                checked = True
-            opt.zero_grad(set_to_none=True)
-            loss = runner(*args)
-            loss.backward()
-            if o.clip_grad_norm is not None:
-                nn.utils.clip_grad_norm_(params, o.clip_grad_norm)
-            opt.step()
-            if sched is not None:
-                sched.step()
-            pending.append(loss.detach())
-            step += 1
-            bar.update()
-            at_valid = validate is not None and (step % o.valid_every == 0 or step == o.steps)
-            at_ckpt = s.path is not None and step % o.checkpoint_every == 0
-            if at_valid or at_ckpt or step % o.log_every == 0 or step == o.steps:
-                mean = flush()
-                if mean is not None:
-                    postfix[label] = f"{sign * mean:.4f}"
-                if at_valid:
-                    best.update(model, history, step, validate())
-                    postfix["valid"] = f"{history.valid_loss[-1]:.4f}"
-                    if history.stopped_early:
-                        postfix["stopped early; best step"] = str(history.best_step)
-                bar.set_postfix(postfix, refresh=False)
-                if at_ckpt:
-                    save()
-                    saved_step = step
-        flush()
-        bar.set_postfix(postfix)
-    history.wall_time = wall_start + time.perf_counter() - t0
-    if best.state is not None:
-        model.load_state_dict(best.state)
-    if s.path is not None:
-        save()
-    model.eval()
-    return history
-
-
 def _first_nonfinite(model: nn.Module, dist: Dist) -> tuple[str, float] | None:
     """The name and first bad value of the first parameter or floating buffer of ``model`` that
     holds NaN or Inf on any process, or None when all are finite. One host copy when all are."""
     named = [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
+    if not named:
+        return None
     flags = dist.all_sum(torch.stack([(~torch.isfinite(v)).any() for _, v in named]).int())
     first = next((i for i, flag in enumerate(flags.tolist()) if flag), None)
     if first is None:
@@ -535,24 +674,3 @@ def _record_epochs(history: History, steps_per_epoch: int | None) -> None:
         history.epoch_loss.append(
             sum(history.train_loss[start : start + steps_per_epoch]) / steps_per_epoch
         )
-
-
-def _nonfinite_message(problem: str, o: Options, path: Path | None, saved: int | None) -> str:
-    """The text of a :class:`NonFiniteLossError`: ``problem``, the usual fixes, and what became
-    of the checkpoint (in the spelling of :func:`~flowkit.train.fit`'s arguments; the
-    ``flowkit fit`` command rewords them as options)."""
-    text = (
-        f"{problem}. Usual fixes: lower the learning rate (lr={o.lr:g} now), clip gradients "
-        "(clip_grad_norm=1.0), standardise the data (zero mean and unit variance per feature) "
-        "and check it for extreme values or duplicates (continuous densities on repeated points "
-        "grow without bound)."
-    )
-    if saved is not None:
-        return text + (
-            f" The last good checkpoint, '{path}' (step {saved}), was kept: call fit again with "
-            "resume=True and a lower lr to continue from it."
-        )
-    if path is not None:
-        first = min(o.checkpoint_every, o.steps)
-        return text + f" No checkpoint was written yet (the first is due at step {first})."
-    return text + " No checkpoint was written (pass checkpoint_dir to keep one)."

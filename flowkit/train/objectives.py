@@ -7,16 +7,15 @@ source, and hands them to the shared engine in :mod:`flowkit.train.loop`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from os import PathLike
+from numbers import Real
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
+from ..validation import ArgumentError, Mention, check_bool, check_int
 from .data import (
     LoaderSource,
     SamplerSource,
@@ -28,7 +27,8 @@ from .data import (
     split_pair,
 )
 from .history import History
-from .loop import Options, Session, check_positive, session, train
+from .loop import Plan, Session, Trainer, session
+from .options import TrainOptions, Unpack, resolve
 
 
 def fit(
@@ -39,20 +39,10 @@ def fit(
     steps: int | None = None,
     epochs: int | None = None,
     batch_size: int = 256,
-    lr: float = 1e-3,
-    optimizer: str | Callable[..., Optimizer] = "adam",
-    lr_schedule: str | Callable[[Optimizer, int], LRScheduler] | None = None,
-    clip_grad_norm: float | None = None,
     valid_every: int | None = None,
     early_stopping_patience: int | None = None,
     restore_best: bool = False,
-    seed: int | None = None,
-    device: str | torch.device = "auto",
-    checkpoint_dir: str | PathLike | None = None,
-    checkpoint_every: int = 1000,
-    resume: bool = False,
-    progress: bool = True,
-    log_every: int = 100,
+    **options: Unpack[TrainOptions],
 ) -> History:
     r"""Fit ``model`` to data by maximum likelihood.
 
@@ -75,48 +65,41 @@ def fit(
 
             Floating ``x`` and every context are cast to the model's floating dtype; integer and
             bool ``x`` (class indices for a :class:`~flowkit.CategoricalMADE`) keep their dtype.
-        valid: validation data as a tensor, array, pair or DataLoader; its mean negative
-            log-likelihood is computed every ``valid_every`` steps and at the end.
+            Complex values are refused.
+        valid: validation data as a tensor, array, pair or DataLoader, whose mean negative
+            log-likelihood is the validation loss; or a function ``valid(model) -> float``
+            returning the validation loss itself (called in evaluation mode without gradients,
+            e.g. to score a MADE with one fixed mask set). Computed every ``valid_every`` steps
+            and at the end.
         steps: number of optimizer steps. Exactly one of ``steps`` and ``epochs`` is required.
         epochs: number of passes over finite ``data`` (``len(data) // batch_size`` steps each for
             arrays, ``len(loader)`` for DataLoaders).
         batch_size: global batch size (split evenly over ``torchrun`` processes, so results do
             not depend on the number of processes). Ignored for DataLoaders, which batch
             themselves.
-        lr: learning rate.
-        optimizer: ``"adam"``, ``"adamw"``, ``"sgd"``, or a callable ``(params, lr=lr) ->
-            Optimizer`` such as ``torch.optim.RMSprop`` or
-            ``functools.partial(torch.optim.AdamW, weight_decay=1e-4)``.
-        lr_schedule: ``None`` (constant), ``"cosine"`` (cosine decay to 0 over the run),
-            ``"linear"`` (linear decay to 0), or a callable ``(optimizer, steps) ->
-            LRScheduler``; stepped once per optimizer step.
-        clip_grad_norm: if given, clip the global gradient norm to this value.
         valid_every: steps between validations; default once per epoch for arrays and
             DataLoaders with a length, else every 100 steps.
         early_stopping_patience: stop after this many validations without a new best validation
             loss, and in any case end with the best weights restored. Needs ``valid``.
         restore_best: end with the weights of the best validation even without early stopping
             (implied by ``early_stopping_patience``). Needs ``valid``.
-        seed: seeds data order, the per-step sampling functions and torch's global generator
-            (per process, for dropout and model sampling). ``None`` draws one, recorded in
-            ``History.seed``.
-        device: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        checkpoint_dir: folder for ``checkpoint.pt``, written atomically every
-            ``checkpoint_every`` steps and at the end. ``flowkit.load_model`` reads it.
-        checkpoint_every: steps between checkpoints.
-        resume: continue from ``checkpoint_dir/checkpoint.pt`` if it exists (else start fresh).
-            The resumed run ends with the same weights as an uninterrupted one. Pass the same
-            settings; a different ``lr`` rescales the learning-rate schedule from there on.
-        progress: show a tqdm progress bar (step, train loss, valid loss, steps/s).
-        log_every: steps between host copies of the loss (bar update, NaN check).
+        **options: the options shared with :func:`fit_reverse_kl`, described in
+            :class:`~flowkit.train.TrainOptions`: ``lr``, ``optimizer``, ``lr_schedule``,
+            ``clip_grad_norm``, ``divergence_threshold``, ``seed``, ``device``,
+            ``checkpoint_dir``, ``checkpoint_every``, ``resume``, ``progress``, ``log_every``,
+            ``callbacks``.
 
     Returns:
         The :class:`~flowkit.train.History` of the run (including resumed segments).
 
     Raises:
-        TypeError: ``model`` has no ``log_prob``, or ``data`` is of an unsupported kind.
-        ValueError: bad settings or data that does not fit the model (checked before training).
-        NonFiniteLossError: the loss became NaN/Inf; the last checkpoint is kept.
+        TypeError: ``model`` has no ``log_prob``, ``data`` is of an unsupported kind, or an
+            unknown option.
+        ValueError: bad settings or data that does not fit the model (checked before training;
+            :class:`~flowkit.validation.ArgumentError` names the argument).
+        NonFiniteLossError: the loss or the weights became NaN/Inf; the model keeps its last
+            finite weights and the last checkpoint is kept.
+        DivergenceError: the loss rose far above its best (``divergence_threshold``); likewise.
 
     Example:
         >>> import torch, flowkit
@@ -127,49 +110,42 @@ def fit(
         50
     """
     _require(model, "log_prob", "fit")
+    o = resolve("fit", options)
     if (steps is None) == (epochs is None):
-        raise ValueError(f"pass exactly one of 'steps' and 'epochs', got {steps=} and {epochs=}")
-    check_positive(batch_size=batch_size, epochs=epochs)
+        raise ArgumentError(
+            "steps", "pass exactly one of ", Mention("steps"), " and ", Mention("epochs"),
+            f", got steps={steps!r} and epochs={epochs!r}",
+        )
+    for name, value in (("steps", steps), ("epochs", epochs), ("valid_every", valid_every),
+                        ("early_stopping_patience", early_stopping_patience)):
+        if value is not None:
+            check_int(name, value, minimum=1)
+    check_int("batch_size", batch_size, minimum=1)
+    check_bool("restore_best", restore_best)
     if early_stopping_patience is not None and valid is None:
-        raise ValueError("'early_stopping_patience' needs validation data: pass 'valid'")
+        raise ArgumentError("early_stopping_patience", Mention("early_stopping_patience"),
+                            " needs validation data: pass ", Mention("valid"))
     if restore_best and valid is None:
-        raise ValueError("'restore_best=True' needs validation data: pass 'valid'")
-    with session(model, device, seed, checkpoint_dir, resume, "nll") as s:
+        raise ArgumentError("restore_best", Mention("restore_best", True),
+                            " needs validation data: pass ", Mention("valid"))
+    with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
         dtype = _float_dtype(model)
-        source = _make_source(data, batch_size, s, dtype)
+        source = _make_source(data, int(batch_size), s, dtype)
         if epochs is not None:
             if source.batches_per_epoch is None:
-                raise ValueError(
-                    "'epochs' needs data of known length (an array or a DataLoader with len()); "
-                    "pass 'steps' instead"
+                raise ArgumentError(
+                    "epochs", Mention("epochs"), " needs data of known length (an array or a "
+                    "DataLoader with len()); pass ", Mention("steps"), " instead",
                 )
-            steps = epochs * source.batches_per_epoch
+            steps = int(epochs) * source.batches_per_epoch
         assert steps is not None
         validate = None
         if valid is not None:
-            validate = _make_validation(model, valid, batch_size, s, dtype)
+            validate = _make_validation(model, valid, int(batch_size), s, dtype)
             valid_every = valid_every or source.batches_per_epoch or 100
-        return train(
-            s,
-            model,
-            _Objective(model, _nll),
-            source,
-            lambda args: _check_first_batch(model, *args),
-            Options(
-                steps=steps,
-                lr=lr,
-                optimizer=optimizer,
-                lr_schedule=lr_schedule,
-                clip_grad_norm=clip_grad_norm,
-                valid_every=valid_every,
-                patience=early_stopping_patience,
-                restore_best=restore_best,
-                checkpoint_every=checkpoint_every,
-                progress=progress,
-                log_every=log_every,
-            ),
-            validate,
-        )
+        plan = Plan(int(steps), valid_every, early_stopping_patience, restore_best)
+        trainer = Trainer(s, model, _Objective(model, _nll), source, o, plan, validate)
+        return trainer.run(lambda args: _check_first_batch(model, *args))
 
 
 def fit_reverse_kl(
@@ -178,17 +154,7 @@ def fit_reverse_kl(
     *,
     steps: int,
     batch_size: int = 256,
-    lr: float = 1e-3,
-    optimizer: str | Callable[..., Optimizer] = "adam",
-    lr_schedule: str | Callable[[Optimizer, int], LRScheduler] | None = None,
-    clip_grad_norm: float | None = None,
-    seed: int | None = None,
-    device: str | torch.device = "auto",
-    checkpoint_dir: str | PathLike | None = None,
-    checkpoint_every: int = 1000,
-    resume: bool = False,
-    progress: bool = True,
-    log_every: int = 100,
+    **options: Unpack[TrainOptions],
 ) -> History:
     r"""Fit ``flow`` to an unnormalised density by reverse KL (variational inference).
 
@@ -211,10 +177,8 @@ def fit_reverse_kl(
         steps: number of optimizer steps.
         batch_size: samples per step; under ``torchrun`` each process draws
             ``batch_size / world_size`` samples with its own seed.
-
-    The other arguments (``lr``, ``optimizer``, ``lr_schedule``, ``clip_grad_norm``, ``seed``,
-    ``device``, ``checkpoint_dir``, ``checkpoint_every``, ``resume``, ``progress``,
-    ``log_every``) are as in :func:`fit`.
+        **options: the options shared with :func:`fit`, described in
+            :class:`~flowkit.train.TrainOptions`.
 
     Returns:
         The :class:`~flowkit.train.History` (``objective="neg_elbo"``).
@@ -228,6 +192,7 @@ def fit_reverse_kl(
         ('neg_elbo', 20)
     """
     _require(flow, "sample_and_log_prob", "fit_reverse_kl")
+    o = resolve("fit_reverse_kl", options)
     if getattr(flow, "context_features", 0):
         raise ValueError(
             f"fit_reverse_kl fits unconditional flows; 'flow' has "
@@ -235,29 +200,13 @@ def fit_reverse_kl(
         )
     if not callable(target_log_density):
         raise TypeError("'target_log_density' should be a callable x -> log p~(x) of shape (N,)")
-    check_positive(batch_size=batch_size)
-    with session(flow, device, seed, checkpoint_dir, resume, "neg_elbo") as s:
-        return train(
-            s,
-            flow,
-            _Objective(flow, _NegElbo(target_log_density)),
-            _Draws(local_batch_size(batch_size, s.dist)),
-            lambda args: _check_target(flow, target_log_density),
-            Options(
-                steps=steps,
-                lr=lr,
-                optimizer=optimizer,
-                lr_schedule=lr_schedule,
-                clip_grad_norm=clip_grad_norm,
-                valid_every=None,
-                patience=None,
-                restore_best=False,
-                checkpoint_every=checkpoint_every,
-                progress=progress,
-                log_every=log_every,
-            ),
-            None,
-        )
+    check_int("steps", steps, minimum=1)
+    check_int("batch_size", batch_size, minimum=1)
+    with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
+        source = _Draws(local_batch_size(int(batch_size), s.dist))
+        objective = _Objective(flow, _NegElbo(target_log_density))
+        trainer = Trainer(s, flow, objective, source, o, Plan(int(steps)), None)
+        return trainer.run(lambda args: _check_target(flow, target_log_density))
 
 
 class _Objective(nn.Module):
@@ -397,7 +346,10 @@ def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:
 def _make_validation(
     model: nn.Module, valid: Any, batch_size: int, s: Session, dtype: torch.dtype
 ) -> Callable[[], float]:
-    """A function returning the mean NLL over the whole validation set (all processes)."""
+    """A function returning the validation loss: the mean NLL over the whole validation set
+    (all processes), or what the user's ``valid(model)`` returns (averaged over processes)."""
+    if callable(valid) and not isinstance(valid, DataLoader | Tensor | np.ndarray):
+        return _user_validation(model, valid, s)
     if isinstance(valid, DataLoader):
         _check_first_batch(model, *first_batch("valid", valid, s.device, dtype), "valid")
 
@@ -427,5 +379,25 @@ def _make_validation(
         model.train(was_training)
         total = s.dist.all_sum(total)
         return (total[0] / total[1]).item()
+
+    return validate
+
+
+def _user_validation(model: nn.Module, valid: Callable[[nn.Module], Any], s: Session
+                     ) -> Callable[[], float]:
+    def validate() -> float:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            loss = valid(model)
+        model.train(was_training)
+        if isinstance(loss, Tensor) and loss.numel() == 1 and loss.is_floating_point():
+            loss = loss.item()
+        if isinstance(loss, bool) or not isinstance(loss, Real):
+            raise ArgumentError(
+                "valid", f"should return the validation loss as a number, got {loss!r}"
+            )
+        total = s.dist.all_mean(torch.tensor(float(loss), dtype=torch.float64, device=s.device))
+        return total.item()
 
     return validate

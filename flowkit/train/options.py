@@ -1,0 +1,185 @@
+"""The options that :func:`~flowkit.train.fit` and :func:`~flowkit.train.fit_reverse_kl` share,
+declared once: :class:`TrainOptions` (names, types, meaning), :data:`DEFAULTS`, and
+:func:`resolve`, which checks what a caller passed. Also how the ``optimizer`` and
+``lr_schedule`` options become torch objects."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler
+
+from ..validation import ArgumentError, check_bool, check_float, check_int
+from .callbacks import Callbacks
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # pragma: no cover (Python 3.10: torch depends on typing_extensions)
+    from typing_extensions import Unpack
+
+__all__ = ["DEFAULTS", "TrainOptions", "Unpack", "resolve"]
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+}
+SCHEDULES = ("cosine", "linear")
+
+
+class TrainOptions(TypedDict, total=False):
+    """Keyword options of both :func:`~flowkit.train.fit` and
+    :func:`~flowkit.train.fit_reverse_kl`, with their defaults (:data:`DEFAULTS`).
+
+    Attributes:
+        lr: learning rate, a finite number > 0 (default ``1e-3``).
+        optimizer: ``"adam"`` (default), ``"adamw"``, ``"sgd"``, or a callable ``(params,
+            lr=lr) -> Optimizer`` such as ``torch.optim.RMSprop`` or
+            ``functools.partial(torch.optim.AdamW, weight_decay=1e-4)``.
+        lr_schedule: ``None`` (default: constant), ``"cosine"`` (cosine decay to 0 over the
+            run), ``"linear"`` (linear decay to 0), or a callable ``(optimizer, steps) ->
+            LRScheduler``; stepped once per optimizer step.
+        clip_grad_norm: ``None`` (default: no clipping) or a finite number > 0: the global
+            gradient norm is clipped to it at every step.
+        divergence_threshold: stop with a :class:`~flowkit.train.DivergenceError` when the
+            smoothed training loss rises more than this many times ``max(1, |best|)`` above
+            its best value so far (see ``docs/training.md``; default ``10.0``); ``None`` turns
+            the check off. Non-finite losses are always an error.
+        seed: ``None`` (default: one is drawn and recorded in ``History.seed``) or an integer
+            in ``[0, 2**63)``. Seeds the data order, per-step sampling and torch's global
+            generator (per process, for dropout and model sampling).
+        device: ``"auto"`` (default: CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``,
+            ... or a :class:`torch.device`.
+        checkpoint_dir: ``None`` (default) or a folder for ``checkpoint.pt``, written
+            atomically every ``checkpoint_every`` steps and at the end;
+            :func:`flowkit.load_model` reads it.
+        checkpoint_every: steps between checkpoints (default ``1000``).
+        resume: continue from ``checkpoint_dir/checkpoint.pt`` if it exists, else start fresh
+            (default ``False``). The resumed run ends with the same weights as an
+            uninterrupted one. Pass the same settings; a different ``lr`` rescales the
+            learning-rate schedule from there on.
+        progress: show a tqdm progress bar (default ``True``).
+        log_every: steps between host copies of the loss (progress bar, NaN and divergence
+            checks; default ``100``).
+        callbacks: a :class:`~flowkit.train.Callbacks`, code run after each step, epoch and
+            checkpoint (default ``None``).
+    """
+
+    lr: float
+    optimizer: str | Callable[..., Optimizer]
+    lr_schedule: str | Callable[[Optimizer, int], LRScheduler] | None
+    clip_grad_norm: float | None
+    divergence_threshold: float | None
+    seed: int | None
+    device: str | torch.device
+    checkpoint_dir: str | os.PathLike | None
+    checkpoint_every: int
+    resume: bool
+    progress: bool
+    log_every: int
+    callbacks: Callbacks | None
+
+
+DEFAULTS: TrainOptions = {
+    "lr": 1e-3,
+    "optimizer": "adam",
+    "lr_schedule": None,
+    "clip_grad_norm": None,
+    "divergence_threshold": 10.0,
+    "seed": None,
+    "device": "auto",
+    "checkpoint_dir": None,
+    "checkpoint_every": 1000,
+    "resume": False,
+    "progress": True,
+    "log_every": 100,
+    "callbacks": None,
+}
+"""The default of every :class:`TrainOptions` entry."""
+
+
+def resolve(function: str, options: Mapping[str, Any]) -> TrainOptions:
+    """``options`` completed with :data:`DEFAULTS` and checked: every entry of the right type,
+    finite and in range, nothing converted silently. Errors name the option as passed.
+
+    Args:
+        function: the public function the options were passed to, for the messages.
+        options: the keyword options a caller passed.
+
+    Raises:
+        TypeError: an unknown option.
+        ArgumentError: a bad value (a ``ValueError``).
+    """
+    unknown = [name for name in options if name not in DEFAULTS]
+    if unknown:
+        raise TypeError(
+            f"{function}() got an unexpected keyword argument {unknown[0]!r} (its options are "
+            f"listed in flowkit.train.TrainOptions)"
+        )
+    o: TrainOptions = {**DEFAULTS, **options}  # type: ignore[typeddict-item]
+    o["lr"] = check_float("lr", o["lr"], minimum=0, exclusive=True)
+    optimizer = o["optimizer"]
+    if not (callable(optimizer) or (isinstance(optimizer, str) and optimizer in OPTIMIZERS)):
+        raise ArgumentError(
+            "optimizer", f"should be one of {sorted(OPTIMIZERS)} or a callable, got {optimizer!r}"
+        )
+    schedule = o["lr_schedule"]
+    if not (schedule is None or callable(schedule) or schedule in SCHEDULES):
+        raise ArgumentError(
+            "lr_schedule",
+            f"should be None, 'cosine', 'linear' or a callable, got {schedule!r}",
+        )
+    for name in ("clip_grad_norm", "divergence_threshold"):
+        if o[name] is not None:  # type: ignore[literal-required]
+            o[name] = check_float(name, o[name], minimum=0, exclusive=True)  # type: ignore
+    if o["seed"] is not None:
+        o["seed"] = check_int("seed", o["seed"], minimum=0)
+        if o["seed"] >= 2**63:
+            raise ArgumentError("seed", f"should be below 2**63, got {o['seed']}")
+    folder = o["checkpoint_dir"]
+    if folder is not None and not isinstance(folder, str | os.PathLike):
+        raise ArgumentError(
+            "checkpoint_dir", f"should be None or a path (str or os.PathLike), got {folder!r}"
+        )
+    for name in ("checkpoint_every", "log_every"):
+        o[name] = check_int(name, o[name], minimum=1)  # type: ignore[literal-required]
+    for name in ("resume", "progress"):
+        o[name] = check_bool(name, o[name])  # type: ignore[literal-required]
+    if o["callbacks"] is not None and not isinstance(o["callbacks"], Callbacks):
+        raise ArgumentError(
+            "callbacks",
+            f"should be None or a flowkit.train.Callbacks, got {type(o['callbacks']).__name__}",
+        )
+    return o
+
+
+def make_optimizer(
+    spec: str | Callable[..., Optimizer], params: list[Tensor], lr: float
+) -> Optimizer:
+    """The optimizer that the (resolved) ``optimizer`` option names, over ``params``."""
+    if isinstance(spec, str):
+        return OPTIMIZERS[spec](params, lr=lr)
+    opt = spec(params, lr=lr)
+    if not isinstance(opt, Optimizer):
+        raise TypeError(f"'optimizer' returned {type(opt).__name__}, expected a torch Optimizer")
+    return opt
+
+
+def make_schedule(
+    spec: str | Callable[[Optimizer, int], LRScheduler] | None, opt: Optimizer, steps: int
+) -> LRScheduler | None:
+    """The scheduler that the (resolved) ``lr_schedule`` option names, for a run of ``steps``."""
+    if spec is None:
+        return None
+    if spec == "cosine":
+        return CosineAnnealingLR(opt, T_max=steps)
+    if spec == "linear":
+        return LinearLR(opt, start_factor=1.0, end_factor=0.0, total_iters=steps)
+    assert callable(spec)
+    return spec(opt, steps)
