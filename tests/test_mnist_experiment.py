@@ -2,18 +2,19 @@
 outputs, exact resume, refusal of changed settings, and the evaluation command."""
 
 import argparse
-import warnings
+import functools
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 import flowkit
 from flowkit.app import mnist, mnist_eval
 from flowkit.app.cli import add_common_arguments
-from flowkit.checkpoint import CheckpointError, LegacyFormatWarning, load_checkpoint, load_model
+from flowkit.checkpoint import load_checkpoint, load_model
 from flowkit.distributions.discrete import BernoulliMADE
-from flowkit.train import fit
+from flowkit.train import Callbacks, fit, loop
 
 
 @pytest.fixture
@@ -57,35 +58,48 @@ def test_two_epochs_write_every_output_and_report_nll(data, tmp_path):
     assert isinstance(model, BernoulliMADE) and model.num_masks == 2
 
 
-@pytest.mark.parametrize("legacy", [False, True], ids=["current", "legacy-kind"])
-def test_resumed_run_ends_with_the_same_weights(data, tmp_path, legacy):
-    """Also from a checkpoint of an older version, which said kind "training" (the kind of
-    flowkit.train.fit's checkpoints) and is recognised by its 'settings'."""
+def test_resumed_run_ends_with_the_same_weights(data, tmp_path):
     train(data, tmp_path / "whole", "--epochs", "3")
     train(data, tmp_path / "split", "--epochs", "1")
-    path = tmp_path / "split" / "checkpoint.pt"
-    ckpt = load_checkpoint(path)
-    assert ckpt.kind == mnist.KIND == "mnist-training"
-    if legacy:  # format 1: a bare torch.save of the dict, kind "training"
-        torch.save({"flowkit_format": 1, "kind": "training", "model": ckpt.model, **ckpt.extra},
-                   path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LegacyFormatWarning)
-        train(data, tmp_path / "split", "--epochs", "3", "--resume")
+    train(data, tmp_path / "split", "--epochs", "3", "--resume")
     whole = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
     split = load_checkpoint(tmp_path / "split" / "checkpoint.pt")
     for key, value in whole.model["state_dict"].items():
         assert torch.equal(value, split.model["state_dict"][key]), key
-    assert whole.extra["history"]["valid_nll"] == split.extra["history"]["valid_nll"]
+    assert whole.extra["history"]["valid_loss"] == split.extra["history"]["valid_loss"]
+    assert len(whole.extra["history"]["valid_loss"]) == 3
+
+
+def test_the_recipe_is_fit_with_callbacks(data, tmp_path):
+    """The same run by hand: fit with mask cycling after each step and the validation NLL of
+    mask set 0 gives the weights of 'flowkit mnist' bit for bit."""
+    train(data, tmp_path / "run", "--epochs", "2")
+    images = np.load(data)
+    torch.manual_seed(0)
+    model = BernoulliMADE(784, hidden_features=[16], num_masks=2, order="random", seed=0)
+    x_train = torch.from_numpy(images["train"])
+    loader = DataLoader(TensorDataset(x_train), batch_size=100,
+                        sampler=mnist.EpochOrder(x_train.shape[0], seed=0), drop_last=True)
+
+    def valid(m):
+        with m.made.mask_set(0):
+            return mnist.evaluate(m, torch.from_numpy(images["valid"])).mean().item()
+
+    fit(model, loader, valid=valid, epochs=2, restore_best=True, seed=0, device="cpu",
+        optimizer=functools.partial(torch.optim.AdamW, weight_decay=0.0), progress=False,
+        callbacks=Callbacks(after_step=lambda p: p.model.next_mask()))
+    saved = load_checkpoint(tmp_path / "run" / "checkpoint.pt").model["state_dict"]
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, saved[key]), key
 
 
 def test_checkpoint_every_e_epochs_and_at_the_end(data, tmp_path, monkeypatch):
     written = []
-    save = mnist.save_checkpoint
-    monkeypatch.setattr(mnist, "save_checkpoint", lambda path, kind, model, extra: (
-        written.append(extra["epoch"]), save(path, kind, model, extra)))
+    save = loop.save_checkpoint
+    monkeypatch.setattr(loop, "save_checkpoint", lambda path, kind, model, extra: (
+        written.append(extra["step"]), save(path, kind, model=model, extra=extra)))
     train(data, tmp_path / "every2", "--epochs", "5", "--checkpoint-every", "2")
-    assert written == [2, 4, 5]
+    assert written == [10, 20, 25]  # 5 steps per epoch
     train(data, tmp_path / "whole", "--epochs", "5")
     whole = load_checkpoint(tmp_path / "whole" / "checkpoint.pt").model["state_dict"]
     every2 = load_checkpoint(tmp_path / "every2" / "checkpoint.pt").model["state_dict"]
@@ -102,27 +116,18 @@ def test_resume_refuses_changed_settings_and_a_fresh_run_refuses_an_old_folder(d
         train(data, tmp_path / "run", "--epochs", "2")
 
 
-def test_checkpoints_of_fit_and_mnist_are_not_mixed_up(data, tmp_path):
-    """Both are OUT/checkpoint.pt: resuming the other's file names it and the expected kind."""
+def test_resume_of_a_folder_that_mnist_did_not_write_is_refused(data, tmp_path):
     fit(flowkit.MAF(2, hidden_features=(4,), layers=1), torch.randn(64, 2), steps=2,
         batch_size=32, checkpoint_dir=tmp_path / "fit", progress=False, device="cpu")
-    with pytest.raises(CheckpointError, match=r"fit.checkpoint.pt' is a checkpoint of kind "
-                       r"'training', expected kind 'mnist-training' \(written by 'flowkit mnist'"):
+    with pytest.raises(ValueError, match=r"fit.checkpoint.pt' has no 'settings.json' beside it, "
+                       r"so it was not written by 'flowkit mnist'"):
         train(data, tmp_path / "fit", "--epochs", "1", "--resume")
-    train(data, tmp_path / "mnist", "--epochs", "1")
-    path = tmp_path / "mnist" / "checkpoint.pt"
-    model = BernoulliMADE(784, hidden_features=(16,), num_masks=2, order="random")
-    with pytest.raises(CheckpointError, match=r"mnist.checkpoint.pt' is a checkpoint of kind "
-                       r"'mnist-training', expected kind 'training'"):
-        fit(model, np.load(data)["train"], steps=2, batch_size=100, progress=False,
-            checkpoint_dir=tmp_path / "mnist", resume=True, device="cpu")
-    ckpt = load_checkpoint(path)  # as an older version wrote it: format 1, kind "training"
-    torch.save({"flowkit_format": 1, "kind": "training", "model": ckpt.model, **ckpt.extra}, path)
-    with pytest.warns(LegacyFormatWarning), pytest.raises(
-        CheckpointError, match=r"training checkpoint without the entries \['step'"
-    ):
-        fit(model, np.load(data)["train"], steps=2, batch_size=100, progress=False,
-            checkpoint_dir=tmp_path / "mnist", resume=True, device="cpu")
+
+
+def test_a_diverging_run_names_the_options_to_change(data, tmp_path):
+    with pytest.raises(FloatingPointError, match=r"lower the learning rate \(--lr 1000000.0 now\)"):
+        train(data, tmp_path / "run", "--epochs", "3", "--lr", "1e6")
+    assert not (tmp_path / "run" / "model.pt").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")

@@ -1,10 +1,11 @@
 """Train a Bernoulli MADE on binarized MNIST (flowkit mnist) and score saved models
 (flowkit mnist-eval).
 
-flowkit mnist writes to --out: checkpoint.pt (atomically, every epoch or every
---checkpoint-every epochs, and at the end; --resume continues from it), model.pt (the best
-weights, readable by flowkit.load_model), samples.png (100 samples), curves.png (learning
-curves) and log.txt; the CLI adds metrics.json.
+flowkit mnist trains with flowkit.train.fit and writes to --out: checkpoint.pt (fit's
+checkpoint, every epoch or every --checkpoint-every epochs, and at the end; --resume continues
+from it), settings.json (the options a resumed run must repeat), model.pt (the best weights,
+readable by flowkit.load_model), samples.png (100 samples), curves.png (learning curves) and
+log.txt; the CLI adds metrics.json.
 
 flowkit mnist-eval scores saved models on a split and prints the mean NLL with its standard
 error, for mask set 0 and for a mask ensemble of each, and for the uniform mixture of several
@@ -13,48 +14,45 @@ models.
 NLLs are in nats per image: the mean over the split of -log p(x), with standard error
 std / sqrt(n).
 
-Training schedule: Adam on mini-batches, one optimizer step per batch, then model.next_mask()
-(order/connectivity-agnostic training cycles the mask sets 0, 1, ..., K-1, 0, ..., one per
-step); after each epoch the validation NLL of mask set 0 decides the best weights (and early
-stopping with --patience). Epoch e visits the training images in an order drawn from a
-generator seeded by (seed, e), so a run resumed from an epoch's checkpoint continues exactly as
-the uninterrupted run would have.
+Training schedule: AdamW on mini-batches, one optimizer step per batch, then
+model.next_mask() in a callback after each step (order/connectivity-agnostic training cycles
+the mask sets 0, 1, ..., K-1, 0, ..., one per step); after each epoch the validation NLL of
+mask set 0 decides the best weights (and early stopping with --patience). Epoch e (from 1)
+visits the training images in the order torch.randperm draws from a generator seeded with
+seed * 100003 + e, so a run resumed from an epoch's checkpoint continues exactly as the
+uninterrupted run would have.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import functools
+import json
 import math
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from matplotlib.figure import Figure
 from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
 
+from flowkit.app.common import as_options, refuse_to_replace
 from flowkit.app.common import mean_se as nll_stats
-from flowkit.app.common import refuse_to_replace
-from flowkit.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    load_checkpoint,
-    load_model,
-    save_checkpoint,
-    save_model,
-)
+from flowkit.checkpoint import load_model, save_model, write_bytes_atomic
 from flowkit.data import binarized_mnist, load_split_file
 from flowkit.distributions import BernoulliMADE
 from flowkit.plot import save_figure
-from flowkit.train import CHECKPOINT_NAME, resolve_device
+from flowkit.train import CHECKPOINT_NAME, Callbacks, History, Progress, fit, resolve_device
 
 __all__ = [
     "add_arguments", "run", "add_eval_arguments", "run_eval", "evaluate", "nll_stats", "mixture_nll"
 ]
 
-KIND = "mnist-training"
-"""The ``kind`` of this command's checkpoints (see :func:`flowkit.checkpoint.save_checkpoint`)."""
+SETTINGS_NAME = "settings.json"
+"""The options of a run, beside its checkpoint: ``--resume`` checks them."""
 
 # Settings that a resumed run must share with the run it continues.
 _FIXED_ON_RESUME = (
@@ -236,13 +234,54 @@ def _build(args: argparse.Namespace) -> BernoulliMADE:
     )
 
 
-def _optimizer(model: BernoulliMADE, args: argparse.Namespace, steps: int):
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    sched = (
-        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
-        if args.schedule == "cosine" else None
-    )
-    return opt, sched
+class EpochOrder(Sampler[int]):
+    """The order of the training images in each epoch: epoch ``e`` (from 1) visits them in the
+    order ``torch.randperm(n)`` draws from a generator seeded with ``seed * 100003 + e``.
+
+    :func:`flowkit.train.fit` calls :meth:`set_epoch` with the 0-based epoch before each epoch
+    (as for a ``DistributedSampler``), so the order is a function of the epoch and a resumed run
+    sees the batches an uninterrupted one would.
+    """
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch + 1)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+
+class _Rows(Dataset):
+    """The rows of a tensor, fetched a batch at a time (``x[rows]``, one indexing operation)."""
+
+    def __init__(self, x: Tensor):
+        self.x = x
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, row: int) -> Tensor:
+        return self.x[row]
+
+    def __getitems__(self, rows: list[int]) -> Tensor:
+        return self.x[rows]
+
+
+def _batch_as_is(batch: Tensor) -> Tensor:
+    return batch
+
+
+_OPTIONS = {
+    "lr": "--lr", "resume": "--resume", "checkpoint_dir": "--out", "seed": "--seed",
+    "device": "--device", "epochs": "--epochs", "early_stopping_patience": "--patience",
+}
+"""The option of this command that sets each argument of :func:`flowkit.train.fit`."""
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -251,29 +290,28 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if isinstance(v, plain)}
 
 
-def _check_resume(saved: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
-    now = _settings(args)
+def _check_resume(args: argparse.Namespace, out: Path) -> None:
+    """Refuse to resume the run in ``out`` with other settings than it was started with."""
+    path = out / SETTINGS_NAME
+    if not path.is_file():
+        raise ValueError(
+            f"--resume: '{out / CHECKPOINT_NAME}' has no '{SETTINGS_NAME}' beside it, so it was "
+            "not written by 'flowkit mnist' (or by an older version, whose runs cannot be "
+            "resumed); pick another --out"
+        )
+    saved, now = json.loads(path.read_text()), _settings(args)
     fixed = _FIXED_ON_RESUME + (("epochs",) if args.schedule != "constant" else ())
     for key in fixed:
         if saved.get(key) != now.get(key):
             raise ValueError(
-                f"--resume: '{key}' is {now.get(key)!r} but the run in '{path}' used "
+                f"--resume: '{key}' is {now.get(key)!r} but the run in '{out}' used "
                 f"{saved.get(key)!r}; pass the same settings or pick another --out"
             )
 
 
-def _read_checkpoint(path: Path, device: torch.device) -> Checkpoint:
-    """This command's checkpoint at ``path``. Files of flowkit's format 1 written before the
-    command had its own kind say ``"training"`` (the kind of :func:`flowkit.train.fit`'s
-    checkpoints) and are recognised by their ``"settings"``, which fit never writes."""
-    ckpt = load_checkpoint(path, map_location=device)
-    legacy = ckpt.version == 1 and ckpt.kind == "training" and "settings" in ckpt.extra
-    if ckpt.kind != KIND and not legacy:
-        raise CheckpointError(
-            f"'{path}' is a checkpoint of kind {ckpt.kind!r}, expected kind {KIND!r} (written by "
-            "'flowkit mnist'); pick another --out"
-        )
-    return ckpt
+def _write_settings(args: argparse.Namespace, path: Path) -> None:
+    """Write the run's settings atomically."""
+    write_bytes_atomic(path, (json.dumps(_settings(args), indent=2) + "\n").encode())
 
 
 def _check_minimums(args: argparse.Namespace, minimums: dict[str, int]) -> None:
@@ -285,11 +323,63 @@ def _check_minimums(args: argparse.Namespace, minimums: dict[str, int]) -> None:
             raise ValueError(f"'--{option}' should be >= {minimum}, got {value}")
 
 
+def _curves(history: History) -> dict[str, list]:
+    """Per-epoch train and validation NLL of ``history`` (one validation per epoch)."""
+    epochs = len(history.epoch_loss)
+    return {"epoch": list(range(1, epochs + 1)), "train_nll": history.epoch_loss,
+            "valid_nll": history.valid_loss[:epochs]}
+
+
+class _Report:
+    """The validation and callbacks of a run: the mask cycling after each step; after each
+    epoch, its line in ``log.txt`` (and on the terminal) and the learning curves."""
+
+    def __init__(self, say: Callable[[str], None], out: Path, label: str, x_valid: Tensor):
+        self.say, self.out, self.label, self.x_valid = say, out, label, x_valid
+        self.valid_seconds = 0.0  # of the last validation
+        self.epoch_start: float | None = None  # set at the first step, reset after each epoch
+
+    def validate(self, model: BernoulliMADE) -> float:
+        """The validation loss: mean NLL of mask set 0 (fit calls it in evaluation mode)."""
+        t0 = time.perf_counter()
+        with model.made.mask_set(0):
+            nll = evaluate(model, self.x_valid).mean().item()
+        self.valid_seconds = time.perf_counter() - t0
+        return nll
+
+    def after_step(self, p: Progress) -> None:
+        p.model.next_mask()
+        if self.epoch_start is None:
+            self.epoch_start = time.perf_counter()
+
+    def after_epoch(self, p: Progress) -> None:
+        """Log the epoch (its time without checkpoints and figures) and draw the curves."""
+        h = p.history
+        seconds = time.perf_counter() - (self.epoch_start or 0.0)
+        per_epoch = p.step // p.epoch
+        best_epoch = (h.best_step or 0) // per_epoch
+        best = math.nan if h.best_valid_loss is None else h.best_valid_loss
+        self.say(f"epoch {p.epoch}: train {h.epoch_loss[-1]:.3f}, valid {h.valid_loss[-1]:.3f} "
+                 f"nats (best {best:.3f} at {best_epoch}); {seconds - self.valid_seconds:.1f} s "
+                 f"train, {self.valid_seconds:.1f} s valid")
+        save_learning_curves(_curves(h), self.out / "curves.png", title=self.label)
+        self.epoch_start = time.perf_counter()
+
+    def on_checkpoint(self, p: Progress) -> None:
+        self.epoch_start = time.perf_counter()
+
+    def callbacks(self) -> Callbacks:
+        return Callbacks(after_step=self.after_step, after_epoch=self.after_epoch,
+                         on_checkpoint=self.on_checkpoint)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train a Bernoulli-MADE on binarized MNIST (see the module docstring).
 
     ``args`` holds the options of :func:`add_arguments` and the CLI's common ``device``,
-    ``seed``, ``out`` and ``quiet``. Returns the metrics (validation NLLs, times, settings).
+    ``seed``, ``out`` and ``quiet``. Returns the metrics: validation NLLs, settings and times
+    (``train_seconds`` and ``seconds_per_epoch`` are ``fit``'s wall time without validation,
+    checkpoints and figures included, over all resumed segments).
     """
     from tqdm.auto import tqdm
 
@@ -301,108 +391,53 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)  # masked-out weights decay into denormals, slow on x86
     device = resolve_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT_NAME
     refuse_to_replace(ckpt_path, args.resume)
+    resuming = args.resume and ckpt_path.exists()
+    if resuming:
+        _check_resume(args, out)
     x_train, x_valid = _load_data(args)
     x_train, x_valid = x_train.to(device), x_valid.to(device)
-    torch.manual_seed(args.seed)  # the weight initialization
-    model = _build(args).to(device)
     steps_per_epoch = x_train.shape[0] // args.batch_size
     if steps_per_epoch < 1:
         raise ValueError(
             f"'--batch-size' ({args.batch_size}) is larger than the training set "
             f"({x_train.shape[0]} images)"
         )
-    opt, sched = _optimizer(model, args, args.epochs * steps_per_epoch)
-    history: dict[str, list] = {
-        "epoch": [], "train_nll": [], "valid_nll": [], "train_seconds": [], "valid_seconds": []
-    }
-    best: dict[str, Any] = {"epoch": 0, "nll": math.inf, "state_dict": None}
-    start = 0
-    if args.resume and ckpt_path.exists():
-        loaded = _read_checkpoint(ckpt_path, device)
-        ckpt = loaded.extra
-        _check_resume(ckpt["settings"], args, ckpt_path)
-        loaded.restore(model)
-        opt.load_state_dict(ckpt["optimizer"])
-        if sched is not None:
-            sched.load_state_dict(ckpt["scheduler"])
-        history, best, start = ckpt["history"], ckpt["best"], ckpt["epoch"]
+    torch.manual_seed(args.seed)  # the weight initialization
+    model = _build(args).to(device)
+    if not resuming:
+        _write_settings(args, out / SETTINGS_NAME)
+    loader = DataLoader(_Rows(x_train), batch_size=args.batch_size, drop_last=True,
+                        sampler=EpochOrder(x_train.shape[0], args.seed), collate_fn=_batch_as_is)
     log = open(out / "log.txt", "a")  # noqa: SIM115 (closed in finally)
-    saved = start  # the epoch that the checkpoint on disk ends with
-
-    def checkpoint(epoch: int) -> None:
-        save_checkpoint(ckpt_path, KIND, model=model, extra={
-            "optimizer": opt.state_dict(),
-            "scheduler": None if sched is None else sched.state_dict(),
-            "epoch": epoch, "history": history, "best": best, "settings": _settings(args),
-        })
 
     def say(text: str) -> None:
         tqdm.write(text)
         log.write(text + "\n")
         log.flush()
 
-    say(f"{'resuming at' if start else 'starting'} epoch {start + 1}/{args.epochs}: "
+    report = _Report(say, out, _label(model), x_valid)
+    say(f"{'resuming' if resuming else 'starting'} a run of {args.epochs} epochs: "
         f"{x_train.shape[0]} train / {x_valid.shape[0]} valid images on {device}, "
         f"{torch.get_num_threads()} threads; {model.config['kwargs']}")
     try:
-        for epoch in range(start + 1, args.epochs + 1):
-            if args.patience is not None and epoch - best["epoch"] > args.patience:
-                say(f"early stop: no better validation NLL since epoch {best['epoch']}")
-                if saved != epoch - 1:
-                    checkpoint(epoch - 1)
-                break
-            model.train()
-            generator = torch.Generator().manual_seed(args.seed * 100_003 + epoch)
-            perm = torch.randperm(x_train.shape[0], generator=generator).to(device)
-            total = torch.zeros((), device=device, dtype=torch.float64)
-            t0 = time.perf_counter()
-            bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{args.epochs}",
-                       disable=args.quiet, leave=False, dynamic_ncols=True)
-            for i in bar:
-                batch = x_train[perm[i * args.batch_size : (i + 1) * args.batch_size]]
-                loss = -model.log_prob(batch).mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                model.next_mask()
-                total += loss.detach()
-                if i % 50 == 0:
-                    bar.set_postfix(nll=f"{loss.item():.2f}", refresh=False)
-            train_nll = (total / steps_per_epoch).item()
-            if not math.isfinite(train_nll):
-                raise FloatingPointError(
-                    f"the training NLL is {train_nll} in epoch {epoch}; lower --lr (now "
-                    f"{args.lr:g}) and --resume from the last checkpoint"
-                )
-            t1 = time.perf_counter()
-            model.eval()
-            with model.made.mask_set(0):
-                valid_nll = evaluate(model, x_valid).mean().item()
-            t2 = time.perf_counter()
-            for key, value in zip(history, (epoch, train_nll, valid_nll, t1 - t0, t2 - t1),
-                                  strict=True):
-                history[key].append(value)
-            if valid_nll < best["nll"]:
-                best = {"epoch": epoch, "nll": valid_nll,
-                        "state_dict": copy.deepcopy(model.state_dict())}
-            say(f"epoch {epoch}: train {train_nll:.3f}, valid {valid_nll:.3f} nats "
-                f"(best {best['nll']:.3f} at {best['epoch']}); {t1 - t0:.1f} s train, "
-                f"{t2 - t1:.1f} s valid")
-            if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
-                checkpoint(epoch)
-                saved = epoch
-            save_learning_curves(history, out / "curves.png", title=_label(model))
-
-        if best["state_dict"] is not None:
-            model.load_state_dict(best["state_dict"])
+        with as_options(_OPTIONS):
+            history = fit(
+                model, loader, valid=report.validate, epochs=args.epochs,
+                early_stopping_patience=args.patience, restore_best=True, lr=args.lr,
+                optimizer=functools.partial(torch.optim.AdamW, weight_decay=args.weight_decay),
+                lr_schedule="cosine" if args.schedule == "cosine" else None, seed=args.seed,
+                device=device, checkpoint_dir=out,
+                checkpoint_every=args.checkpoint_every * steps_per_epoch, resume=args.resume,
+                progress=not args.quiet, callbacks=report.callbacks(),
+            )
+        best_epoch = (history.best_step or 0) // steps_per_epoch
+        if history.stopped_early:
+            say(f"early stop: no better validation NLL since epoch {best_epoch}")
         model.set_mask(0)
         model.eval()
         save_model(model, out / "model.pt")
@@ -410,19 +445,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         valid, _ = _score(model, x_valid, ensemble)
         eval_seconds = time.perf_counter() - t0
-        say(_describe("valid", valid) + f"; best epoch {best['epoch']}")
+        say(_describe("valid", valid) + f"; best epoch {best_epoch}")
         samples = model.sample(100, generator=torch.Generator(device).manual_seed(args.seed))
         save_sample_grid(samples, out / "samples.png")
-        train_times = history["train_seconds"]
+        epochs_run = len(history.epoch_loss)
+        train_seconds = history.wall_time - history.valid_time
         return {
             "config": model.config,
             "settings": _settings(args),
-            "epochs_run": len(history["epoch"]),
-            "best_epoch": best["epoch"],
+            "epochs_run": epochs_run,
+            "best_epoch": best_epoch,
             "valid": valid,
-            "seconds_per_epoch": sum(train_times) / max(len(train_times), 1),
-            "train_seconds": sum(train_times),
-            "total_seconds": sum(train_times) + sum(history["valid_seconds"]) + eval_seconds,
+            "seconds_per_epoch": train_seconds / max(epochs_run, 1),
+            "train_seconds": train_seconds,
+            "total_seconds": history.wall_time + eval_seconds,
             "threads": torch.get_num_threads(),
             "device": str(device),
         }
