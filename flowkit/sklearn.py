@@ -26,7 +26,6 @@ import functools
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from numbers import Real
 
 import numpy as np
 import torch
@@ -36,7 +35,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from flowkit.flows.builders import MAF
 from flowkit.train import fit as fit_flow
-from flowkit.validation import is_int
+from flowkit.validation import ArgumentError, check_bool, check_float, check_int, is_int
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -44,6 +43,12 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 def _seed(random_state: int | np.random.RandomState | None) -> int:
     """A torch seed drawn from a scikit-learn ``random_state``."""
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+
+
+def _refuse_complex(X: object) -> None:
+    """Complex rows are refused by name (casting them would drop the imaginary part)."""
+    if np.iscomplexobj(X):
+        raise ArgumentError("X", "should hold real values, got complex ones")
 
 
 @contextmanager
@@ -135,27 +140,35 @@ class FlowDensity(DensityMixin, BaseEstimator):
         self.verbose = verbose
 
     def _check_params(self) -> None:
+        """Check the hyper-parameters that the estimator itself uses (the MAF's own are
+        checked by :func:`flowkit.MAF`, ``device`` by :func:`flowkit.train.fit`); errors name
+        them."""
         for name in ("max_epochs", "batch_size"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ValueError(f"'{name}' should be a positive integer, got {value!r}")
-        n = self.n_iter_no_change
-        if n is not None and (not is_int(n) or n < 1):
-            raise ValueError(f"'n_iter_no_change' should be None or a positive integer, got {n!r}")
-        if not isinstance(self.lr, Real) or not self.lr > 0:
-            raise ValueError(f"'lr' should be a positive number, got {self.lr!r}")
-        if not isinstance(self.weight_decay, Real) or self.weight_decay < 0:
-            raise ValueError(f"'weight_decay' should be >= 0, got {self.weight_decay!r}")
-        if not isinstance(self.validation_fraction, Real) or not 0 <= self.validation_fraction < 1:
-            raise ValueError(
-                f"'validation_fraction' should be in [0, 1), got {self.validation_fraction!r}"
+            check_int(name, getattr(self, name), minimum=1)
+        if self.n_iter_no_change is not None:
+            check_int("n_iter_no_change", self.n_iter_no_change, minimum=1)
+        check_float("lr", self.lr, minimum=0, exclusive=True)
+        check_float("weight_decay", self.weight_decay, minimum=0)
+        if check_float("validation_fraction", self.validation_fraction, minimum=0) >= 1:
+            raise ArgumentError(
+                "validation_fraction", f"should be in [0, 1), got {self.validation_fraction!r}"
             )
+        for name in ("standardize", "verbose"):
+            check_bool(name, getattr(self, name))
         if self.dtype not in _DTYPES:
-            raise ValueError(f"'dtype' should be 'float32' or 'float64', got {self.dtype!r}")
+            raise ArgumentError("dtype", f"should be 'float32' or 'float64', got {self.dtype!r}")
+        try:
+            check_random_state(self.random_state)
+        except ValueError as e:
+            raise ArgumentError(
+                "random_state",
+                f"should be None, an integer or a numpy RandomState, got {self.random_state!r}",
+            ) from e
 
     def fit(self, X: np.ndarray, y: None = None) -> FlowDensity:
         """Fit the flow to the rows of ``X``, ``(n_samples, n_features)``; ``y`` is ignored."""
         self._check_params()
+        _refuse_complex(X)
         X = validate_data(self, X, dtype=[np.float64, np.float32], ensure_min_samples=2)
         rng = check_random_state(self.random_state)
         seed = _seed(rng)
@@ -215,6 +228,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
     def score_samples(self, X: np.ndarray) -> np.ndarray:
         """Log-density ``log p(x)`` of each row of ``X``, ``(n_samples,)`` float64, in nats."""
         check_is_fitted(self)
+        _refuse_complex(X)
         X = validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
         u = self._to_tensor(X)
         device = next(self.flow_.parameters()).device

@@ -28,6 +28,7 @@ from flowkit.train import (
     resolve_device,
 )
 from flowkit.train.data import first_batch
+from flowkit.validation import ArgumentError
 
 SCALE, SHIFT = torch.tensor([2.0, 0.5]), torch.tensor([1.0, -1.0])
 # differential entropy of N(SHIFT, diag(SCALE^2)): the best achievable mean NLL
@@ -802,3 +803,135 @@ def test_python_dash_m_flowkit_runs():
         timeout=120,
     )
     assert done.returncode == 0 and "usage: flowkit" in done.stdout
+
+
+# ------------------------------------------------------------------ bad arguments, one table
+
+X64 = gaussian(64)
+
+
+def _fit(**kwargs):
+    return lambda m: fit(m, X64, **{"steps": 3, "batch_size": 16, **QUIET, **kwargs})
+
+
+def _fit_valid(**kwargs):
+    return _fit(valid=X64, **kwargs)
+
+
+def _reverse_kl(**kwargs):
+    target = lambda x: -x.square().sum(-1)  # noqa: E731
+    return lambda m: fit_reverse_kl(m, target, **{"steps": 3, "batch_size": 16, **QUIET, **kwargs})
+
+
+def _flow_density(**kwargs):
+    from flowkit.sklearn import FlowDensity
+
+    X = kwargs.pop("X", X64.numpy())
+    params = {"layers": 1, "hidden_features": (4,), "max_epochs": 1, **kwargs}
+    return lambda m: FlowDensity(**params).fit(X)
+
+
+NAN, INF = float("nan"), float("inf")
+BAD_ARGUMENTS = {
+    # fit: the shared options (TrainOptions)
+    "fit-lr-inf": (_fit(lr=INF), ValueError, "lr"),
+    "fit-lr-nan": (_fit(lr=NAN), ValueError, "lr"),
+    "fit-lr-string": (_fit(lr="0.1"), ValueError, "lr"),
+    "fit-lr-zero": (_fit(lr=0.0), ValueError, "lr"),
+    "fit-lr-negative": (_fit(lr=-1e-3), ValueError, "lr"),
+    "fit-lr-bool": (_fit(lr=True), ValueError, "lr"),
+    "fit-clip-negative": (_fit(clip_grad_norm=-1), ValueError, "clip_grad_norm"),
+    "fit-clip-zero": (_fit(clip_grad_norm=0), ValueError, "clip_grad_norm"),
+    "fit-clip-nan": (_fit(clip_grad_norm=NAN), ValueError, "clip_grad_norm"),
+    "fit-clip-inf": (_fit(clip_grad_norm=INF), ValueError, "clip_grad_norm"),
+    "fit-divergence-zero": (_fit(divergence_threshold=0.0), ValueError, "divergence_threshold"),
+    "fit-divergence-nan": (_fit(divergence_threshold=NAN), ValueError, "divergence_threshold"),
+    "fit-device-bogus": (_fit(device="bogus"), ValueError, "device"),
+    "fit-device-int": (_fit(device=3), ValueError, "device"),
+    "fit-device-meta": (_fit(device="meta"), ValueError, "device"),
+    "fit-seed-negative": (_fit(seed=-1), ValueError, "seed"),
+    "fit-seed-float": (_fit(seed=1.5), ValueError, "seed"),
+    "fit-seed-bool": (_fit(seed=True), ValueError, "seed"),
+    "fit-seed-huge": (_fit(seed=2**63), ValueError, "seed"),
+    "fit-optimizer-none": (_fit(optimizer=None), ValueError, "optimizer"),
+    "fit-optimizer-unknown": (_fit(optimizer="lbfgs"), ValueError, "optimizer"),
+    "fit-optimizer-case": (_fit(optimizer="Adam"), ValueError, "optimizer"),
+    "fit-schedule-unknown": (_fit(lr_schedule="cos"), ValueError, "lr_schedule"),
+    "fit-checkpoint-every-zero": (_fit(checkpoint_every=0), ValueError, "checkpoint_every"),
+    "fit-log-every-float": (_fit(log_every=10.0), ValueError, "log_every"),
+    "fit-resume-string": (_fit(resume="yes"), ValueError, "resume"),
+    "fit-progress-int": (_fit(progress=1), ValueError, "progress"),
+    "fit-checkpoint-dir-int": (_fit(checkpoint_dir=5), ValueError, "checkpoint_dir"),
+    "fit-callbacks-function": (_fit(callbacks=print), ValueError, "callbacks"),
+    "fit-callbacks-not-callable": (
+        lambda m: _fit(callbacks=flowkit.train.Callbacks(after_step=3))(m),
+        ValueError, "callbacks.after_step",
+    ),
+    "fit-unknown-option": (_fit(lrr=0.1), TypeError, "lrr"),
+    # fit: its own arguments
+    "fit-steps-bool": (_fit(steps=True), ValueError, "steps"),
+    "fit-steps-string": (_fit(steps="10"), ValueError, "steps"),
+    "fit-steps-negative": (_fit(steps=-5), ValueError, "steps"),
+    "fit-epochs-zero": (lambda m: fit(m, X64, epochs=0, batch_size=16, **QUIET), ValueError,
+                        "epochs"),
+    "fit-batch-size-bool": (_fit(batch_size=True), ValueError, "batch_size"),
+    "fit-batch-size-float": (_fit(batch_size=16.0), ValueError, "batch_size"),
+    "fit-valid-every-zero": (_fit_valid(valid_every=0), ValueError, "valid_every"),
+    "fit-patience-zero": (_fit_valid(early_stopping_patience=0), ValueError,
+                          "early_stopping_patience"),
+    "fit-restore-best-string": (_fit_valid(restore_best="True"), ValueError, "restore_best"),
+    "fit-data-complex": (lambda m: fit(m, X64.to(torch.complex64), steps=3, batch_size=16,
+                                       **QUIET), ValueError, "data"),
+    "fit-data-complex-numpy": (lambda m: fit(m, X64.numpy() + 1j, steps=3, batch_size=16,
+                                             **QUIET), ValueError, "data"),
+    "fit-data-strings": (lambda m: fit(m, np.array([["a", "b"]] * 20), steps=3, batch_size=16,
+                                       **QUIET), ValueError, "data"),
+    "fit-valid-complex": (_fit(valid=X64.to(torch.complex128)), ValueError, "valid"),
+    # fit_reverse_kl: its own arguments and the shared options
+    "reverse-kl-steps-zero": (_reverse_kl(steps=0), ValueError, "steps"),
+    "reverse-kl-batch-size-bool": (_reverse_kl(batch_size=True), ValueError, "batch_size"),
+    "reverse-kl-lr-nan": (_reverse_kl(lr=NAN), ValueError, "lr"),
+    "reverse-kl-clip-negative": (_reverse_kl(clip_grad_norm=-1.0), ValueError, "clip_grad_norm"),
+    "reverse-kl-device-bogus": (_reverse_kl(device="bogus"), ValueError, "device"),
+    "reverse-kl-seed-negative": (_reverse_kl(seed=-1), ValueError, "seed"),
+    "reverse-kl-unknown-option": (_reverse_kl(valid=X64), TypeError, "valid"),
+    # the scikit-learn estimator
+    "FlowDensity-weight-decay-nan": (_flow_density(weight_decay=NAN), ValueError, "weight_decay"),
+    "FlowDensity-weight-decay-negative": (_flow_density(weight_decay=-1.0), ValueError,
+                                          "weight_decay"),
+    "FlowDensity-weight-decay-string": (_flow_density(weight_decay="0"), ValueError,
+                                        "weight_decay"),
+    "FlowDensity-lr-inf": (_flow_density(lr=INF), ValueError, "lr"),
+    "FlowDensity-lr-string": (_flow_density(lr="0.1"), ValueError, "lr"),
+    "FlowDensity-max-epochs-bool": (_flow_density(max_epochs=True), ValueError, "max_epochs"),
+    "FlowDensity-batch-size-zero": (_flow_density(batch_size=0), ValueError, "batch_size"),
+    "FlowDensity-validation-fraction-nan": (_flow_density(validation_fraction=NAN), ValueError,
+                                            "validation_fraction"),
+    "FlowDensity-validation-fraction-one": (_flow_density(validation_fraction=1.0), ValueError,
+                                            "validation_fraction"),
+    "FlowDensity-n-iter-no-change-zero": (_flow_density(n_iter_no_change=0), ValueError,
+                                          "n_iter_no_change"),
+    "FlowDensity-standardize-string": (_flow_density(standardize="no"), ValueError,
+                                       "standardize"),
+    "FlowDensity-dtype": (_flow_density(dtype="float16"), ValueError, "dtype"),
+    "FlowDensity-device-bogus": (_flow_density(device="bogus"), ValueError, "device"),
+    "FlowDensity-random-state-string": (_flow_density(random_state="x"), ValueError,
+                                        "random_state"),
+    "FlowDensity-complex-X": (_flow_density(X=X64.numpy() + 1j), ValueError, "X"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_bad_arguments_are_named_errors_before_training(case):
+    """Each bad value is refused before the first step, with an error of the expected type whose
+    message names the argument as the caller passed it."""
+    call, error, name = BAD_ARGUMENTS[case]
+    model = small_maf()
+    before = weights(model)
+    with pytest.raises(error) as info:
+        call(model)
+    message = str(info.value)
+    assert f"'{name}'" in message or f"{name}=" in message, message
+    if isinstance(info.value, ArgumentError):
+        assert info.value.argument == name
+    assert_same_weights(weights(model), before)
