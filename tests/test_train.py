@@ -21,6 +21,7 @@ from flowkit.app import cli
 from flowkit.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from flowkit.train import (
     CHECKPOINT_NAME,
+    DivergenceError,
     History,
     NonFiniteLossError,
     fit,
@@ -935,3 +936,145 @@ def test_bad_arguments_are_named_errors_before_training(case):
     if isinstance(info.value, ArgumentError):
         assert info.value.argument == name
     assert_same_weights(weights(model), before)
+
+
+# ------------------------------------------------------- divergence, non-finite, callbacks
+
+
+class _RisingLoss(nn.Module):
+    """A Gaussian with a learnable mean whose training loss jumps by ``jump`` nats from step
+    ``at`` on (a constant added to the log-density of training steps only)."""
+
+    features = 2
+
+    def __init__(self, at: int, jump: float):
+        super().__init__()
+        self.loc = nn.Parameter(torch.zeros(2))
+        self.at, self.jump, self.calls = at, jump, 0
+
+    def log_prob(self, x):
+        log_p = -0.5 * (x - self.loc).square().sum(-1)
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls >= self.at:
+                log_p = log_p - self.jump
+        return log_p
+
+
+def test_divergence_is_an_error_that_says_what_to_try(tmp_path):
+    """The loss is about 2.8 nats, then 1000 nats higher from step 30: the smoothed loss crosses
+    best + 10 x max(1, |best|) within a few steps; the error says what to change, the model is
+    given back the weights of the last recording before, the checkpoint of step 20 is kept."""
+    model = _RisingLoss(at=30, jump=1000.0)
+    with pytest.raises(DivergenceError, match=r"the training loss diverged at step 3\d: .*"
+                       r"Usual fixes: lower the learning rate \(lr=0\.001 now\), clip gradients "
+                       r"\(clip_grad_norm=1\.0\)") as info:
+        fit(model, gaussian, steps=100, batch_size=64, seed=0, checkpoint_dir=tmp_path,
+            checkpoint_every=20, log_every=10, **QUIET)
+    e = info.value
+    assert isinstance(e, FloatingPointError) and 30 <= e.step < 40 and e.value > e.best + 10
+    assert "The model holds the weights of step 20" in str(e)
+    assert f"'{tmp_path / CHECKPOINT_NAME}' (step 20), was kept" in str(e)
+    assert safe_load(tmp_path / CHECKPOINT_NAME)["step"] == 20
+    # a smaller jump stays under the threshold; None turns the check off
+    fit(_RisingLoss(at=30, jump=20.0), gaussian, steps=60, batch_size=64, seed=0, **QUIET)
+    h = fit(_RisingLoss(at=30, jump=1000.0), gaussian, steps=60, batch_size=64, seed=0,
+            divergence_threshold=None, **QUIET)
+    assert len(h.train_loss) == 60
+
+
+def test_a_large_learning_rate_ends_in_a_clear_error_and_finite_weights():
+    flow = small_maf()
+    with pytest.raises((DivergenceError, NonFiniteLossError), match="lower the learning rate"):
+        fit(flow, gaussian, steps=200, batch_size=64, lr=10.0, seed=0, **QUIET)
+    assert all(torch.isfinite(v).all() for v in flow.state_dict().values())
+    assert not flow.training
+
+
+def test_nonfinite_weights_without_checkpoints_are_not_returned():
+    """The update of step 20 makes the weights NaN (with a finite loss): without a checkpoint
+    folder the error comes at the next recording, and the model holds the weights of the one
+    before (step 15)."""
+    model = _InfiniteGradientAt(bad=20)
+    with pytest.raises(NonFiniteLossError, match="the model holds the weights of step 15"
+                       .replace("the model", "The model")) as info:
+        fit(model, gaussian(256), steps=40, batch_size=32, seed=0, log_every=5, **QUIET)
+    assert info.value.step == 20
+    assert torch.isfinite(model.loc).all()
+
+
+def test_a_nan_validation_loss_is_never_the_best():
+    values = iter([math.nan, 3.0, math.nan, 2.0, math.inf])
+    flow = small_maf()
+    h = fit(flow, gaussian(256), valid=lambda m: next(values), steps=10, batch_size=64,
+            valid_every=2, restore_best=True, seed=0, **QUIET)
+    assert h.valid_steps == [2, 4, 6, 8, 10]
+    assert h.best_step == 8 and h.best_valid_loss == 2.0
+    nans = iter([math.nan] * 3)
+    h = fit(small_maf(), gaussian(256), valid=lambda m: next(nans), steps=6, batch_size=64,
+            valid_every=2, early_stopping_patience=3, seed=0, **QUIET)
+    assert h.best_step is None and h.best_valid_loss is None and h.stopped_early
+
+
+def test_valid_as_a_function_is_called_in_eval_mode_without_gradients():
+    seen = []
+
+    def valid(model):
+        seen.append((model.training, torch.is_grad_enabled()))
+        return torch.tensor(1.5)
+
+    flow = small_maf()
+    h = fit(flow, gaussian(256), valid=valid, steps=4, batch_size=64, valid_every=2, seed=0,
+            **QUIET)
+    assert seen == [(False, False), (False, False)] and h.valid_loss == [1.5, 1.5]
+    with pytest.raises(ArgumentError, match=r"'valid' should return the validation loss as a "
+                       r"number, got 'x'"):
+        fit(small_maf(), gaussian(256), valid=lambda m: "x", steps=2, batch_size=64, **QUIET)
+
+
+def test_callbacks_run_after_steps_epochs_and_checkpoints(tmp_path):
+    events = []
+    callbacks = flowkit.train.Callbacks(
+        after_step=lambda p: events.append(("step", p.step, p.epoch, p.loss.shape)),
+        after_epoch=lambda p: events.append(
+            ("epoch", p.step, p.epoch, len(p.history.epoch_loss), len(p.history.valid_loss))),
+        on_checkpoint=lambda p: events.append(("checkpoint", p.step, p.checkpoint)),
+    )
+    x = gaussian(64)  # 2 batches of 32 per epoch
+    fit(small_maf(), x, valid=x[:16], epochs=2, batch_size=32, seed=0, callbacks=callbacks,
+        checkpoint_dir=tmp_path, checkpoint_every=3, **QUIET)
+    path = tmp_path / CHECKPOINT_NAME
+    assert events == [
+        ("step", 1, 0, ()), ("step", 2, 1, ()), ("epoch", 2, 1, 1, 1),
+        ("step", 3, 1, ()), ("checkpoint", 3, path),
+        ("step", 4, 2, ()), ("epoch", 4, 2, 2, 2), ("checkpoint", 4, path),
+    ]
+
+
+def test_callbacks_do_not_change_a_resumed_run(tmp_path):
+    """Resume equality holds with a callback that changes the model (mask cycling)."""
+    def run(folder, steps, **kwargs):
+        torch.manual_seed(0)
+        model = flowkit.distributions.BernoulliMADE(6, hidden_features=(8,), num_masks=3,
+                                                    order="random", seed=0)
+        x = (torch.rand(96, 6, generator=torch.Generator().manual_seed(1)) < 0.3).float()
+        cycle = flowkit.train.Callbacks(after_step=lambda p: p.model.next_mask())
+        fit(model, x, steps=steps, batch_size=32, seed=0, callbacks=cycle,
+            checkpoint_dir=folder, checkpoint_every=4, **QUIET, **kwargs)
+        return weights(model)
+
+    whole = run(tmp_path / "whole", 10)
+    run(tmp_path / "cut", 4)
+    assert_same_weights(run(tmp_path / "cut", 10, resume=True), whole)
+
+
+def test_cli_spells_a_divergence_with_its_options(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", gaussian(600).numpy())
+    code = cli.main(["fit", "--data", str(tmp_path / "x.npy"), "--steps", "50", "--lr", "10",
+                     "--quiet", "--device", "cpu", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "(--lr 10.0 now)" in err and "(--clip-grad-norm 1.0)" in err
+    assert "lr=" not in err and "clip_grad_norm" not in err
+    code = cli.main(["fit", "--data", "moons", "--steps", "0", "--quiet", "--device", "cpu",
+                     "--out", str(tmp_path / "p")])
+    assert code == 2 and "'--steps' should be >= 1, got 0" in capsys.readouterr().err

@@ -30,6 +30,7 @@ References:
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -41,12 +42,13 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from flowkit.checkpoint import load_checkpoint, save_checkpoint
 from flowkit.data import binarized_mnist, data_root
 from flowkit.distributions import StandardNormal
 from flowkit.flows import IAF, MAF
-from flowkit.train import CHECKPOINT_NAME, History, fit, resolve_device
+from flowkit.train import CHECKPOINT_NAME, Callbacks, History, Progress, fit, resolve_device
 
 from .common import mean_se, mlp, refuse_to_replace
 
@@ -214,9 +216,11 @@ def train(
     checkpoint_dir: str | Path | None = None,
     resume: bool = False,
     progress: bool = True,
+    callbacks: Callbacks | None = None,
 ) -> History:
     """Maximise the ELBO with :func:`flowkit.train.fit` (Adam); returns its ``History``, whose
-    losses are ``-ELBO`` in nats per image. A checkpoint is written after every epoch."""
+    losses are ``-ELBO`` in nats per image. A checkpoint is written after every epoch;
+    ``callbacks`` are ``fit``'s (see :class:`flowkit.train.Callbacks`)."""
     steps_per_epoch = max(x_train.shape[0] // batch_size, 1)
     return fit(
         _ElboAsLogProb(vae),
@@ -233,6 +237,7 @@ def train(
         resume=resume,
         progress=progress,
         log_every=min(100, steps_per_epoch),
+        callbacks=callbacks,
     )
 
 
@@ -358,6 +363,17 @@ def _load(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
     return x_train, x_valid
 
 
+def _log_epoch(path: Path, p: Progress) -> None:
+    """After each epoch: its line in ``path`` (and on the terminal), ``-ELBO`` in nats."""
+    h = p.history
+    line = (f"epoch {p.epoch}: -ELBO train {h.epoch_loss[-1]:.3f}, valid {h.valid_loss[-1]:.3f} "
+            f"nats; {h.wall_time:.0f} s so far")
+    tqdm.write(line)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as log:
+        log.write(line + "\n")
+
+
 def _format_table(results: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| variant | params | epochs | train s | -ELBO (all valid) | -ELBO | -log p(x) | "
@@ -378,6 +394,7 @@ def _format_table(results: dict[str, dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train and score each ``--variants`` entry with the same encoder/decoder sizes, data order
     and seed; writes ``OUT/VARIANT/checkpoint.pt``, ``OUT/VARIANT/scores.pt``,
+    ``OUT/VARIANT/log.txt`` (a line per epoch, from a callback of ``fit``),
     ``OUT/results.json`` and ``OUT/results.md``; returns ``{variant: metrics}`` (nats per
     image; ``nll`` is the ``L_k`` estimate of ``-log p(x)``, ``log_px_gain`` the paired mean
     improvement over the first variant on the same images).
@@ -412,6 +429,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             lr_schedule=None if args.schedule == "constant" else args.schedule, seed=args.seed,
             device=device, checkpoint_dir=out / name, resume=args.resume,
             progress=not args.quiet,
+            callbacks=Callbacks(after_epoch=functools.partial(_log_epoch, out / name / "log.txt")),
         )
         scores, eval_seconds = _scores(vae, x_eval, k, args.seed, out / name / SCORES_NAME)
         neg_elbo, neg_elbo_se = mean_se(-scores["elbo"])
