@@ -48,7 +48,7 @@ def _seed(random_state: int | np.random.RandomState | None) -> int:
 def _refuse_complex(X: object) -> None:
     """Complex rows are refused by name (casting them would drop the imaginary part)."""
     if np.iscomplexobj(X):
-        raise ArgumentError("X", "should hold real values, got complex ones")
+        raise ArgumentError("X", "should hold real values. Complex data not supported")
 
 
 @contextmanager

@@ -164,10 +164,10 @@ def test_grid_search_and_pipeline():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(max_epochs=0), "'max_epochs' should be a positive integer"),
-        (dict(batch_size=2.5), "'batch_size' should be a positive integer"),
-        (dict(n_iter_no_change=0), "'n_iter_no_change' should be None or a positive integer"),
-        (dict(lr=0.0), "'lr' should be a positive number"),
+        (dict(max_epochs=0), "'max_epochs' should be >= 1, got 0"),
+        (dict(batch_size=2.5), "'batch_size' should be an integer >= 1, got 2.5"),
+        (dict(n_iter_no_change=0), "'n_iter_no_change' should be >= 1, got 0"),
+        (dict(lr=0.0), "'lr' should be positive, got 0.0"),
         (dict(weight_decay=-1.0), "'weight_decay' should be >= 0"),
         (dict(validation_fraction=1.0), r"'validation_fraction' should be in \[0, 1\)"),
         (dict(dtype="float16"), "'dtype' should be 'float32' or 'float64'"),
