@@ -862,7 +862,7 @@ BAD_ARGUMENTS = {
     "fit-log-every-float": (_fit(log_every=10.0), ValueError, "log_every"),
     "fit-resume-string": (_fit(resume="yes"), ValueError, "resume"),
     "fit-progress-int": (_fit(progress=1), ValueError, "progress"),
-    "fit-checkpoint-dir-int": (_fit(checkpoint_dir=5), ValueError, "checkpoint_dir"),
+    "fit-checkpoint-dir-int": (_fit(checkpoint_dir=5), TypeError, "checkpoint_dir"),
     "fit-callbacks-function": (_fit(callbacks=print), ValueError, "callbacks"),
     "fit-callbacks-not-callable": (
         lambda m: _fit(callbacks=flowkit.train.Callbacks(after_step=3))(m),
@@ -975,7 +975,7 @@ def test_divergence_is_an_error_that_says_what_to_try(tmp_path):
     assert isinstance(e, FloatingPointError) and 30 <= e.step < 40 and e.value > e.best + 10
     assert "The model holds the weights of step 20" in str(e)
     assert f"'{tmp_path / CHECKPOINT_NAME}' (step 20), was kept" in str(e)
-    assert safe_load(tmp_path / CHECKPOINT_NAME)["step"] == 20
+    assert load_checkpoint(tmp_path / CHECKPOINT_NAME).extra["step"] == 20
     # a smaller jump stays under the threshold; None turns the check off
     fit(_RisingLoss(at=30, jump=20.0), gaussian, steps=60, batch_size=64, seed=0, **QUIET)
     h = fit(_RisingLoss(at=30, jump=1000.0), gaussian, steps=60, batch_size=64, seed=0,

@@ -193,11 +193,11 @@ def _checkpoint_path(checkpoint_dir: object) -> Path | None:
         )
     folder = Path(checkpoint_dir)
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"'checkpoint_dir' should be a folder, but '{folder}' is a file")
+        raise ArgumentError("checkpoint_dir", f"should be a folder, but '{folder}' is a file")
     if (folder / CHECKPOINT_NAME).is_dir():
-        raise ValueError(
-            f"'{folder / CHECKPOINT_NAME}' is a folder, where 'checkpoint_dir' should hold the "
-            "checkpoint file"
+        raise ArgumentError(
+            "checkpoint_dir", f"'{folder / CHECKPOINT_NAME}' is a folder, where ",
+            Mention("checkpoint_dir"), " should hold the checkpoint file",
         )
     return folder / CHECKPOINT_NAME
 

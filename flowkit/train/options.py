@@ -142,11 +142,6 @@ def resolve(function: str, options: Mapping[str, Any]) -> TrainOptions:
         o["seed"] = check_int("seed", o["seed"], minimum=0)
         if o["seed"] >= 2**63:
             raise ArgumentError("seed", f"should be below 2**63, got {o['seed']}")
-    folder = o["checkpoint_dir"]
-    if folder is not None and not isinstance(folder, str | os.PathLike):
-        raise ArgumentError(
-            "checkpoint_dir", f"should be None or a path (str or os.PathLike), got {folder!r}"
-        )
     for name in ("checkpoint_every", "log_every"):
         o[name] = check_int(name, o[name], minimum=1)  # type: ignore[literal-required]
     for name in ("resume", "progress"):
