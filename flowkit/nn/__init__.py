@@ -1,5 +1,6 @@
 """Masked layers and the MADE conditioner."""
 
-from flowkit.nn.made import MADE, MaskedLinear
+from flowkit.nn.linear import MaskedLinear
+from flowkit.nn.made import MADE
 
 __all__ = ["MADE", "MaskedLinear"]

@@ -34,7 +34,8 @@ from torch import Tensor
 from flowkit.nn import masks
 
 if TYPE_CHECKING:
-    from flowkit.nn.made import MADE, MaskedLinear
+    from flowkit.nn.linear import MaskedLinear
+    from flowkit.nn.made import MADE
 
 INPUTS = -1
 """The source index of the inputs (features, then context) in :attr:`Stage.reads`."""

@@ -10,11 +10,13 @@ inputs (those seen by its last, highest-degree row), so
     y_{:, [r_0, r_1)} = x_{:, [0, L_i)} \, (W \odot M)_{[r_0, r_1), [0, L_i)}^\top + b_{[r_0, r_1)}
 
 does the arithmetic of the nonzero part of the mask plus the staircase's edge inside the blocks
-(about half of a dense product when degrees are spread evenly). The backward pass reads the
-same blocks: the input gradient by column blocks ``[L_{i-1}, L_i)``, which see the rows from
-``r_0`` of block ``i`` on, and the weight gradient only inside the blocks (autograd through
-slices would write full-size gradients). Sums are the dense product's, added in another order:
-equal up to rounding, gradients included.
+(about half of a dense product when degrees are spread evenly). The product is computed by
+column chunks: the columns ``[L_{i-1}, L_i)`` are added into the rows from ``r_0`` of block
+``i`` on, so that each input column is read once. The backward pass reads the same blocks: the
+input gradient adds each block's rows into the columns ``[0, L_i)`` it read (each gradient
+column read once), and the weight gradient is computed inside the blocks only (autograd
+through slices would write full-size gradients). Sums are the dense product's, added in
+another order: equal up to rounding, gradients included.
 
 The number of blocks of each layer is chosen from its shape (more blocks cut closer to the
 staircase but make smaller matrix products); block edges are aligned so that every product has
@@ -35,7 +37,8 @@ from torch import Tensor
 from flowkit.nn.layout import INPUTS, layout_key, sorted_layout, stages
 
 if TYPE_CHECKING:
-    from flowkit.nn.made import MADE, MaskedLinear
+    from flowkit.nn.linear import MaskedLinear
+    from flowkit.nn.made import MADE
 
 Block = tuple[int, int, int]
 """``(r0, r1, L)``: rows ``[r0, r1)`` of a sorted weight read its first ``L`` columns."""
@@ -52,6 +55,7 @@ PACK, WRITE, CALL, CALL_TIME = 8, 16, 256, 1e6
 # about SORT multiply-adds: a handful of passes over memory.
 SORT = 200
 MAX_BLOCKS = 32
+
 
 def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
     """Row blocks of one sorted layer, chosen by the estimated time of their products.

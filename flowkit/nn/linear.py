@@ -1,0 +1,118 @@
+"""The masked linear layer of MADE: ``y = x (W * M)^T + b`` with a cached product."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.hooks import RemovableHandle
+
+from flowkit.validation import check_bool, check_int
+
+
+class MaskedLinear(nn.Linear):
+    r"""A linear layer ``y = x (W \odot M)^T + b`` with a fixed binary mask ``M``.
+
+    The mask is a floating-point buffer of shape ``(out_features, in_features)``: it follows
+    ``.to(device/dtype)`` and is saved in the ``state_dict``.
+
+    Without autograd (under ``torch.no_grad()`` or ``torch.inference_mode()``, or with a frozen
+    weight) the product ``W \odot M`` is cached (:meth:`masked_weight`), so evaluation and
+    sampling do the arithmetic of a dense layer and nothing else. The cache is dropped when the
+    weight or the mask changes: in-place writes (``set_mask``, ``load_state_dict``,
+    ``nn.init``, optimizers) are seen through the tensors' version counters, fused optimizers
+    (which write without bumping them) through a count of ``torch.optim`` steps, ``.to()`` and
+    reassignment through the storage. A forward pass with autograd drops it too. Writes through
+    ``weight.data`` are invisible to all of these: call :meth:`clear_cache` after them.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        in_features = check_int("in_features", in_features, 1)
+        out_features = check_int("out_features", out_features, 1)
+        super().__init__(in_features, out_features, check_bool("bias", bias))
+        self.register_buffer("mask", torch.ones(out_features, in_features))
+        self._cache: tuple[tuple[int, ...], Tensor, tuple[Tensor, Tensor]] | None = None
+
+    def set_mask(self, mask: Tensor) -> None:
+        """Copy ``mask`` into the mask buffer (keeping its dtype and device).
+
+        Args:
+            mask: binary, shape ``(out_features, in_features)`` like :attr:`weight`: a ``bool``
+                tensor, or numbers that are all 0 or 1 (checked, which reads the values back
+                from the device: pass ``bool`` masks on hot paths).
+        """
+        if mask.shape != self.weight.shape:
+            raise ValueError(
+                f"'mask' should have shape {tuple(self.weight.shape)} (out_features, "
+                f"in_features), got {tuple(mask.shape)}"
+            )
+        if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+            raise ValueError("'mask' should be binary (bool, or all entries 0 or 1)")
+        self.mask.copy_(mask)
+
+    def clear_cache(self) -> None:
+        """Forget the cached ``W * M`` (needed only after writes through ``weight.data``)."""
+        self._cache = None
+
+    def _state(self) -> tuple[int, ...] | None:
+        """What identifies the current ``W`` and ``M``: storage addresses, version counters and
+        the number of ``torch.optim`` steps so far; None for tensors without storage (inside
+        ``torch.func`` transforms), which are never cached."""
+        try:
+            pointers = (self.weight.data_ptr(), self.mask.data_ptr())
+        except RuntimeError:
+            return None
+        return (*pointers, self.weight._version, self.mask._version, _optimizer_steps())
+
+    def masked_weight(self) -> Tensor:
+        r"""``W \odot M``, shape ``(out_features, in_features)``; cached when no gradient is
+        needed (see the class docstring)."""
+        if torch.compiler.is_compiling():
+            return self.weight * self.mask
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            self._cache = None
+            return self.weight * self.mask
+        state = self._state()
+        if (
+            self._cache is not None
+            and self._cache[0] == state
+            and (torch.is_inference_mode_enabled() or not self._cache[1].is_inference())
+        ):
+            return self._cache[1]
+        with torch.no_grad():
+            product = self.weight * self.mask
+        # The cache holds W and M themselves so that their storage cannot be freed and reused
+        # at the same address while the cache lives.
+        keep = (self.weight.detach(), self.mask)
+        self._cache = None if state is None else (state, product, keep)
+        return product
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.masked_weight(), self.bias)
+
+    def _apply(self, fn, recurse=True):  # .to(), .double(), .cuda(), ...: drop the cache
+        self._cache = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:  # pickling and deepcopy leave the cache behind
+        state = self.__dict__.copy()
+        state["_cache"] = None
+        return state
+
+
+_step_count = 0
+_step_hook: RemovableHandle | None = None
+
+
+def _count_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+    global _step_count
+    _step_count += 1
+
+
+def _optimizer_steps() -> int:
+    """Number of ``torch.optim`` optimizer steps taken since the first cached product."""
+    global _step_hook
+    if _step_hook is None:
+        _step_hook = register_optimizer_step_post_hook(_count_step)
+    return _step_count
