@@ -23,12 +23,12 @@ import flowkit
 from flowkit.data import ENERGIES, TOY_DATASETS, energy_log_density, sample_toy
 from flowkit.distributions import BernoulliMADE
 from flowkit.train import DEFAULTS, Callbacks, fit, fit_reverse_kl
-from flowkit.train.loop import _Divergence
+from flowkit.train.checks import Divergence
 
 
 def excursion(losses: list[float]) -> float:
     """max_t (m_t - m*_t) / max(1, |m*_t|) of the smoothed loss m (the divergence statistic)."""
-    d, worst = _Divergence(threshold=math.inf), 0.0
+    d, worst = Divergence(threshold=math.inf), 0.0
     for loss in losses:
         d.update(loss)
         worst = max(worst, (d.mean - d.best) / max(1.0, abs(d.best)))

@@ -3,11 +3,12 @@ options (:class:`TrainOptions`), callbacks, checkpoints, resume and ``torchrun``
 ``docs/training.md``."""
 
 from .callbacks import Callbacks, Progress
+from .checks import DivergenceError, NonFiniteLossError
 from .distributed import is_main_process, resolve_device
 from .history import History
-from .loop import CHECKPOINT_NAME, DivergenceError, NonFiniteLossError
 from .objectives import fit, fit_reverse_kl
 from .options import DEFAULTS, TrainOptions
+from .session import CHECKPOINT_NAME
 
 __all__ = [
     "CHECKPOINT_NAME",

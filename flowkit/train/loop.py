@@ -1,8 +1,7 @@
 """The training engine shared by :func:`flowkit.train.fit` and
-:func:`flowkit.train.fit_reverse_kl`: the session around a run (:func:`session`: device, process
-group, checkpoint to resume, seed) and the run itself (:class:`Trainer`: optimizer and schedule,
-steps, validation bookkeeping, callbacks, checks, checkpoints, progress). Internal; the public
-API is in :mod:`flowkit.train`.
+:func:`flowkit.train.fit_reverse_kl`: a run (:class:`Trainer`: optimizer and schedule, steps,
+validation bookkeeping, callbacks, checks, checkpoints, progress) inside its session
+(:mod:`flowkit.train.session`). Internal; the public API is in :mod:`flowkit.train`.
 
 Implementation notes:
 
@@ -15,120 +14,31 @@ Implementation notes:
   model gets that copy back (the last weights found finite) before the error is raised, so
   ``fit`` never leaves non-finite weights in the model, and a checkpoint is only written from
   checked weights, so the last checkpoint on disk is always a good one.
-* **Divergence.** The loss smoothed over steps, :math:`m_t = m_{t-1} + 0.1 (\\ell_t - m_{t-1})`
-  (:math:`m_1 = \\ell_1`), is compared with its lowest value so far :math:`m^*`: the run stops
-  when :math:`m_t - m^* > \\tau \\max(1, |m^*|)`, :math:`\\tau` = ``divergence_threshold``. The
-  state is a function of the recorded losses, so a resumed run rebuilds it from its history.
-* **Denormals.** On the CPU, :func:`session` calls ``torch.set_flush_denormal(True)`` (and sets it
-  back to ``False`` on exit). A weight that the current MADE mask hides gets a zero gradient. If it
-  had gradients before (another mask set in order- or connectivity-agnostic training), Adam's first
-  moment for it decays by ``beta1 = 0.9`` per step and enters the subnormal range (below
-  ``1.2e-38`` in float32) within several hundred steps; weight decay shrinks hidden weights the
-  same way. On many x86 CPUs arithmetic on subnormals takes a slow microcode path (the project's
-  reference MADE trained 2.5x slower). Flushing them to zero changes nothing that matters: these
-  values only ever meet zero masks.
-* **Resume.** A checkpoint holds everything the next step depends on: weights, optimizer and
-  scheduler state, the step, every process's random state (torch CPU and GPU, numpy's global
-  generator) and data position, the history and the early-stopping state. Restoring all of it
-  makes a resumed run bit-for-bit equal to an uninterrupted one on the same hardware.
 """
 
 from __future__ import annotations
 
 import math
-import secrets
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from os import PathLike
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
 
 from ..checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    load_checkpoint,
-    run_lock,
     save_checkpoint,
 )
-from ..checkpoint.models import model_entry
 from ..validation import ArgumentError, Mention, WordedError, validate_values
 from .callbacks import Progress
-from .data import derive_seed
-from .distributed import Dist, resolve_device, setup
+from .checks import Divergence, DivergenceError, NonFiniteLossError, first_nonfinite
 from .history import History
 from .options import TrainOptions, make_optimizer, make_schedule
-
-CHECKPOINT_NAME = "checkpoint.pt"
-"""File name of the training checkpoint inside ``checkpoint_dir``."""
-
-TRAINING_KIND = "training"
-"""The ``kind`` of training checkpoints (see :func:`flowkit.checkpoint.save_checkpoint`)."""
-
-_REQUIRED_KEYS = (
-    "optimizer",
-    "scheduler",
-    "step",
-    "total_steps",
-    "seed",
-    "lr",
-    "world_size",
-    "processes",
-    "history",
-    "best",
-)
-"""The ``extra`` entries of a training checkpoint that resuming reads (:meth:`Trainer._save`
-writes them, with the model)."""
-
-
-class NonFiniteLossError(WordedError, FloatingPointError):
-    """The training loss, or the weights, became NaN or infinite.
-
-    The model holds the weights of the last recording at which everything was finite (see
-    ``docs/training.md``), and the last checkpoint is kept.
-
-    Attributes:
-        step: the first step (1-based) whose loss was not finite, or the step at which
-            non-finite weights were found.
-        value: that loss, or the first non-finite value of those weights.
-    """
-
-    def __init__(self, *parts: str | Mention, step: int, value: float):
-        super().__init__(*parts)
-        self.step, self.value = step, value
-
-
-class DivergenceError(WordedError, FloatingPointError):
-    """The smoothed training loss rose far above its best value (``divergence_threshold``).
-
-    The model holds the weights of the last recording before, and the last checkpoint is kept.
-
-    Attributes:
-        step: the step at which the smoothed loss crossed the threshold.
-        value: the smoothed loss at that step.
-        best: its lowest value before.
-    """
-
-    def __init__(self, *parts: str | Mention, step: int, value: float, best: float):
-        super().__init__(*parts)
-        self.step, self.value, self.best = step, value, best
-
-
-@dataclass
-class Session:
-    device: torch.device
-    dist: Dist
-    path: Path | None
-    ckpt: dict[str, Any] | None  # the ``extra`` entries of the checkpoint resumed from
-    seed: int
-    objective: str  # "nll" or "neg_elbo", the History.objective of the run
+from .session import TRAINING_KIND, Session, rng_state, set_rng_state
 
 
 @dataclass(frozen=True)
@@ -139,131 +49,6 @@ class Plan:
     valid_every: int | None = None
     patience: int | None = None
     restore_best: bool = False
-
-
-@contextmanager
-def session(
-    model: nn.Module,
-    device: str | torch.device,
-    seed: int | None,
-    checkpoint_dir: str | PathLike | None,
-    resume: bool,
-    objective: str,
-) -> Iterator[Session]:
-    """Resolve the device, join ``torchrun``'s group, take the checkpoint folder's lock (held
-    until the session ends), read and restore the checkpoint to resume from, seed."""
-    dev = resolve_device(device)
-    dist = setup(dev)
-    path = _checkpoint_path(checkpoint_dir)
-    if resume and path is None:
-        raise ArgumentError("resume", Mention("resume", True), " needs ", Mention("checkpoint_dir"))
-    flushing = dev.type == "cpu" and torch.set_flush_denormal(True)
-    try:
-        with _folder_lock(path, dist):
-            # rank 0 decides, so all ranks agree
-            exists = path is not None and dist.broadcast(path.is_file())
-            if exists and not resume:
-                raise ArgumentError(
-                    "checkpoint_dir", f"'{path}' exists: pass ", Mention("resume", True),
-                    " to continue that run, or pick another ", Mention("checkpoint_dir"),
-                )
-            ckpt = None
-            if exists:
-                loaded = load_checkpoint(path, kind=TRAINING_KIND, map_location="cpu")
-                _check_resumable(loaded, model, dist, objective)
-                ckpt = loaded.extra
-            if path is not None:
-                model_entry(model)  # a malformed model.config fails now, not at a checkpoint
-            model.to(dev)
-            yield Session(dev, dist, path, ckpt, _choose_seed(seed, ckpt, path, dist), objective)
-    finally:
-        if flushing:
-            torch.set_flush_denormal(False)
-
-
-def _checkpoint_path(checkpoint_dir: object) -> Path | None:
-    """``checkpoint_dir / CHECKPOINT_NAME``, checked before anything runs: a folder (or a path to
-    create one at), and no folder where the checkpoint file goes."""
-    if checkpoint_dir is None:
-        return None
-    if not isinstance(checkpoint_dir, str | PathLike):
-        raise TypeError(
-            "'checkpoint_dir' should be a folder path (str or os.PathLike), got "
-            f"{type(checkpoint_dir).__name__} {checkpoint_dir!r}"
-        )
-    folder = Path(checkpoint_dir)
-    if folder.exists() and not folder.is_dir():
-        raise ArgumentError("checkpoint_dir", f"should be a folder, but '{folder}' is a file")
-    if (folder / CHECKPOINT_NAME).is_dir():
-        raise ArgumentError(
-            "checkpoint_dir", f"'{folder / CHECKPOINT_NAME}' is a folder, where ",
-            Mention("checkpoint_dir"), " should hold the checkpoint file",
-        )
-    return folder / CHECKPOINT_NAME
-
-
-@contextmanager
-def _folder_lock(path: Path | None, dist: Dist) -> Iterator[None]:
-    """Hold the lock of the checkpoint's folder (:func:`flowkit.checkpoint.run_lock`) on rank 0,
-    the process that writes; every rank fails if it cannot be taken."""
-    with ExitStack() as stack:
-        error = None
-        if path is not None and dist.is_main:
-            try:
-                stack.enter_context(run_lock(path.parent))
-            except (CheckpointError, OSError) as e:
-                error = e
-        message = dist.broadcast(None if error is None else str(error))
-        if error is not None:
-            raise error
-        if message is not None:
-            raise CheckpointError(f"rank 0 could not take the checkpoint folder: {message}")
-        yield
-
-
-def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: str) -> None:
-    """Refuse a checkpoint that this run cannot continue, and restore its weights into ``model``
-    with every check of :func:`flowkit.load_model` (:meth:`Checkpoint.restore`)."""
-    path, extra = ckpt.path, ckpt.extra
-    missing = ["model"] if ckpt.model is None else []
-    missing += [key for key in _REQUIRED_KEYS if key not in extra]
-    if missing:
-        raise CheckpointError(
-            f"'{path}' is a flowkit training checkpoint without the entries {missing} (written "
-            "by another program, or edited): it cannot be resumed"
-        )
-    stored, current = ckpt.model.get("config"), model_entry(model)["config"]
-    if stored is not None and current is not None and stored != current:
-        raise CheckpointError(
-            f"'{path}' was written for a {stored['type']} with {stored['kwargs']}, not for this "
-            f"{current['type']} with {current['kwargs']}: resume with the model it was written for"
-        )
-    if extra["history"]["objective"] != objective:
-        raise CheckpointError(
-            f"'{path}' was written by a run minimising {extra['history']['objective']!r}, "
-            f"cannot resume it as {objective!r}"
-        )
-    if extra["world_size"] != dist.world_size:
-        raise CheckpointError(
-            f"'{path}' was written by {extra['world_size']} process(es); resume it with the same "
-            f"number (this run has {dist.world_size})"
-        )
-    ckpt.restore(model)
-
-
-def _choose_seed(
-    seed: int | None, ckpt: dict[str, Any] | None, path: Path | None, dist: Dist
-) -> int:
-    if ckpt is not None:
-        if seed is not None and seed != ckpt["seed"]:
-            raise ArgumentError(
-                "seed", Mention("seed"), f" is {seed} but '{path}' was written with seed "
-                f"{ckpt['seed']}; pass ", Mention("seed", ckpt["seed"]), " to resume it",
-            )
-        return ckpt["seed"]
-    seed = dist.broadcast(secrets.randbits(63) if seed is None else seed)
-    torch.manual_seed(derive_seed(seed, dist.rank))  # dropout, model sampling: per process
-    return seed
 
 
 class _Best:
@@ -294,25 +79,6 @@ class _Best:
         self.state = (
             None if d["state"] is None else {k: v.to(device) for k, v in d["state"].items()}
         )
-
-
-class _Divergence:
-    """The smoothed loss ``m_t`` and its minimum (module notes, "Divergence")."""
-
-    SMOOTHING = 0.1
-
-    def __init__(self, threshold: float | None):
-        self.threshold, self.mean, self.best = threshold, math.nan, math.inf
-
-    def update(self, loss: float) -> bool:
-        """Add the next step's (finite) loss; whether the run has diverged."""
-        if self.threshold is None:
-            return False
-        self.mean = loss if math.isnan(self.mean) else self.mean + self.SMOOTHING * (
-            loss - self.mean
-        )
-        self.best = min(self.best, self.mean)
-        return self.mean - self.best > self.threshold * max(1.0, abs(self.best))
 
 
 class _Bar:
@@ -370,7 +136,7 @@ class Trainer:
         self.opt = make_optimizer(o["optimizer"], self.params, o["lr"])
         self.sched = make_schedule(o["lr_schedule"], self.opt, plan.steps)
         self.best = _Best(plan.patience, keep=plan.restore_best or plan.patience is not None)
-        self.divergence = _Divergence(o["divergence_threshold"])
+        self.divergence = Divergence(o["divergence_threshold"])
         self.history = History(objective=s.objective, seed=s.seed)
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk
@@ -404,7 +170,7 @@ class Trainer:
             self.divergence.update(loss)
         mine = c["processes"][s.dist.rank]
         self.source.load_state_dict(mine["data"], self.step)
-        _set_rng_state(mine["rng"], s.device)
+        set_rng_state(mine["rng"], s.device)
 
     def _save(self) -> None:
         """Write the checkpoint of this step (weights checked first), then ``on_checkpoint``."""
@@ -412,7 +178,7 @@ class Trainer:
         if self.good_step != self.step:
             self._check_weights()
         self._clock()
-        mine = {"rng": _rng_state(s.device), "data": self.source.state_dict()}
+        mine = {"rng": rng_state(s.device), "data": self.source.state_dict()}
         processes = s.dist.gather(mine)
         if s.dist.is_main and s.path is not None:
             save_checkpoint(
@@ -536,10 +302,10 @@ class Trainer:
                 d = self.divergence
                 self._fail(
                     DivergenceError,
-                    f"the training loss diverged at step {step}: smoothed over steps it reached "
-                    f"{d.mean:.4g}, far above its best {d.best:.4g} (more than "
-                    f"{d.threshold:g} x max(1, |best|) above it; see "
-                    "'divergence_threshold')",
+                    (f"the training loss diverged at step {step}: smoothed over steps it "
+                     f"reached {d.mean:.4g}, far above its best {d.best:.4g} (more than "
+                     f"{d.threshold:g} x max(1, |best|) above it; see ",
+                     Mention("divergence_threshold"), ")"),
                     step, d.mean, best=d.best,
                 )
         self.history.train_loss.extend(values)
@@ -550,7 +316,7 @@ class Trainer:
 
     def _check_weights(self) -> None:
         """Fail if a weight or floating buffer is not finite; else keep a copy of them."""
-        bad = _first_nonfinite(self.model, self.s.dist)
+        bad = first_nonfinite(self.model, self.s.dist)
         if bad is not None:
             name, value = bad
             self._fail(
@@ -562,8 +328,8 @@ class Trainer:
             )
         self.good_step, self.good = self.step, _copy(self.model)
 
-    def _fail(self, error: type[WordedError], problem: str, step: int, value: float,
-              **extra: float) -> None:
+    def _fail(self, error: type[WordedError], problem: str | tuple[str | Mention, ...],
+              step: int, value: float, **extra: float) -> None:
         """Give the model back its last weights found finite and raise ``error``."""
         self.model.load_state_dict(self.good)
         self.model.eval()
@@ -585,12 +351,13 @@ class Trainer:
         )
 
 
-def _advice(problem: str, t: Trainer) -> tuple[str | Mention, ...]:
+def _advice(problem: str | tuple[str | Mention, ...], t: Trainer) -> tuple[str | Mention, ...]:
     """The message of a failed run: ``problem``, the usual fixes, what became of the weights and
     of the checkpoint, in parts that name :func:`~flowkit.train.fit`'s arguments (a command line
     re-spells them as its options)."""
     parts: list[str | Mention] = [
-        f"{problem}. Usual fixes: lower the learning rate (", Mention("lr", t.o["lr"]),
+        *((problem,) if isinstance(problem, str) else problem),
+        ". Usual fixes: lower the learning rate (", Mention("lr", t.o["lr"]),
         " now), clip gradients (", Mention("clip_grad_norm", 1.0), "), standardise the data "
         "(zero mean and unit variance per feature) and check it for extreme values or duplicates "
         "(continuous densities on repeated points grow without bound). The model holds the "
@@ -614,31 +381,6 @@ def _copy(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _rng_state(device: torch.device) -> dict[str, Any]:
-    """Random state of this process (torch CPU, the training GPU, numpy's global generator)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002 (saved on purpose)
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "numpy": {
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": pos,
-            "has_gauss": has_gauss,
-            "gauss": gauss,
-        },
-    }
-
-
-def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-    n = state["numpy"]
-    np.random.set_state(  # noqa: NPY002 (restoring the global generator on purpose)
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-    )
-
-
 def _rescale_lr(opt: torch.optim.Optimizer, sched: LRScheduler | None, ratio: float) -> None:
     """Multiply the current and base learning rates (a new ``lr`` given on resume)."""
     for group in opt.param_groups:
@@ -647,21 +389,6 @@ def _rescale_lr(opt: torch.optim.Optimizer, sched: LRScheduler | None, ratio: fl
                 group[key] *= ratio
     if sched is not None:
         sched.base_lrs = [b * ratio for b in sched.base_lrs]
-
-
-def _first_nonfinite(model: nn.Module, dist: Dist) -> tuple[str, float] | None:
-    """The name and first bad value of the first parameter or floating buffer of ``model`` that
-    holds NaN or Inf on any process, or None when all are finite. One host copy when all are."""
-    named = [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
-    if not named:
-        return None
-    flags = dist.all_sum(torch.stack([(~torch.isfinite(v)).any() for _, v in named]).int())
-    first = next((i for i, flag in enumerate(flags.tolist()) if flag), None)
-    if first is None:
-        return None
-    name, v = named[first]
-    bad = v[~torch.isfinite(v)]  # empty on the processes whose copy is finite
-    return name, bad[0].item() if bad.numel() else math.nan
 
 
 def _record_epochs(history: History, steps_per_epoch: int | None) -> None:

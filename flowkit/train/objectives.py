@@ -27,8 +27,9 @@ from .data import (
     split_pair,
 )
 from .history import History
-from .loop import Plan, Session, Trainer, session
+from .loop import Plan, Trainer
 from .options import TrainOptions, Unpack, resolve
+from .session import Session, session
 
 
 def fit(

@@ -1,0 +1,220 @@
+"""The session around a training run: the device, the ``torchrun`` process group, the lock of
+the checkpoint folder, the checkpoint to resume from (checked and restored into the model), the
+seed; and the random states a checkpoint saves. Internal, used by :mod:`flowkit.train.loop`.
+
+Implementation notes:
+
+* **Denormals.** On the CPU, :func:`session` calls ``torch.set_flush_denormal(True)`` (and sets it
+  back to ``False`` on exit). A weight that the current MADE mask hides gets a zero gradient. If it
+  had gradients before (another mask set in order- or connectivity-agnostic training), Adam's first
+  moment for it decays by ``beta1 = 0.9`` per step and enters the subnormal range (below
+  ``1.2e-38`` in float32) within several hundred steps; weight decay shrinks hidden weights the
+  same way. On many x86 CPUs arithmetic on subnormals takes a slow microcode path (the project's
+  reference MADE trained 2.5x slower). Flushing them to zero changes nothing that matters: these
+  values only ever meet zero masks.
+* **Resume.** A checkpoint holds everything the next step depends on: weights, optimizer and
+  scheduler state, the step, every process's random state (torch CPU and GPU, numpy's global
+  generator) and data position, the history and the early-stopping state. Restoring all of it
+  makes a resumed run bit-for-bit equal to an uninterrupted one on the same hardware.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, run_lock
+from ..checkpoint.models import model_entry
+from ..validation import ArgumentError, Mention
+from .data import derive_seed
+from .distributed import Dist, resolve_device, setup
+
+CHECKPOINT_NAME = "checkpoint.pt"
+"""File name of the training checkpoint inside ``checkpoint_dir``."""
+
+TRAINING_KIND = "training"
+"""The ``kind`` of training checkpoints (see :func:`flowkit.checkpoint.save_checkpoint`)."""
+
+_REQUIRED_KEYS = (
+    "optimizer",
+    "scheduler",
+    "step",
+    "total_steps",
+    "seed",
+    "lr",
+    "world_size",
+    "processes",
+    "history",
+    "best",
+)
+"""The ``extra`` entries of a training checkpoint that resuming reads (:meth:`Trainer._save`
+writes them, with the model)."""
+
+
+@dataclass
+class Session:
+    device: torch.device
+    dist: Dist
+    path: Path | None
+    ckpt: dict[str, Any] | None  # the ``extra`` entries of the checkpoint resumed from
+    seed: int
+    objective: str  # "nll" or "neg_elbo", the History.objective of the run
+
+
+@contextmanager
+def session(
+    model: nn.Module,
+    device: str | torch.device,
+    seed: int | None,
+    checkpoint_dir: str | PathLike | None,
+    resume: bool,
+    objective: str,
+) -> Iterator[Session]:
+    """Resolve the device, join ``torchrun``'s group, take the checkpoint folder's lock (held
+    until the session ends), read and restore the checkpoint to resume from, seed."""
+    dev = resolve_device(device)
+    dist = setup(dev)
+    path = _checkpoint_path(checkpoint_dir)
+    if resume and path is None:
+        raise ArgumentError("resume", Mention("resume", True), " needs ", Mention("checkpoint_dir"))
+    flushing = dev.type == "cpu" and torch.set_flush_denormal(True)
+    try:
+        with _folder_lock(path, dist):
+            # rank 0 decides, so all ranks agree
+            exists = path is not None and dist.broadcast(path.is_file())
+            if exists and not resume:
+                raise ArgumentError(
+                    "checkpoint_dir", f"'{path}' exists: pass ", Mention("resume", True),
+                    " to continue that run, or pick another ", Mention("checkpoint_dir"),
+                )
+            ckpt = None
+            if exists:
+                loaded = load_checkpoint(path, kind=TRAINING_KIND, map_location="cpu")
+                _check_resumable(loaded, model, dist, objective)
+                ckpt = loaded.extra
+            if path is not None:
+                model_entry(model)  # a malformed model.config fails now, not at a checkpoint
+            model.to(dev)
+            yield Session(dev, dist, path, ckpt, _choose_seed(seed, ckpt, path, dist), objective)
+    finally:
+        if flushing:
+            torch.set_flush_denormal(False)
+
+
+def _checkpoint_path(checkpoint_dir: object) -> Path | None:
+    """``checkpoint_dir / CHECKPOINT_NAME``, checked before anything runs: a folder (or a path to
+    create one at), and no folder where the checkpoint file goes."""
+    if checkpoint_dir is None:
+        return None
+    if not isinstance(checkpoint_dir, str | PathLike):
+        raise TypeError(
+            "'checkpoint_dir' should be a folder path (str or os.PathLike), got "
+            f"{type(checkpoint_dir).__name__} {checkpoint_dir!r}"
+        )
+    folder = Path(checkpoint_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ArgumentError("checkpoint_dir", f"should be a folder, but '{folder}' is a file")
+    if (folder / CHECKPOINT_NAME).is_dir():
+        raise ArgumentError(
+            "checkpoint_dir", f"'{folder / CHECKPOINT_NAME}' is a folder, where ",
+            Mention("checkpoint_dir"), " should hold the checkpoint file",
+        )
+    return folder / CHECKPOINT_NAME
+
+
+@contextmanager
+def _folder_lock(path: Path | None, dist: Dist) -> Iterator[None]:
+    """Hold the lock of the checkpoint's folder (:func:`flowkit.checkpoint.run_lock`) on rank 0,
+    the process that writes; every rank fails if it cannot be taken."""
+    with ExitStack() as stack:
+        error = None
+        if path is not None and dist.is_main:
+            try:
+                stack.enter_context(run_lock(path.parent))
+            except (CheckpointError, OSError) as e:
+                error = e
+        message = dist.broadcast(None if error is None else str(error))
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"rank 0 could not take the checkpoint folder: {message}")
+        yield
+
+
+def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: str) -> None:
+    """Refuse a checkpoint that this run cannot continue, and restore its weights into ``model``
+    with every check of :func:`flowkit.load_model` (:meth:`Checkpoint.restore`)."""
+    path, extra = ckpt.path, ckpt.extra
+    missing = ["model"] if ckpt.model is None else []
+    missing += [key for key in _REQUIRED_KEYS if key not in extra]
+    if missing:
+        raise CheckpointError(
+            f"'{path}' is a flowkit training checkpoint without the entries {missing} (written "
+            "by another program, or edited): it cannot be resumed"
+        )
+    stored, current = ckpt.model.get("config"), model_entry(model)["config"]
+    if stored is not None and current is not None and stored != current:
+        raise CheckpointError(
+            f"'{path}' was written for a {stored['type']} with {stored['kwargs']}, not for this "
+            f"{current['type']} with {current['kwargs']}: resume with the model it was written for"
+        )
+    if extra["history"]["objective"] != objective:
+        raise CheckpointError(
+            f"'{path}' was written by a run minimising {extra['history']['objective']!r}, "
+            f"cannot resume it as {objective!r}"
+        )
+    if extra["world_size"] != dist.world_size:
+        raise CheckpointError(
+            f"'{path}' was written by {extra['world_size']} process(es); resume it with the same "
+            f"number (this run has {dist.world_size})"
+        )
+    ckpt.restore(model)
+
+
+def _choose_seed(
+    seed: int | None, ckpt: dict[str, Any] | None, path: Path | None, dist: Dist
+) -> int:
+    if ckpt is not None:
+        if seed is not None and seed != ckpt["seed"]:
+            raise ArgumentError(
+                "seed", Mention("seed"), f" is {seed} but '{path}' was written with seed "
+                f"{ckpt['seed']}; pass ", Mention("seed", ckpt["seed"]), " to resume it",
+            )
+        return ckpt["seed"]
+    seed = dist.broadcast(secrets.randbits(63) if seed is None else seed)
+    torch.manual_seed(derive_seed(seed, dist.rank))  # dropout, model sampling: per process
+    return seed
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Random state of this process (torch CPU, the training GPU, numpy's global generator)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002 (saved on purpose)
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": pos,
+            "has_gauss": has_gauss,
+            "gauss": gauss,
+        },
+    }
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    n = state["numpy"]
+    np.random.set_state(  # noqa: NPY002 (restoring the global generator on purpose)
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
