@@ -271,15 +271,15 @@ def _tampered(flow, path, key, change):
     _model_file(path, flow.config, state)
 
 
-MADE_KEY = "transform.transforms.0.made"
+MADE_KEY = "transform.transforms.1.made"  # after the Standardize
 TAMPERING = {
     "output-mask": (f"{MADE_KEY}.output.mask", lambda m: torch.ones_like(m), "output.mask"),
     "hidden-mask": (f"{MADE_KEY}.hidden.0.mask", lambda m: 1 - m, "hidden.0.mask"),
     "mask-index": (f"{MADE_KEY}.mask_index", lambda i: i + 3, r"mask_index' should be in \[0, 1\)"),
     "orders": (f"{MADE_KEY}.orders", lambda o: torch.zeros_like(o), "orders' should be perm"),
-    "permutation": ("transform.transforms.1.permutation", lambda p: torch.zeros_like(p),
-                    "transforms.1.permutation' should be a permutation"),
-    "inverse-permutation": ("transform.transforms.1.inverse_permutation", lambda p: p.flip(0),
+    "permutation": ("transform.transforms.2.permutation", lambda p: torch.zeros_like(p),
+                    "transforms.2.permutation' should be a permutation"),
+    "inverse-permutation": ("transform.transforms.2.inverse_permutation", lambda p: p.flip(0),
                             "inverse_permutation' should be the inverse"),
 }
 

@@ -9,7 +9,7 @@ import torch
 from flowkit import MADE, Flow, StandardNormal
 from flowkit.flows.builders import make_transformer
 from flowkit.transforms import Compose, MaskedAutoregressive, Permutation, Standardize
-from flowkit.transforms.standardize import collect_statistics, uninitialized
+from flowkit.transforms.standardize import set_from_data, uninitialized
 
 
 def test_fixed_values_and_constant_log_det():
@@ -101,38 +101,51 @@ def test_constant_feature_gets_scale_one():
 def test_statistics_far_from_zero_keep_their_precision():
     """Moments are merged in float64 from centred batches, not from raw sums of squares."""
     g = torch.Generator().manual_seed(0)
-    x = (torch.randn(4000, 2, generator=g, dtype=torch.float64) * 1e-3 + 1e6)
+    x = torch.randn(4000, 2, generator=g, dtype=torch.float64) * 1e-3 + 1e6
     model = Compose([Standardize(2), Permutation.reverse(2)]).double()
-    with torch.no_grad(), collect_statistics(model) as pending:
-        for chunk in x.split(300):  # uneven chunks
-            model(chunk)
-    (t,) = pending
+    (t,) = set_from_data(model, [(chunk,) for chunk in x.split(300)], call=model)  # uneven
     assert torch.allclose(t.shift, x.mean(0), rtol=0, atol=1e-9)
     assert torch.allclose(t.scale, x.std(0, correction=0), rtol=1e-9)
     assert not uninitialized(model)
 
 
-def test_collect_statistics_passes_data_through_and_leaves_set_modules_alone():
-    fixed = Standardize(2, shift=[1.0, 1.0], scale=[2.0, 2.0])
-    lazy = Standardize(2)
-    model = Compose([fixed, Permutation.reverse(2)])
-    with collect_statistics(model) as pending:
-        assert pending == []
-    model = Compose([lazy, Permutation.reverse(2)]).eval()
-    x = torch.randn(10, 2) * 5.0
-    with collect_statistics(model) as pending:
-        z, _ = model(x)
-        assert torch.equal(z, x.flip(1)) and not lazy.initialized
-    assert pending == [lazy] and lazy.initialized
-    assert lazy._collecting is None
+class _Counting(Permutation):
+    calls = 0
+
+    def forward(self, x, context=None):
+        type(self).calls += 1
+        return super().forward(x, context)
 
 
-def test_collect_statistics_sets_nothing_when_the_block_fails():
+def test_set_from_data_stops_each_pass_early_and_keeps_the_mode():
+    """The layers behind the standardizers are not run; BatchNorm-like state is untouched."""
     lazy = Standardize(2)
-    with pytest.raises(RuntimeError, match="boom"), collect_statistics(lazy):
-        lazy(torch.randn(4, 2))
-        raise RuntimeError("boom")
-    assert not lazy.initialized and lazy._collecting is None
+    model = Compose([lazy, _Counting(torch.tensor([1, 0]))])
+    x = torch.randn(10, 2) * 5.0 + 2.0
+    assert set_from_data(model, [(x[:4],), (x[4:],)], call=model) == [lazy]
+    assert _Counting.calls == 0 and model.training and lazy._collector is None
+    assert torch.allclose(lazy.shift, x.mean(0))
+    assert torch.allclose(lazy.scale, x.std(0, correction=0))
+    assert set_from_data(model, [(x,)], call=model) == []  # nothing left to set
+
+
+def test_set_from_data_sets_both_standardizers_of_a_conditional_flow():
+    from flowkit import MAF
+
+    flow = MAF(2, layers=2, hidden_features=(8,), context_features=3)
+    x, c = torch.randn(100, 2) * 10.0, torch.randn(100, 3) + 50.0
+    done = set_from_data(flow, [(x[:50], c[:50]), (x[50:], c[50:])])
+    assert len(done) == 2 and not uninitialized(flow)
+    assert torch.allclose(flow.standardize_context.shift, c.mean(0))
+    assert torch.allclose(flow.transform.transforms[0].scale, x.std(0, correction=0))
+
+
+def test_set_from_data_sets_nothing_when_a_batch_fails():
+    lazy = Standardize(2)
+    bad = torch.tensor([[0.0, math.nan]])
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        set_from_data(lazy, [(torch.randn(4, 2),), (bad,)], call=lazy)
+    assert not lazy.initialized and lazy._collector is None
 
 
 def test_state_is_in_buffers_and_survives_a_state_dict_round_trip():
@@ -179,3 +192,130 @@ def test_change_of_units_changes_log_prob_by_the_log_jacobian_only():
     assert torch.allclose(other.log_prob(x * a + b), expected, rtol=0, atol=1e-9)
     samples = other.sample(1000)  # in the data's own units
     assert (samples[:, 0] - 1000.0).abs().mean() < 1000.0 and samples[:, 0].mean() > 500.0
+
+
+# ------------------------------------------------------------------ the builders' standardize
+
+
+def test_builders_standardize_data_and_context_by_default():
+    from flowkit import IAF, MAF
+
+    for build in (MAF, IAF):
+        flow = build(3, layers=2, hidden_features=(8,), context_features=2)
+        first = flow.transform.transforms[0]
+        assert isinstance(first, Standardize) and first.features == 3
+        assert isinstance(flow.standardize_context, Standardize)
+        assert flow.standardize_context.features == 2
+        assert flow.config["kwargs"]["standardize"] is True
+        assert len(uninitialized(flow)) == 2
+        plain = build(3, layers=2, hidden_features=(8,), context_features=2, standardize=False)
+        assert not uninitialized(plain) and plain.standardize_context is None
+        assert not any(isinstance(m, Standardize) for m in plain.modules())
+    assert MAF(2, layers=1).standardize_context is None
+    with pytest.raises(ValueError, match="'standardize'"):
+        MAF(2, standardize="yes")
+
+
+@pytest.mark.parametrize("transformer", ["affine", "spline"])
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_builders_are_exactly_invariant_to_units_of_data_and_context(builder, transformer):
+    """Fitted to y = a x + b with context c' = a' c + b', the same flow gives
+    log p(y | c') = log p(x | c) - sum log a, to float64 rounding."""
+    import flowkit
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(300, 2, generator=g, dtype=torch.float64)
+    c = torch.randn(300, 2, generator=g, dtype=torch.float64)
+    a, b = torch.tensor([1e-3, 250.0], dtype=torch.float64), torch.tensor([7.0, -1e4]).double()
+    a_c, b_c = torch.tensor([40.0, 0.01], dtype=torch.float64), torch.tensor([1e3, 2.0]).double()
+
+    def flow():
+        torch.manual_seed(0)
+        f = getattr(flowkit, builder)(
+            2, layers=2, hidden_features=(16,), context_features=2, transformer=transformer
+        ).double()
+        with torch.no_grad():  # leave the identity
+            for p in f.parameters():
+                p.add_(0.2 * torch.randn_like(p))
+        return f
+
+    own, other = flow(), flow()
+    set_from_data(own, [(x, c)])
+    set_from_data(other, [(x * a + b, c * a_c + b_c)])
+    expected = own.log_prob(x[:20], c[:20]) - torch.log(a).sum()
+    got = other.log_prob(x[:20] * a + b, c[:20] * a_c + b_c)
+    assert torch.allclose(got, expected, rtol=0, atol=1e-8)
+
+
+def test_fit_sets_the_standardization_from_the_whole_training_set():
+    import flowkit
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 2, generator=g) * torch.tensor([100.0, 0.01]) + torch.tensor([1e3, 0.0])
+    c = torch.randn(3000, 1, generator=g) * 50.0
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
+    flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False)
+    data_std, context_std = flow.transform.transforms[0], flow.standardize_context
+    assert torch.allclose(data_std.shift, x.double().mean(0).float())  # all rows, not a batch
+    assert torch.allclose(data_std.scale, x.double().std(0, correction=0).float())
+    assert torch.allclose(context_std.shift, c.double().mean(0).float())
+
+
+def test_fit_on_fresh_samples_sets_the_standardization_from_the_first_batch():
+    import flowkit
+
+    def sample(n, generator):
+        return torch.randn(n, 2, generator=generator) * 30.0 + 500.0
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    flowkit.fit(flow, sample, steps=2, batch_size=512, seed=0, progress=False)
+    std = flow.transform.transforms[0]
+    assert std.initialized and (std.shift - 500.0).abs().max() < 5.0
+    assert ((std.scale - 30.0).abs() < 5.0).all()
+
+
+def test_standardization_survives_save_and_load(tmp_path):
+    import flowkit
+
+    flow = flowkit.MAF(2, layers=2, hidden_features=(8,), context_features=1)
+    x, c = torch.randn(100, 2) * 7.0 + 3.0, torch.randn(100, 1) * 9.0
+    flow.log_prob(x, c)  # training mode: sets both
+    flowkit.save_model(flow, tmp_path / "flow.pt")
+    loaded = flowkit.load_model(tmp_path / "flow.pt")
+    assert not uninitialized(loaded)
+    assert torch.equal(loaded.transform.transforms[0].shift, flow.transform.transforms[0].shift)
+    assert torch.equal(loaded.log_prob(x, c), flow.eval().log_prob(x, c))
+    fresh = flowkit.MAF(2, layers=2, hidden_features=(8,))
+    flowkit.save_model(fresh, tmp_path / "fresh.pt")
+    assert len(uninitialized(flowkit.load_model(tmp_path / "fresh.pt"))) == 1  # still unset
+
+
+def test_sampling_first_fixes_the_data_identity_and_sets_the_context():
+    import flowkit
+
+    flow = flowkit.IAF(2, layers=2, hidden_features=(8,), context_features=1)
+    c = torch.randn(50, 1) * 4.0 + 10.0
+    flow.rsample(context=c)
+    data_std = flow.transform.transforms[0]
+    assert data_std.initialized and torch.equal(data_std.scale, torch.ones(2))
+    assert torch.allclose(flow.standardize_context.shift, c.mean(0))
+
+
+def test_a_file_saved_before_standardize_existed_loads_as_it_was(tmp_path):
+    """Files of flowkit 0.1 have no 'standardize' in their config: they rebuild the flow without
+    standardization and load strictly, giving the same densities."""
+    import flowkit
+    from flowkit.checkpoint import FORMAT_KEY, atomic_save, safe_load
+
+    for build in (flowkit.MAF, flowkit.IAF):
+        flow = build(2, layers=2, hidden_features=(8,), context_features=1, standardize=False)
+        path = tmp_path / f"{build.__name__}.pt"
+        flowkit.save_model(flow, path)
+        ckpt = safe_load(path)
+        del ckpt["model"]["config"]["kwargs"]["standardize"]  # as the previous version wrote it
+        assert ckpt[FORMAT_KEY] == 1
+        atomic_save(ckpt, path)
+        loaded = flowkit.load_model(path)
+        assert not any(isinstance(m, Standardize) for m in loaded.modules())
+        x, c = torch.randn(5, 2), torch.randn(5, 1)
+        assert torch.equal(loaded.log_prob(x, c), flow.eval().log_prob(x, c))

@@ -64,6 +64,11 @@ COMMANDS: list[tuple[str, str, str]] = [
         "score a saved MADE on a split file: NLL, single mask and ensemble",
     ),
     ("bench", "flowkit.app.bench", "benchmark suite: density, sampling, memory"),
+    (
+        "bench-defaults",
+        "flowkit.app.defaults_bench",
+        "defaults benchmark: flowkit vs zuko vs scikit-learn, held-out NLL, changes of units",
+    ),
     ("vae", "flowkit.app.vae", "VAE on binarized MNIST: Gaussian vs IAF posterior"),
     ("rl", "flowkit.app.rl", "SAC on Pendulum-v1: conditional IAF vs Gaussian policy"),
     (

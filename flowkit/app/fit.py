@@ -2,17 +2,28 @@
 
 Toy datasets (--data moons, ...) are sampled afresh at every step from a seeded generator; a fixed
 validation set of --valid-size points is drawn once. A .npy file holds an (N, D) array, a .npz
-file an array named 'x' (or its only array); a random --valid-fraction of its rows is held out
-for validation.
+file an array named by --key (default 'x', or its only array); a random --valid-fraction of its
+rows is held out for validation. --context names what the flow is conditioned on: columns of the
+array (--context 2 3: the flow models the other columns given these), or another array of the
+.npz with one row per sample (--context y). A --batch-size above the number of training rows is
+lowered to it, with a note.
+
+The flow standardizes its data and context (flowkit.MAF's standardize=True, set from the training
+rows before the first step), so data in any units can be passed as they are; --no-standardize
+turns that off.
 
 Writes to --out: checkpoint.pt (a training checkpoint: `flowkit.load_model` reads it, --resume
 continues from it, a run without --resume refuses to replace it), history.json (losses per step,
 and per epoch for files), loss.png and metrics.json. For toy datasets with an exact density,
-metrics.json also holds the entropy H(p) and the estimate KL(p || q) = valid_nll - H(p).
+metrics.json also holds the entropy H(p) and the estimate KL(p || q) = valid_nll - H(p). For 2-D
+data, samples.png shows samples of the flow over the data (for a conditional flow, one sample
+per validation row, given its context).
 
 examples:
   flowkit fit --data moons --steps 2000 --out runs/moons
   flowkit fit --data samples.npy --flow iaf --layers 3 --hidden 32 32 --out runs/file
+  flowkit fit --data table.npz --key x --context y --transformer spline --out runs/conditional
+  flowkit fit --data table.npy --context 0 --out runs/columns
   flowkit fit --data moons --steps 500 --hidden 16 --threads 1 --out runs/small
   torchrun --standalone --nproc_per_node 2 -m flowkit fit --data moons --out runs/moons-2p
 """
@@ -72,6 +83,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="share of a file's rows held out for validation (default: %(default)s)",
     )
+    data.add_argument(
+        "--key",
+        default=None,
+        metavar="NAME",
+        help="the array of a .npz file to model (default: 'x', or the file's only array)",
+    )
+    data.add_argument(
+        "--context",
+        nargs="+",
+        default=None,
+        metavar="COL|NAME",
+        help="condition on these columns of the data (integers, e.g. --context 2 3) or on this "
+        "array of the .npz file (one row per sample) (default: no context)",
+    )
     model = parser.add_argument_group("model")
     model.add_argument("--flow", choices=("maf", "iaf"), default="maf", help="(default: maf)")
     model.add_argument(
@@ -85,13 +110,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="H",
         help="hidden layer sizes of each MADE (default: 64 64)",
     )
+    model.add_argument(
+        "--transformer",
+        choices=("affine", "spline"),
+        default="affine",
+        help="elementwise map of each layer (default: %(default)s)",
+    )
     model.add_argument("--batch-norm", action="store_true", help="batch norm between layers")
+    model.add_argument(
+        "--no-standardize",
+        action="store_true",
+        help="do not standardize the data and context (the flow sees them as given)",
+    )
     train = parser.add_argument_group("training")
     train.add_argument(
         "--steps", type=int, default=2000, help="optimizer steps (default: %(default)s)"
     )
     train.add_argument("--batch-size", type=int, default=256, help="(default: %(default)s)")
-    train.add_argument("--lr", type=float, default=1e-3, help="(default: %(default)s)")
+    train.add_argument("--lr", type=float, default=3e-3, help="(default: %(default)s)")
     train.add_argument(
         "--lr-schedule",
         choices=("none", "cosine", "linear"),
@@ -150,16 +186,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"'--threads' should be a positive integer, got {args.threads}")
         torch.set_num_threads(args.threads)
     if args.data in TOY_DATASETS:
+        if args.context is not None or args.key is not None:
+            raise ValueError(
+                f"'--context' and '--key' are options of file data; toy dataset {args.data!r} "
+                "has neither"
+            )
         data, valid, features = _toy(args.data, args.valid_size, args.seed)
+        context_features = 0
     else:
-        data, valid, features = _file(Path(args.data), args.valid_fraction, args.seed)
+        data, valid, features, context_features = _file(
+            Path(args.data), args.valid_fraction, args.seed, args.key, args.context
+        )
+        rows = len(data[0]) if isinstance(data, tuple) else len(data)
+        if args.batch_size > rows:
+            print(
+                f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "
+                f"training rows; using {rows}",
+                flush=True,
+            )
+            args.batch_size = rows
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     torch.manual_seed(args.seed)  # initial weights
     flow = build(
         features,
         layers=args.layers,
         hidden_features=tuple(args.hidden),
+        context_features=context_features,
+        transformer=args.transformer,
         batch_norm=args.batch_norm,
+        standardize=not args.no_standardize,
         seed=args.seed,
     )
     with as_options(OPTIONS):
@@ -185,7 +240,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     metrics: dict[str, Any] = {
         "data": args.data,
         "flow": args.flow,
+        "transformer": args.transformer,
         "features": features,
+        "context_features": context_features,
+        "standardize": not args.no_standardize,
+        "batch_size": args.batch_size,
         "parameters": sum(p.numel() for p in flow.parameters()),
         "steps": len(history.train_loss),
         "train_nll_last_100": float(np.mean(history.train_loss[-100:])),
@@ -205,6 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         write_bytes_atomic(args.out / "history.json", text.encode())
         title = f"{args.flow.upper()} on {args.data}"
         plot_losses(history, args.out / "loss.png", title, entropy=metrics.get("entropy"))
+        if features == 2 and valid is not None:
+            plot_samples(flow, valid, args.out / "samples.png", title)
     return metrics
 
 
@@ -222,7 +283,10 @@ def _toy(name: str, valid_size: int, seed: int) -> tuple[Any, torch.Tensor, int]
     return sample, sample_toy(name, valid_size, seed=seed), 2
 
 
-def _file(path: Path, valid_fraction: float, seed: int) -> tuple[Any, Any, int]:
+def _file(
+    path: Path, valid_fraction: float, seed: int, key: str | None, context: list[str] | None
+) -> tuple[Any, Any, int, int]:
+    """Training and validation data (``x`` or ``(x, context)``), ``D`` and ``C`` of a file."""
     if path.suffix not in (".npy", ".npz") or not path.is_file():
         from flowkit.data import TOY_DATASETS
 
@@ -233,21 +297,103 @@ def _file(path: Path, valid_fraction: float, seed: int) -> tuple[Any, Any, int]:
     if not 0.0 <= valid_fraction < 1.0:
         raise ValueError(f"'--valid-fraction' should be in [0, 1), got {valid_fraction}")
     if path.suffix == ".npy":
-        loaded = np.load(path)  # allow_pickle=False: arrays only
+        if key is not None:
+            raise ValueError(f"'--key' names an array of a .npz file; '{path}' is a .npy file")
+        arrays = {"x": np.load(path)}  # allow_pickle=False: arrays only
+        key = "x"
     else:
         with np.load(path) as archive:
-            names = archive.files
-            if "x" not in names and len(names) != 1:
+            arrays = {name: archive[name] for name in archive.files}
+        if key is None:
+            others = [n for n in arrays if not (context and n in context)]
+            if "x" not in arrays and len(others) != 1:
                 raise ValueError(
-                    f"'{path}' should hold an array named 'x' or a single array: {names}"
+                    f"'{path}' holds the arrays {sorted(arrays)}: name the one to model with "
+                    "--key (without it, the array 'x' or the only array is used)"
                 )
-            loaded = archive["x" if "x" in names else names[0]]
+            key = "x" if "x" in arrays else others[0]
+        elif key not in arrays:
+            raise ValueError(f"'--key' {key!r} is not an array of '{path}': {sorted(arrays)}")
+    loaded = arrays[key]
     if loaded.ndim != 2:
-        raise ValueError(f"'{path}' should hold an array of shape (N, D), got {loaded.shape}")
+        raise ValueError(
+            f"'{path}' should hold an array of shape (N, D), got {loaded.shape} ({key!r})"
+        )
+    c = None
+    if context is not None:
+        loaded, c = _split_context(loaded, arrays, context, key, path)
     rows = np.random.default_rng(seed).permutation(loaded.shape[0])
     n_valid = round(valid_fraction * loaded.shape[0])
-    valid = loaded[rows[:n_valid]] if n_valid else None
-    return loaded[rows[n_valid:]], valid, loaded.shape[1]
+    if n_valid == loaded.shape[0]:
+        raise ValueError(f"'--valid-fraction' {valid_fraction} leaves no training rows")
+
+    def part(index: np.ndarray) -> Any:
+        return loaded[index] if c is None else (loaded[index], c[index])
+
+    valid = part(rows[:n_valid]) if n_valid else None
+    return part(rows[n_valid:]), valid, loaded.shape[1], 0 if c is None else c.shape[1]
+
+
+def _split_context(
+    x: np.ndarray, arrays: dict[str, np.ndarray], context: list[str], key: str, path: Path
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, context)`` from ``--context``: columns of ``x``, or one other array of the file."""
+    if all(c.lstrip("-").isdigit() for c in context):
+        columns = [int(c) for c in context]
+        if any(not 0 <= c < x.shape[1] for c in columns) or len(set(columns)) != len(columns):
+            raise ValueError(
+                f"'--context' columns should be distinct integers in [0, {x.shape[1]}) (the "
+                f"columns of {key!r}, shape {x.shape}), got {context}"
+            )
+        if len(columns) == x.shape[1]:
+            raise ValueError(f"'--context' {context} takes every column: none is left to model")
+        keep = [i for i in range(x.shape[1]) if i not in columns]
+        return x[:, keep], x[:, columns]
+    if len(context) != 1 or context[0] not in arrays or context[0] == key:
+        raise ValueError(
+            f"'--context' should be column numbers of {key!r} or the name of one other array of "
+            f"'{path}' ({sorted(set(arrays) - {key})}), got {context}"
+        )
+    c = arrays[context[0]]
+    if c.ndim == 1:
+        c = c[:, None]
+    if c.ndim != 2 or c.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"the context array {context[0]!r} should have shape ({x.shape[0]}, C) or "
+            f"({x.shape[0]},), one row per row of {key!r}, got {arrays[context[0]].shape}"
+        )
+    return x, c
+
+
+def plot_samples(flow: torch.nn.Module, data: Any, path: Path, title: str) -> None:
+    """Samples of a 2-D flow (dots) over the data they should look like (grey): one sample per
+    row of ``data``, given that row's context for a conditional flow."""
+    from matplotlib.figure import Figure
+
+    from flowkit.plot import save_figure
+
+    x, c = data if isinstance(data, tuple) else (data, None)
+    x = np.asarray(torch.as_tensor(x[:5000], dtype=torch.float32).cpu())
+    param = next(flow.parameters())
+    with torch.no_grad():
+        if c is None:
+            samples = flow.sample(len(x))
+        else:
+            context = torch.as_tensor(c[: len(x)], dtype=param.dtype, device=param.device)
+            samples = flow.sample(context=context)
+    samples = samples.cpu().numpy()
+    fig = Figure(figsize=(5.0, 5.0))
+    ax = fig.add_subplot()
+    ax.scatter(x[:, 0], x[:, 1], s=3, color="0.6", linewidths=0, label="data")
+    ax.scatter(samples[:, 0], samples[:, 1], s=3, color="tab:blue", alpha=0.6, linewidths=0,
+               label="flow samples")
+    low, high = np.percentile(x, [0.5, 99.5], axis=0)
+    pad = 0.1 * (high - low)
+    ax.set_xlim(low[0] - pad[0], high[0] + pad[0])
+    ax.set_ylim(low[1] - pad[1], high[1] + pad[1])
+    ax.legend(loc="upper right", markerscale=4)
+    ax.set_title(title)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_losses(history: History, path: Path, title: str, entropy: float | None = None) -> None:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .format import CheckpointError, check_file_path, first_line, read_file, write_file
-from .registry import check_buffers, check_config, constructor
+from .registry import check_buffers, check_config, constructor, stored_arguments
 
 __all__ = ["Checkpoint", "load_checkpoint", "load_model", "save_checkpoint", "save_model"]
 
@@ -293,7 +293,7 @@ def load_model(
         )
     build = constructor(config["type"], f"'{path}'")
     try:
-        model = build(**config["kwargs"])
+        model = build(**stored_arguments(config["type"], config["kwargs"]))
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(
             f"'{path}': a {config['type']} cannot be built from the stored config "

@@ -40,6 +40,7 @@ M = TypeVar("M", bound=nn.Module)
 
 _CONSTRUCTORS: dict[str, Callable[..., nn.Module]] = {}
 _CHECKS: dict[type[nn.Module], Callable[[Any], None]] = {}
+_ADDED: dict[str, dict[str, Any]] = {}
 
 
 class InvalidBuffer(ValueError):
@@ -52,7 +53,9 @@ class InvalidBuffer(ValueError):
 
 
 def register_model(
-    name: str | None = None, store: Mapping[str, Callable[[Any], Any]] | None = None
+    name: str | None = None,
+    store: Mapping[str, Callable[[Any], Any]] | None = None,
+    added: Mapping[str, Any] | None = None,
 ) -> Callable[[C], C]:
     """Register a model constructor under ``name`` (default: its ``__name__``) so that
     :func:`flowkit.save_model` can save what it builds and :func:`flowkit.load_model` rebuild it.
@@ -62,7 +65,9 @@ def register_model(
     itself). Arguments are stored as JSON: numpy scalars become numbers, tuples lists, tensors and
     arrays nested lists; ``store`` maps an argument's name to a function giving the JSON form of
     other values, one the constructor accepts back (e.g. a class by its name); a value with no
-    JSON form is reported when the model is saved.
+    JSON form is reported when the model is saved. ``added`` maps an argument the constructor
+    gained after files were first written to the value that rebuilds what an older file (whose
+    config lacks it) holds; :func:`flowkit.load_model` passes it for such files.
 
     Example:
         >>> from torch import nn
@@ -109,6 +114,7 @@ def register_model(
 
             constructor.__init__ = __init__  # type: ignore[misc]
             _CONSTRUCTORS[key] = constructor
+            _ADDED[key] = dict(added or {})
             return constructor
 
         @functools.wraps(constructor)
@@ -118,6 +124,7 @@ def register_model(
             return model
 
         _CONSTRUCTORS[key] = build
+        _ADDED[key] = dict(added or {})
         return build  # type: ignore[return-value]
 
     return decorate
@@ -162,6 +169,12 @@ def constructor(name: Any, where: str) -> Callable[..., nn.Module]:
         f"flowkit (registered: {', '.join(registered_models())}; see "
         "flowkit.checkpoint.register_model)"
     )
+
+
+def stored_arguments(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A file's stored ``kwargs`` for the constructor registered as ``name``, completed with the
+    values of arguments it gained since (its ``added``) that the file does not have."""
+    return {**_ADDED.get(name, {}), **kwargs}
 
 
 def check_buffers(model: nn.Module) -> Iterator[tuple[str, InvalidBuffer]]:

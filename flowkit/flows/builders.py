@@ -22,6 +22,7 @@ from flowkit.transforms.autoregressive import BatchNorm, Direction, MaskedAutore
 from flowkit.transforms.base import Compose, Permutation, Transform
 from flowkit.transforms.elementwise import Affine
 from flowkit.transforms.spline import RationalQuadraticSpline
+from flowkit.transforms.standardize import Standardize
 from flowkit.validation import check_bool, check_int
 
 PermutationSpec = Literal["reverse", "random", "none"] | Sequence[int] | Sequence[Sequence[int]]
@@ -128,6 +129,7 @@ def _autoregressive_flow(
     residual: bool,
     activation: ActivationSpec,
     learnable_base: bool,
+    standardize: bool,
     seed: int,
 ) -> Flow:
     # MADE checks hidden_features, context_features and residual; the rest is checked here.
@@ -137,8 +139,9 @@ def _autoregressive_flow(
     batch_norm = check_bool("batch_norm", batch_norm)
     learnable_base = check_bool("learnable_base", learnable_base)
     activation_cls = activation_class(activation)
+    standardize = check_bool("standardize", standardize)
     permutations = _permutations(permutation, features, layers, seed)
-    transforms: list[Transform] = []
+    transforms: list[Transform] = [Standardize(features)] if standardize else []
     for i in range(layers):
         tau = make_transformer(transformer, **(transformer_kwargs or {}))
         made = MADE(
@@ -158,10 +161,16 @@ def _autoregressive_flow(
         if permutations[i] is not None:
             transforms.append(permutations[i])
     base = DiagonalGaussian(features) if learnable_base else StandardNormal(features)
-    return Flow(Compose(transforms), base)
+    standardize_context = None
+    if standardize and context_features:
+        standardize_context = Standardize(context_features)
+    return Flow(Compose(transforms), base, standardize_context=standardize_context)
 
 
-@register_model(store={"activation": lambda a: activation_class(a).__name__})
+@register_model(
+    store={"activation": lambda a: activation_class(a).__name__},
+    added={"standardize": False},  # files saved before it rebuild the unstandardized flow
+)
 def MAF(
     features: int,
     layers: int = 5,
@@ -174,6 +183,7 @@ def MAF(
     residual: bool = False,
     activation: ActivationSpec = "relu",
     learnable_base: bool = False,
+    standardize: bool = True,
     seed: int = 0,
 ) -> Flow:
     """Masked Autoregressive Flow (Papamakarios et al. 2017): density in one pass per layer,
@@ -197,6 +207,14 @@ def MAF(
             (``"relu"``, ``"elu"``, ``"gelu"``, ``"silu"``, ``"tanh"``, ...) or class
             (``nn.ELU``); the config stores its class name (see :func:`activation_class`).
         learnable_base: learn the mean and scale of the Gaussian base.
+        standardize: put a :class:`flowkit.transforms.Standardize` before the layers, and one
+            on the context, each set from the training data: by :func:`flowkit.fit` from its
+            whole training set before the first step, otherwise by the first call in
+            training mode (e.g. the first ``log_prob`` of your own training loop; see
+            :mod:`flowkit.transforms.standardize`). The flow then does not depend on the units
+            of the data or the context: fitted to ``a x + b`` it gives
+            ``log p(a x + b) = log p(x) - sum(log|a|)``. Until set, each is the identity.
+            ``False`` builds the flow of flowkit 0.1 (which files saved by it rebuild).
         seed: seed of the MADE degrees and random permutations.
 
     Example:
@@ -208,7 +226,10 @@ def MAF(
     return _autoregressive_flow("maf", **locals())
 
 
-@register_model(store={"activation": lambda a: activation_class(a).__name__})
+@register_model(
+    store={"activation": lambda a: activation_class(a).__name__},
+    added={"standardize": False},  # files saved before it rebuild the unstandardized flow
+)
 def IAF(
     features: int,
     layers: int = 5,
@@ -221,6 +242,7 @@ def IAF(
     residual: bool = False,
     activation: ActivationSpec = "relu",
     learnable_base: bool = False,
+    standardize: bool = True,
     seed: int = 0,
 ) -> Flow:
     """Inverse Autoregressive Flow (Kingma et al. 2016): sampling and the density of its own

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from flowkit.distributions.flow_distribution import FlowDistribution
 from flowkit.transforms.base import Transform
+from flowkit.transforms.standardize import Standardize
 from flowkit.validation import (
     broadcast_batch,
     check_batch,
@@ -55,17 +56,32 @@ class Flow(nn.Module):
     Args:
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
         base: base distribution with ``features``, ``log_prob(z)`` and ``rsample(n)``.
+        standardize_context: applied to every context before anything reads it, a
+            :class:`flowkit.transforms.Standardize` of width ``C`` (set from data like any
+            other: by the first training-mode call with a context, log-density or sampling, or
+            by :func:`flowkit.transforms.standardize.set_from_data`).
     """
 
-    def __init__(self, transform: Transform, base: nn.Module):
+    def __init__(
+        self, transform: Transform, base: nn.Module, standardize_context: Standardize | None = None
+    ):
         super().__init__()
         if transform.features is not None and transform.features != base.features:
             raise ValueError(
                 f"'transform' acts on {transform.features} features but 'base' has "
                 f"{base.features}"
             )
+        if standardize_context is not None and (
+            not isinstance(standardize_context, Standardize)
+            or standardize_context.features != transform.context_features
+        ):
+            raise ValueError(
+                "'standardize_context' should be a flowkit.transforms.Standardize of the "
+                f"context's width {transform.context_features}, got {standardize_context!r}"
+            )
         self.transform = transform
         self.base = base
+        self.standardize_context = standardize_context
         self.features: int = base.features
         self.context_features: int = transform.context_features
         self.config: dict | None = None  # set by the builders, used by flowkit.save_model
@@ -81,7 +97,9 @@ class Flow(nn.Module):
     def _embed(self, context: Tensor) -> Tensor:
         """The context ``(R, C)`` as the transforms read it, ``(R, H)``: every path calls this
         once per distinct context row, before the rows are expanded."""
-        return context
+        if self.standardize_context is None:
+            return context
+        return self.standardize_context._forward(context, None)[0]
 
     def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
         """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the embedded context ``h``."""

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ..transforms.standardize import set_from_data, uninitialized
 from ..validation import ArgumentError, Mention, check_bool, check_int
 from .data import (
     LoaderSource,
@@ -67,6 +68,11 @@ def fit(
             Floating ``x`` and every context are cast to the model's floating dtype; integer and
             bool ``x`` (class indices for a :class:`~flowkit.CategoricalMADE`) keep their dtype.
             Complex values are refused.
+
+            Before the first step, the model's uninitialised
+            :class:`~flowkit.transforms.Standardize` modules (the builders' default
+            ``standardize=True``) are set from the whole of array ``data`` (a pass that stops at
+            them); with a DataLoader or a sampling function the first training batch sets them.
         valid: validation data as a tensor, array, pair or DataLoader, whose mean negative
             log-likelihood is the validation loss; or a function ``valid(model) -> float``
             returning the validation loss itself (called in evaluation mode without gradients,
@@ -146,7 +152,7 @@ def fit(
             valid_every = valid_every or source.batches_per_epoch or 100
         plan = Plan(int(steps), valid_every, early_stopping_patience, restore_best)
         trainer = Trainer(s, model, _Objective(model, _nll), source, o, plan, validate)
-        return trainer.run(lambda args: _check_first_batch(model, *args))
+        return trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
 
 
 def fit_reverse_kl(
@@ -332,6 +338,26 @@ def _check_first_batch(
     if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
+
+
+def _check_first_batch_and_standardize(
+    model: nn.Module, source: Any, x: Tensor, context: Tensor | None
+) -> None:
+    """Before the first step (after every setting was checked, so a refused call leaves the
+    model as it was): check the first batch, then set the model's uninitialised
+    :class:`~flowkit.transforms.Standardize` modules (the builders' ``standardize=True``) from
+    the whole training set when it is an array (other sources: the first step's batch sets
+    them). A resumed model has them set already."""
+    _check_first_batch(model, x, context)
+    if not isinstance(source, TensorSource) or not uninitialized(model):
+        return
+    chunks = source.x.split(_CHUNK)
+    contexts = source.c.split(_CHUNK) if source.c is not None else [None] * len(chunks)
+    set_from_data(model, zip(chunks, contexts, strict=True), lambda x, c: _log_prob(model, x, c))
+
+
+_CHUNK = 8192
+"""Rows per forward pass when the standardization is set from the training set."""
 
 
 def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:

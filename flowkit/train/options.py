@@ -38,13 +38,16 @@ class TrainOptions(TypedDict, total=False):
     :func:`~flowkit.train.fit_reverse_kl`, with their defaults (:data:`DEFAULTS`).
 
     Attributes:
-        lr: learning rate, a finite number > 0 (default ``1e-3``).
+        lr: learning rate, a finite number > 0 (default ``3e-3`` for ``fit``, ``1e-3`` for
+            ``fit_reverse_kl``).
         optimizer: ``"adam"`` (default), ``"adamw"``, ``"sgd"``, or a callable ``(params,
             lr=lr) -> Optimizer`` such as ``torch.optim.RMSprop`` or
             ``functools.partial(torch.optim.AdamW, weight_decay=1e-4)``.
-        lr_schedule: ``None`` (default: constant), ``"cosine"`` (cosine decay to 0 over the
-            run), ``"linear"`` (linear decay to 0), or a callable ``(optimizer, steps) ->
-            LRScheduler``; stepped once per optimizer step.
+        lr_schedule: ``None`` (constant; the default of ``fit_reverse_kl``), ``"cosine"``
+            (cosine decay to 0 over the run; the default of ``fit``, so a resumed ``fit`` run
+            keeps its ``steps``), ``"linear"`` (linear decay to 0), or a callable
+            ``(optimizer, steps) -> LRScheduler``; stepped once per optimizer step. ``fit``'s
+            defaults were chosen on the defaults benchmark (``docs/defaults.md``).
         clip_grad_norm: ``None`` (default: no clipping) or a finite number > 0: the global
             gradient norm is clipped to it at every step.
         divergence_threshold: stop with a :class:`~flowkit.train.DivergenceError` when the
@@ -103,6 +106,10 @@ DEFAULTS: TrainOptions = {
 }
 """The default of every :class:`TrainOptions` entry."""
 
+FUNCTION_DEFAULTS: dict[str, TrainOptions] = {"fit": {"lr": 3e-3, "lr_schedule": "cosine"}}
+"""Where a function's default differs from :data:`DEFAULTS`: ``fit``'s learning rate and
+schedule, measured on ``flowkit bench-defaults`` (``docs/defaults.md``)."""
+
 
 def resolve(function: str, options: Mapping[str, Any]) -> TrainOptions:
     """``options`` completed with :data:`DEFAULTS` and checked: every entry of the right type,
@@ -122,7 +129,9 @@ def resolve(function: str, options: Mapping[str, Any]) -> TrainOptions:
             f"{function}() got an unexpected keyword argument {unknown[0]!r} (its options are "
             f"listed in flowkit.train.TrainOptions)"
         )
-    o: TrainOptions = {**DEFAULTS, **options}  # type: ignore[typeddict-item]
+    o: TrainOptions = {  # type: ignore[typeddict-item]
+        **DEFAULTS, **FUNCTION_DEFAULTS.get(function, {}), **options
+    }
     o["lr"] = check_float("lr", o["lr"], minimum=0, exclusive=True)
     optimizer = o["optimizer"]
     if not (callable(optimizer) or (isinstance(optimizer, str) and optimizer in OPTIMIZERS)):

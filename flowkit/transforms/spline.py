@@ -77,7 +77,9 @@ class RationalQuadraticSpline:
     the unused branch can be NaN or infinite.
 
     Args:
-        bins: number of bins ``K`` (at least 2).
+        bins: number of bins ``K`` (at least 2). The defaults, 16 bins on ``[-5, 5]``, were
+            chosen on the defaults benchmark (``docs/defaults.md``): behind the builders'
+            standardization they leave almost no data in the identity tails.
         bound: half-width ``B`` of the interval on which the spline acts.
         min_bin_width: smallest bin width as a fraction of ``2B``; ``bins * min_bin_width < 1``.
         min_bin_height: smallest bin height as a fraction of ``2B``; likewise.
@@ -94,8 +96,8 @@ class RationalQuadraticSpline:
 
     def __init__(
         self,
-        bins: int = 8,
-        bound: float = 3.0,
+        bins: int = 16,
+        bound: float = 5.0,
         min_bin_width: float = 1e-3,
         min_bin_height: float = 1e-3,
         min_derivative: float = 1e-3,

@@ -13,8 +13,7 @@ as ActNorm (Kingma and Dhariwal, "Glow", 2018) initialises itself:
 
 * the first call of ``forward`` in training mode sets ``shift`` to the mean and ``scale`` to the
   standard deviation of that batch (per feature);
-* inside :func:`collect_statistics`, calls of ``forward`` in any mode accumulate instead, and the
-  statistics of everything seen are set on leaving the block (:func:`flowkit.fit` does this with
+* :func:`set_from_data` sets it from many batches at once (:func:`flowkit.fit` does this with
   its whole training set before the first step);
 * the first call of ``inverse`` in training mode (sampling before any data was seen, as in
   training by reverse KL) fixes the identity, ``shift = 0`` and ``scale = 1``: a transform that
@@ -30,8 +29,7 @@ type at its mean (a constant column), gets ``scale = 1``: it is only shifted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -78,7 +76,7 @@ class Standardize(Transform):
         self.register_buffer("shift", torch.zeros(self.features))
         self.register_buffer("scale", torch.ones(self.features))
         self.register_buffer("initialized", torch.tensor(False))
-        self._collecting: _Moments | None = None
+        self._collector: _Collector | None = None
         if shift is not None:
             self.set(shift, scale)
 
@@ -129,8 +127,8 @@ class Standardize(Transform):
 
     def _see(self, x: Tensor) -> None:
         """Data-dependent initialisation: the part of ``forward`` that reads the data."""
-        if self._collecting is not None:
-            self._collecting.add(x.detach())
+        if self._collector is not None:
+            self._collector.add(self, x.detach())
         elif self.training:
             self.set(*_Moments.of(x.detach()).shift_and_scale(x.dtype))
 
@@ -144,7 +142,7 @@ class Standardize(Transform):
             not torch.compiler.is_compiling()
             and not self.initialized
             and self.training
-            and self._collecting is None
+            and self._collector is None
         ):
             with torch.no_grad():
                 self.initialized.fill_(True)  # sampled from as the identity: stays so
@@ -206,36 +204,78 @@ def uninitialized(model: nn.Module) -> list[Standardize]:
     return [m for m in model.modules() if isinstance(m, Standardize) and not m.initialized]
 
 
-@contextmanager
-def collect_statistics(model: nn.Module) -> Iterator[list[Standardize]]:
-    """Set ``model``'s uninitialised :class:`Standardize` modules from many batches at once.
+def set_from_data(
+    model: nn.Module,
+    batches: Iterable[Sequence[Tensor]],
+    call: Callable[..., object] | None = None,
+) -> list[Standardize]:
+    """Set every uninitialised :class:`Standardize` of ``model`` from many batches at once.
 
-    Inside the block each of them passes data through unchanged (as the identity) and records
-    the mean and variance of every batch its ``forward`` sees, in any mode; on leaving the block
-    (without an exception) each is set from all of it. Run the model's forward pass (e.g.
-    ``flow.log_prob(x, context)``, under :func:`torch.no_grad`) over the data in chunks inside.
-    Yields the modules being set (empty: nothing to do). Modules behind another uninitialised
-    one see its input unstandardised, so chain at most one per path (as the builders do).
+    ``call(*batch)`` (default ``model.log_prob``) runs for each batch, in evaluation mode and
+    without gradients; meanwhile each of those modules passes its input through unchanged and
+    records its per-feature count, mean and squared deviations (merged in float64), and at the
+    end each is set to the mean and standard deviation of all it saw. A pass stops as soon as
+    every one of them has seen its batch (the layers behind are not run), so this costs little
+    more than reading the data. A module behind another uninitialised one would see
+    unstandardised input: the builders put one at the data's entry and one on the context.
+
+    Args:
+        model: any module holding :class:`Standardize` modules (e.g. a :class:`flowkit.Flow`).
+        batches: e.g. ``[(x_chunk, context_chunk), ...]`` or ``[(x_chunk,), ...]``.
+        call: what runs a batch through the model.
+
+    Returns:
+        The modules that were set (those that saw no data stay uninitialised).
 
     Example:
-        >>> import torch
-        >>> from flowkit.transforms import Compose, Permutation
-        >>> model = Compose([Standardize(2), Permutation.reverse(2)])
+        >>> import torch, flowkit
+        >>> flow = flowkit.MAF(2, layers=2, hidden_features=(8,))
         >>> x = torch.randn(1000, 2) * 100.0 + 1000.0
-        >>> with torch.no_grad(), collect_statistics(model) as pending:
-        ...     for chunk in x.split(256):
-        ...         _ = model(chunk)
-        >>> len(pending), bool(torch.allclose(pending[0].shift, x.mean(0)))
+        >>> done = set_from_data(flow, [(chunk,) for chunk in x.split(256)])
+        >>> len(done), bool(torch.allclose(done[0].shift, x.mean(0)))
         (1, True)
     """
     pending = uninitialized(model)
-    for m in pending:
-        m._collecting = _Moments(m.features)
+    if not pending:
+        return []
+    call = model.log_prob if call is None else call
+    collector = _Collector(pending)
+    training = model.training
+    model.eval()
     try:
-        yield pending
+        with torch.no_grad():
+            for batch in batches:
+                collector.seen.clear()
+                try:
+                    call(*batch)
+                except _AllSeen:
+                    pass
         for m in pending:
-            if m._collecting.count:
-                m.set(*m._collecting.shift_and_scale(m.shift.dtype))
+            moments = collector.moments[m]
+            if moments.count:
+                m.set(*moments.shift_and_scale(m.shift.dtype))
     finally:
         for m in pending:
-            m._collecting = None
+            m._collector = None
+        model.train(training)
+    return [m for m in pending if m.initialized]
+
+
+class _AllSeen(Exception):
+    """Every module being set has seen the current batch: the rest of the pass is skipped."""
+
+
+class _Collector:
+    """The moments recorded by the modules that :func:`set_from_data` is setting."""
+
+    def __init__(self, modules: list[Standardize]):
+        self.moments = {m: _Moments(m.features) for m in modules}
+        self.seen: set[Standardize] = set()
+        for m in modules:
+            m._collector = self
+
+    def add(self, module: Standardize, x: Tensor) -> None:
+        self.moments[module].add(x)
+        self.seen.add(module)
+        if len(self.seen) == len(self.moments):
+            raise _AllSeen

@@ -1,0 +1,54 @@
+"""`flowkit bench-defaults`: the tasks it builds and a smoke run of a few seconds (the full run
+is a benchmark, not a test)."""
+
+import json
+import math
+
+import numpy as np
+
+from flowkit.app import cli
+from flowkit.app.defaults_bench import make_tasks, markdown_table
+
+
+def test_tasks_share_one_split_and_change_units_on_one_axis():
+    tasks = {t.name: t for t in make_tasks(200, 100, seed=0)}
+    own, units = tasks["8gaussians:own"], tasks["8gaussians:x100+1000"]
+    assert np.allclose(units.train[:, 0], own.train[:, 0] * 100.0 + 1000.0)
+    assert np.array_equal(units.test[:, 1], own.test[:, 1])
+    assert units.log_jacobian == math.log(100.0) and own.log_jacobian == 0.0
+    assert own.entropy is not None and tasks["moons:own"].entropy is None
+    raw, std = tasks["wine:raw"], tasks["wine:std"]
+    assert raw.train.shape == std.train.shape and raw.real
+    assert len(raw.test) == 178 // 5
+    fitted = np.concatenate([std.train, std.valid])
+    assert np.allclose(fitted.mean(0), 0.0, atol=1e-5)
+    assert np.allclose(fitted.std(0), 1.0, atol=1e-4)
+    moons = tasks["moons|y:x100+1000"]
+    assert moons.context is not None and set(np.unique(moons.context[0])) == {0.0, 1.0}
+    names = list(tasks)
+    assert len(names) == len(set(names)) == 8 * 2 + 5 * 2 + 2
+
+
+def test_quick_run_writes_cells_and_a_table_and_resumes(tmp_path, capsys):
+    out = tmp_path / "bench"
+    args = ["bench-defaults", "--quick", "--tasks", "moons:x100+1000", "moons|y:own",
+            "--models", "flowkit-maf", "gmm", "--quiet", "--out", str(out)]
+    assert cli.main(args) == 0
+    cells = sorted(p.name for p in (out / "cells").glob("*.json"))
+    assert len(cells) == 4
+    table = (out / "table.md").read_text()
+    assert "| task | flowkit-maf | gmm |" in table and "| moons|y:own |" in table
+    record = json.loads((out / "cells" / "moons_x100p1000__flowkit-maf.json").read_text())
+    assert math.isfinite(record["nll"]) and record["se"] > 0
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+    capsys.readouterr()
+    assert cli.main(args) == 0  # every cell is there: nothing is fitted again
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+    assert "flowkit-maf:" not in capsys.readouterr().out
+
+
+def test_table_marks_the_lowest_nll_and_shows_failures():
+    cells = {"t": {"a": {"nll": 1.0, "se": 0.1}, "b": {"nll": 0.5, "se": 0.1},
+                   "c": {"error": "diverged at step 3", "seconds": 1.0}}}
+    table = markdown_table(cells, ["t"], ["a", "b", "c"])
+    assert "| t | 1.000 ± 0.100 | **0.500 ± 0.100** | diverged at step 3 |" in table

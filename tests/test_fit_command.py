@@ -1,0 +1,109 @@
+"""`flowkit fit` on files: --key, --context (columns or an array), --transformer, the
+standardization switch, the batch size capped by the data, the samples-over-data plot."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import flowkit
+from flowkit.app import cli
+from flowkit.transforms import Standardize
+
+FAST = ["--steps", "3", "--hidden", "8", "--layers", "1", "--quiet", "--device", "cpu",
+        "--threads", "1"]
+
+
+def _metrics(out):
+    return json.loads((out / "metrics.json").read_text())["metrics"]
+
+
+def _table(tmp_path, rows=60):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 2)) * [1000.0, 0.01] + [5e4, 0.0]
+    y = rng.integers(0, 2, size=rows)
+    np.savez(tmp_path / "table.npz", x=x, y=y, other=rng.normal(size=(rows, 3)))
+    return tmp_path / "table.npz"
+
+
+def test_npz_key_and_context_array_with_spline(tmp_path, capsys):
+    path, out = _table(tmp_path), tmp_path / "run"
+    code = cli.main(["fit", "--data", str(path), "--key", "x", "--context", "y",
+                     "--transformer", "spline", *FAST, "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    m = _metrics(out)
+    assert (m["features"], m["context_features"], m["transformer"]) == (2, 1, "spline")
+    assert m["standardize"] is True
+    assert (out / "samples.png").stat().st_size > 0 and (out / "loss.png").exists()
+    flow = flowkit.load_model(out / "checkpoint.pt")
+    assert flow.context_features == 1 and flow.standardize_context.initialized
+    std = flow.transform.transforms[0]
+    assert isinstance(std, Standardize) and std.scale[0] > 100.0  # set from the data in metres
+
+
+def test_context_columns_and_capped_batch_size(tmp_path, capsys):
+    x = np.random.default_rng(1).normal(size=(50, 3))
+    np.save(tmp_path / "d.npy", x)
+    out = tmp_path / "cols"
+    code = cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--context", "2", *FAST,
+                     "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "note: --batch-size 256 is more than the 45 training rows; using 45" in captured.out
+    m = _metrics(out)
+    assert (m["features"], m["context_features"], m["batch_size"]) == (2, 1, 45)
+
+
+def test_no_standardize_builds_the_plain_flow(tmp_path):
+    np.save(tmp_path / "d.npy", np.random.default_rng(2).normal(size=(40, 2)))
+    out = tmp_path / "plain"
+    assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--no-standardize", *FAST,
+                     "--out", str(out)]) == 0
+    flow = flowkit.load_model(out / "checkpoint.pt")
+    assert not any(isinstance(m, Standardize) for m in flow.modules())
+    assert _metrics(out)["standardize"] is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--key", "nope"], "'--key' 'nope' is not an array of"),
+        (["--context", "5"], r"'--context' columns should be distinct integers in \[0, 2\)"),
+        (["--context", "0", "1"], "takes every column"),
+        (["--context", "missing"], "'--context' should be column numbers of 'x' or the name"),
+    ],
+)
+def test_bad_file_options_are_named(tmp_path, capsys, extra, message):
+    path = _table(tmp_path)
+    code = cli.main(["fit", "--data", str(path), *extra, *FAST, "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_context_array_with_a_wrong_number_of_rows_is_named(tmp_path, capsys):
+    np.savez(tmp_path / "t.npz", x=np.zeros((20, 2)), c=np.zeros((19, 1)))
+    code = cli.main(["fit", "--data", str(tmp_path / "t.npz"), "--context", "c", *FAST,
+                     "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert r"the context array 'c' should have shape (20, C) or (20,)" in capsys.readouterr().err
+
+
+def test_file_options_with_toy_data_and_npy_key_are_refused(tmp_path, capsys):
+    assert cli.main(["fit", "--data", "moons", "--context", "0", *FAST,
+                     "--out", str(tmp_path / "t")]) == 2
+    assert "'--context' and '--key' are options of file data" in capsys.readouterr().err
+    np.save(tmp_path / "d.npy", np.zeros((10, 2)))
+    assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--key", "x", *FAST,
+                     "--out", str(tmp_path / "n")]) == 2
+    assert "'--key' names an array of a .npz file" in capsys.readouterr().err
+
+
+def test_npz_with_several_arrays_needs_a_key(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    np.savez(tmp_path / "two.npz", a=rng.normal(size=(30, 2)), b=rng.normal(size=(30, 2)))
+    assert cli.main(["fit", "--data", str(tmp_path / "two.npz"), *FAST,
+                     "--out", str(tmp_path / "o")]) == 2
+    assert "name the one to model with --key" in capsys.readouterr().err
+    assert cli.main(["fit", "--data", str(tmp_path / "two.npz"), "--key", "b", *FAST,
+                     "--out", str(tmp_path / "b")]) == 0
