@@ -392,7 +392,7 @@ def test_files_of_format_1_still_load_with_every_check_and_a_warning(tmp_path):
         ckpt = load_checkpoint(tmp_path / "old.pt", kind="model")
     assert ckpt.version == 1 and ckpt.extra == {}
     state = dict(flow.state_dict())
-    key = "transform.transforms.0.made.output.mask"
+    key = "transform.transforms.1.made.output.mask"
     state[key] = torch.ones_like(state[key])
     torch.save({**legacy, "model": {"config": flow.config, "state_dict": state}},
                tmp_path / "tampered.pt")

@@ -164,17 +164,17 @@ def _rewrite(path: Path, change) -> None:
                 "extra": ckpt.extra}, path)
 
 
-MASK = "transform.transforms.0.made.hidden.0.mask"
+MASK = "transform.transforms.1.made.hidden.0.mask"  # 0: the Standardize
 RESUME_TAMPERING = {
     "mask": (lambda s: s.update({MASK: 1 - s[MASK]}), r"stored buffer '.*hidden.0.mask' should"),
     "permutation": (
-        lambda s: s.update({"transform.transforms.1.permutation": torch.zeros(2).long()}),
-        r"stored buffer 'transform.transforms.1.permutation' should be a permutation",
+        lambda s: s.update({"transform.transforms.2.permutation": torch.zeros(2).long()}),
+        r"stored buffer 'transform.transforms.2.permutation' should be a permutation",
     ),
     "nan-weight": (
-        lambda s: s.update({"transform.transforms.0.made.output.bias":
-                            s["transform.transforms.0.made.output.bias"] * float("nan")}),
-        r"stored weight 'transform.transforms.0.made.output.bias' holds .* NaN",
+        lambda s: s.update({"transform.transforms.1.made.output.bias":
+                            s["transform.transforms.1.made.output.bias"] * float("nan")}),
+        r"stored weight 'transform.transforms.1.made.output.bias' holds .* NaN",
     ),
 }
 

@@ -302,20 +302,28 @@ def test_sampling_first_fixes_the_data_identity_and_sets_the_context():
 
 
 def test_a_file_saved_before_standardize_existed_loads_as_it_was(tmp_path):
-    """Files of flowkit 0.1 have no 'standardize' in their config: they rebuild the flow without
-    standardization and load strictly, giving the same densities."""
+    """Files saved before the builders had 'standardize' (format 1, a bare torch.save, and
+    format 2 as main wrote it) have no such argument in their config: they rebuild the flow
+    without standardization and load strictly, giving the same densities."""
+    import warnings
+
     import flowkit
-    from flowkit.checkpoint import FORMAT_KEY, atomic_save, safe_load
+    from flowkit.checkpoint import LegacyFormatWarning
 
     for build in (flowkit.MAF, flowkit.IAF):
         flow = build(2, layers=2, hidden_features=(8,), context_features=1, standardize=False)
-        path = tmp_path / f"{build.__name__}.pt"
-        flowkit.save_model(flow, path)
-        ckpt = safe_load(path)
-        del ckpt["model"]["config"]["kwargs"]["standardize"]  # as the previous version wrote it
-        assert ckpt[FORMAT_KEY] == 1
-        atomic_save(ckpt, path)
-        loaded = flowkit.load_model(path)
-        assert not any(isinstance(m, Standardize) for m in loaded.modules())
+        del flow.config["kwargs"]["standardize"]  # as the previous version recorded it
         x, c = torch.randn(5, 2), torch.randn(5, 1)
-        assert torch.equal(loaded.log_prob(x, c), flow.eval().log_prob(x, c))
+        expected = flow.eval().log_prob(x, c)
+        format_2 = tmp_path / f"{build.__name__}-2.pt"
+        flowkit.save_model(flow, format_2)
+        format_1 = tmp_path / f"{build.__name__}-1.pt"
+        torch.save({"flowkit_format": 1, "kind": "model",
+                    "model": {"config": flow.config, "state_dict": flow.state_dict()}}, format_1)
+        for path in (format_1, format_2):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", LegacyFormatWarning)
+                loaded = flowkit.load_model(path)
+            assert not any(isinstance(m, Standardize) for m in loaded.modules())
+            assert loaded.config["kwargs"]["standardize"] is False
+            assert torch.equal(loaded.log_prob(x, c), expected)

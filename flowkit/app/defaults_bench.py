@@ -381,7 +381,8 @@ def markdown_table(cells: dict[str, dict[str, dict[str, Any]]], tasks: list[str]
 
 def _verdicts(cells: dict[str, dict[str, dict[str, Any]]], tasks: list[str]) -> list[str]:
     """The targets, task by task: flowkit's default against zuko's same kind of flow (within
-    one standard error or lower) and against the better scikit-learn model."""
+    one standard error or lower) and against the better scikit-learn model; for the spline, the
+    share of test rows that reach some spline layer outside its interval."""
     lines = []
     for task in tasks:
         row = cells.get(task, {})
@@ -399,6 +400,9 @@ def _verdicts(cells: dict[str, dict[str, dict[str, Any]]], tasks: list[str]) -> 
                          if m in row and "nll" in row[m]), default=None)
         if sk and best_flow is not None:
             ok.append(f"flowkit vs best sklearn: {'yes' if best_flow < min(sk) else 'NO'}")
+        share = row.get("flowkit-spline", {}).get("outside_spline")
+        if share is not None:
+            ok.append(f"spline tails: {100 * share:.2f}% of test rows")
         if ok:
             lines.append(f"- {task}: " + "; ".join(ok))
     return lines
