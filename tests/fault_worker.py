@@ -40,7 +40,8 @@ def run(folder: str, steps: int, kill_at_sample: int = 0) -> flowkit.History:
     torch.manual_seed(0)  # the initial weights
     flow = flowkit.MAF(2, hidden_features=(8,), layers=2)
     history = flowkit.fit(
-        flow, sample, steps=steps, batch_size=32, lr=3e-3, seed=5, checkpoint_dir=folder,
+        flow, sample, steps=steps, batch_size=32, lr=3e-3, lr_schedule=None, seed=5,
+        checkpoint_dir=folder,
         checkpoint_every=CHECKPOINT_EVERY, log_every=3, resume=True, progress=False, device="cpu",
     )
     return history

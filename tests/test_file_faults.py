@@ -59,8 +59,8 @@ worker = _worker_module()
 
 def _small_run(folder: Path, steps: int = 4) -> flowkit.Flow:
     flow = flowkit.MAF(2, hidden_features=(4,), layers=2)
-    flowkit.fit(flow, torch.randn(64, 2), steps=steps, batch_size=32, seed=0,
-                checkpoint_dir=folder, checkpoint_every=2, **QUIET)
+    flowkit.fit(flow, torch.randn(64, 2), steps=steps, batch_size=32, seed=0, lr_schedule=None,
+                checkpoint_dir=folder, checkpoint_every=2, **QUIET)  # constant: can be extended
     return flow
 
 
@@ -288,7 +288,7 @@ def test_disk_full_on_a_real_small_file_system(tmp_path, capsys):
         with pytest.raises(CheckpointWriteError, match="No space left on device"):
             flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), torch.randn(64, 2),
                         steps=8, batch_size=32, checkpoint_dir=disk / "run", checkpoint_every=2,
-                        resume=True, **QUIET)
+                        lr_schedule=None, resume=True, **QUIET)
         assert load_checkpoint(disk / "run" / CHECKPOINT_NAME).extra["step"] == 4
         assert sorted(p.name for p in (disk / "run").iterdir()) == [CHECKPOINT_NAME]
         status = cli.main(["fit", "--data", "moons", "--steps", "4", "--checkpoint-every", "2",
