@@ -968,7 +968,7 @@ def test_divergence_is_an_error_that_says_what_to_try(tmp_path):
     given back the weights of the last recording before, the checkpoint of step 20 is kept."""
     model = _RisingLoss(at=30, jump=1000.0)
     with pytest.raises(DivergenceError, match=r"the training loss diverged at step 3\d: .*"
-                       r"Usual fixes: lower the learning rate \(lr=0\.001 now\), clip gradients "
+                       r"Usual fixes: lower the learning rate \(lr=0\.003 now\), clip gradients "
                        r"\(clip_grad_norm=1\.0\)") as info:
         fit(model, gaussian, steps=100, batch_size=64, seed=0, checkpoint_dir=tmp_path,
             checkpoint_every=20, log_every=10, **QUIET)
@@ -1060,8 +1060,8 @@ def test_callbacks_do_not_change_a_resumed_run(tmp_path):
                                                     order="random", seed=0)
         x = (torch.rand(96, 6, generator=torch.Generator().manual_seed(1)) < 0.3).float()
         cycle = flowkit.train.Callbacks(after_step=lambda p: p.model.next_mask())
-        fit(model, x, steps=steps, batch_size=32, seed=0, callbacks=cycle,
-            checkpoint_dir=folder, checkpoint_every=4, **QUIET, **kwargs)
+        fit(model, x, steps=steps, batch_size=32, seed=0, callbacks=cycle, lr_schedule=None,
+            checkpoint_dir=folder, checkpoint_every=4, **QUIET, **kwargs)  # extended: constant
         return weights(model)
 
     whole = run(tmp_path / "whole", 10)
