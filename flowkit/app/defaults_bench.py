@@ -371,7 +371,7 @@ def markdown_table(cells: dict[str, dict[str, dict[str, Any]]], tasks: list[str]
         row = cells.get(task, {})
         values = {m: row[m]["nll"] for m in models if m in row and "nll" in row[m]}
         best = min(values.values(), default=None)
-        out = [task]
+        out = [task.replace("|", "\\|")]  # a bare | would split the Markdown cell
         for m in models:
             text = _format(row.get(m))
             out.append(f"**{text}**" if m in values and values[m] == best else text)
