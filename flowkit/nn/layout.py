@@ -26,10 +26,11 @@ permutations and the number of units of each degree.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from flowkit.nn import masks
 
@@ -62,6 +63,31 @@ def stages(made: MADE) -> list[Stage]:
         reads += ((made.direct, INPUTS),)
     result.append(Stage(reads, False, False))
     return result
+
+
+def run(made: MADE, inputs: Tensor, read: Callable[[int, int, Tensor], Tensor]) -> Tensor:
+    """Evaluate ``made``'s stages on ``inputs`` ``(N, D m + C)`` and return the output stage
+    ``h`` ``(N, D P)``. ``read(s, i, v)`` computes the ``i``-th read of stage ``s`` (its masked
+    linear map, bias included) on the source values ``v``; the column orders are whatever
+    ``read`` uses (natural for the dense products, sorted for the staircase).
+
+    Every read returns a fresh tensor that nothing else holds, so the reads are summed and a
+    ReLU (the default activation) is applied in place when no residual stage needs the
+    pre-activation: each stage then allocates one output instead of three, which matters for
+    large layers (fresh memory is the cost of an elementwise pass). Autograd allows both: a
+    linear map's backward does not read its output, and ReLU's reads the activated values.
+    """
+    in_place = not made.residual and type(made.activation) is nn.ReLU
+    values, h = {INPUTS: inputs}, inputs
+    for s, stage in enumerate(stages(made)):
+        pre = None
+        for i, (_, source) in enumerate(stage.reads):
+            y = read(s, i, values[source])
+            pre = y if pre is None else pre.add_(y)
+        h = h + pre if stage.residual else pre
+        if stage.activate:
+            values[s] = torch.relu_(h) if in_place else made.activation(h)
+    return h
 
 
 class SortedLayout(NamedTuple):

@@ -275,15 +275,8 @@ class MADE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         if staircase.applies(self, flat.shape[0]):
             return staircase.forward(self, flat).reshape(*x.shape[:-1], -1)
-        values, h = {layout.INPUTS: x}, x
-        for s, stage in enumerate(layout.stages(self)):
-            pre = None
-            for layer, source in stage.reads:
-                y = layer(values[source])
-                pre = y if pre is None else pre + y
-            h = h + pre if stage.residual else pre
-            values[s] = self.activation(h) if stage.activate else h
-        return h
+        reads = [[layer for layer, _ in stage.reads] for stage in layout.stages(self)]
+        return layout.run(self, x, lambda s, i, v: reads[s][i](v))
 
     @property
     def solver(self) -> str:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor
 
-from flowkit.nn.layout import INPUTS, layout_key, sorted_layout, stages
+from flowkit.nn.layout import INPUTS, layout_key, run, sorted_layout, stages
 
 if TYPE_CHECKING:
     from flowkit.nn.linear import MaskedLinear
@@ -207,16 +207,9 @@ def forward(made: MADE, x: Tensor) -> Tensor:
     """``made``'s outputs ``(N, D P)`` for inputs ``x`` ``(N, D m + C)`` (features, then
     context), computed in sorted form through the stages of :func:`flowkit.nn.layout.stages`."""
     p = plan(made)
-    values = {INPUTS: x if p.inputs is None else x.index_select(1, p.inputs)}
-    h = None
-    for s, (stage, layer_plans) in enumerate(zip(stages(made), p.reads, strict=True)):
-        pre = None
-        for (layer, source), lp in zip(stage.reads, layer_plans, strict=True):
-            y = linear(values[source], layer, lp)
-            pre = y if pre is None else pre + y
-        h = h + pre if stage.residual else pre
-        values[s] = made.activation(h) if stage.activate else h
-    out = values[len(p.reads) - 1]
+    inputs = x if p.inputs is None else x.index_select(1, p.inputs)
+    reads = [[layer for layer, _ in stage.reads] for stage in stages(made)]
+    out = run(made, inputs, lambda s, i, v: linear(v, reads[s][i], p.reads[s][i]))
     return out if p.inverse_outputs is None else out.index_select(1, p.inverse_outputs)
 
 

