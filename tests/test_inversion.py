@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowkit import IAF, MADE, MAF
-from flowkit.nn import inversion
 from flowkit.nn.inversion import (
     OneHot,
     solve,
@@ -17,6 +16,7 @@ from flowkit.nn.inversion import (
     solve_naive_with_params,
     solve_with_params,
 )
+from flowkit.nn.inversion_program import build_program
 from flowkit.nn.layout import sorted_layout
 from flowkit.transforms import autoregressive
 from flowkit.validation import validate_values
@@ -111,7 +111,7 @@ def test_gradients_equal_the_naive_solvers(config):
 def test_pull_and_push_connections_are_both_exact(hidden, per, pushes):
     made = _made(dict(features=6, hidden_features=hidden, params_per_feature=per, seed=3))
     z, _, step = _problem(made)
-    program = inversion._program(made, sorted_layout(made), one_hot=False)
+    program = build_program(made, sorted_layout(made), one_hot=False)
     assert {b.stage for blocks in program.hidden for b in blocks if b.pushes} == pushes
     torch.testing.assert_close(solve(made, step, z), solve_naive(made, step, z), rtol=0,
                                atol=1e-10)

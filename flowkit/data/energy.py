@@ -43,7 +43,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from flowkit.data.toy import Box, box_grid
+from flowkit.data.toy import Box, box_grid, check_points
 
 ENERGIES: tuple[str, ...] = ("U1", "U2", "U3", "U4")
 ENERGY_BOXES: dict[str, Box] = {
@@ -122,11 +122,7 @@ def energy_log_density(name: str, z: Tensor) -> Tensor:
         tensor([-0.])
     """
     _check_name(name)
-    if z.dim() != 2 or z.shape[1] != 2:
-        raise ValueError(f"'z' should have shape (n, 2), got {tuple(z.shape)}")
-    if not z.dtype.is_floating_point:
-        raise ValueError(f"'z' should have a floating dtype, got {z.dtype}")
-    return _LOG_DENSITIES[name](z)
+    return _LOG_DENSITIES[name](check_points("z", z))
 
 
 @lru_cache

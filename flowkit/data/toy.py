@@ -289,11 +289,16 @@ def toy_log_prob(name: str, x: Tensor) -> Tensor:
         ``log p(x)`` of shape ``(n,)``; ``-inf`` off the support (checkerboard).
     """
     _check_exact(name)
-    if x.dim() != 2 or x.shape[1] != 2:
-        raise ValueError(f"'x' should have shape (n, 2), got {tuple(x.shape)}")
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"'x' should have a floating dtype, got {x.dtype}")
-    return _LOG_PROBS[name](x)
+    return _LOG_PROBS[name](check_points("x", x))
+
+
+def check_points(name: str, value: Tensor) -> Tensor:
+    """Check that argument ``name`` holds points of the plane: shape ``(n, 2)``, floating."""
+    if value.dim() != 2 or value.shape[1] != 2:
+        raise ValueError(f"'{name}' should have shape (n, 2), got {tuple(value.shape)}")
+    if not value.dtype.is_floating_point:
+        raise ValueError(f"'{name}' should have a floating dtype, got {value.dtype}")
+    return value
 
 
 def box_grid(

@@ -6,8 +6,9 @@ from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
 from .distributed import is_main_process, resolve_device
 from .history import History
-from .objectives import fit, fit_reverse_kl
+from .likelihood import fit
 from .options import DEFAULTS, TrainOptions
+from .reverse_kl import fit_reverse_kl
 from .session import CHECKPOINT_NAME
 
 __all__ = [

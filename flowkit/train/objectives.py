@@ -1,222 +1,20 @@
-r"""Maximum likelihood (:func:`fit`) and reverse KL (:func:`fit_reverse_kl`).
+r"""The training losses, and the wrapper that makes a loss a module for the training engine.
 
-Each function checks its inputs, builds the loss as a module (:class:`_Objective`) and a batch
-source, and hands them to the shared engine in :mod:`flowkit.train.loop`.
+* :func:`nll`: the mean negative log-likelihood of a batch, for :func:`~flowkit.train.fit`;
+* :class:`NegElbo`: the negative evidence lower bound of the flow's own samples, for
+  :func:`~flowkit.train.fit_reverse_kl`;
+* :class:`Objective`: a loss as the ``forward`` of a module (see there why).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from numbers import Real
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
-
-from ..transforms.standardize import set_from_data, uninitialized
-from ..validation import ArgumentError, Mention, check_bool, check_int
-from .data import (
-    LoaderSource,
-    SamplerSource,
-    TensorSource,
-    as_batch,
-    first_batch,
-    load_arrays,
-    local_batch_size,
-    split_pair,
-)
-from .history import History
-from .loop import Plan, Trainer
-from .options import TrainOptions, Unpack, resolve
-from .session import Session, session
 
 
-def fit(
-    model: nn.Module,
-    data: Any,
-    *,
-    valid: Any = None,
-    steps: int | None = None,
-    epochs: int | None = None,
-    batch_size: int = 256,
-    valid_every: int | None = None,
-    early_stopping_patience: int | None = None,
-    restore_best: bool = False,
-    **options: Unpack[TrainOptions],
-) -> History:
-    r"""Fit ``model`` to data by maximum likelihood.
-
-    Minimises the mean negative log-likelihood of mini-batches,
-    :math:`\mathcal{L}(\theta) = -\frac{1}{B}\sum_{i=1}^{B} \log p_\theta(x_i \mid c_i)`, in nats
-    per sample. ``model`` is moved to ``device``, trained in place and left in evaluation mode.
-
-    Args:
-        model: any ``nn.Module`` with ``log_prob(x) -> (N,)`` or ``log_prob(x, context) -> (N,)``
-            (flows, discrete MADE models, your own). If it has a ``features`` attribute, data must
-            have shape ``(N, features)``; otherwise any ``(N, ...)`` its ``log_prob`` accepts.
-        data: the training data, one of
-
-            * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` with
-              ``context`` of shape ``(N, C)``; copied to ``device`` once, reshuffled every epoch;
-            * a :class:`~torch.utils.data.DataLoader` yielding ``x`` or ``(x, context)`` batches
-              (under ``torchrun`` it must use a ``DistributedSampler``);
-            * a function ``sample(n, generator) -> x`` or ``-> (x, context)`` drawing ``n`` fresh
-              samples from a :class:`torch.Generator` on ``device`` at every step.
-
-            Floating ``x`` and every context are cast to the model's floating dtype; integer and
-            bool ``x`` (class indices for a :class:`~flowkit.CategoricalMADE`) keep their dtype.
-            Complex values are refused.
-
-            Before the first step, the model's uninitialised
-            :class:`~flowkit.transforms.Standardize` modules (the builders' default
-            ``standardize=True``) are set from the whole of array ``data`` (a pass that stops at
-            them); with a DataLoader or a sampling function the first training batch sets them.
-        valid: validation data as a tensor, array, pair or DataLoader, whose mean negative
-            log-likelihood is the validation loss; or a function ``valid(model) -> float``
-            returning the validation loss itself (called in evaluation mode without gradients,
-            e.g. to score a MADE with one fixed mask set). Computed every ``valid_every`` steps
-            and at the end.
-        steps: number of optimizer steps. Exactly one of ``steps`` and ``epochs`` is required.
-        epochs: number of passes over finite ``data`` (``len(data) // batch_size`` steps each for
-            arrays, ``len(loader)`` for DataLoaders).
-        batch_size: global batch size (split evenly over ``torchrun`` processes, so results do
-            not depend on the number of processes). Ignored for DataLoaders, which batch
-            themselves.
-        valid_every: steps between validations; default once per epoch for arrays and
-            DataLoaders with a length, else every 100 steps.
-        early_stopping_patience: stop after this many validations without a new best validation
-            loss, and in any case end with the best weights restored. Needs ``valid``.
-        restore_best: end with the weights of the best validation even without early stopping
-            (implied by ``early_stopping_patience``). Needs ``valid``.
-        **options: the options shared with :func:`fit_reverse_kl`, described in
-            :class:`~flowkit.train.TrainOptions`: ``lr``, ``optimizer``, ``lr_schedule``,
-            ``clip_grad_norm``, ``divergence_threshold``, ``seed``, ``device``,
-            ``checkpoint_dir``, ``checkpoint_every``, ``resume``, ``progress``, ``log_every``,
-            ``callbacks``.
-
-    Returns:
-        The :class:`~flowkit.train.History` of the run (including resumed segments).
-
-    Raises:
-        TypeError: ``model`` has no ``log_prob``, ``data`` is of an unsupported kind, or an
-            unknown option.
-        ValueError: bad settings or data that does not fit the model (checked before training;
-            :class:`~flowkit.validation.ArgumentError` names the argument).
-        NonFiniteLossError: the loss or the weights became NaN/Inf; the model keeps its last
-            finite weights and the last checkpoint is kept.
-        DivergenceError: the loss rose far above its best (``divergence_threshold``); likewise.
-
-    Example:
-        >>> import torch, flowkit
-        >>> flow = flowkit.MAF(2, hidden_features=(16,), layers=2)
-        >>> x = torch.randn(512, 2) * torch.tensor([2.0, 0.5])
-        >>> history = fit(flow, x, steps=50, batch_size=128, seed=0, progress=False)
-        >>> len(history.train_loss)
-        50
-    """
-    _require(model, "log_prob", "fit")
-    o = resolve("fit", options)
-    if (steps is None) == (epochs is None):
-        raise ArgumentError(
-            "steps", "pass exactly one of ", Mention("steps"), " and ", Mention("epochs"),
-            f", got steps={steps!r} and epochs={epochs!r}",
-        )
-    for name, value in (("steps", steps), ("epochs", epochs), ("valid_every", valid_every),
-                        ("early_stopping_patience", early_stopping_patience)):
-        if value is not None:
-            check_int(name, value, minimum=1)
-    check_int("batch_size", batch_size, minimum=1)
-    check_bool("restore_best", restore_best)
-    if early_stopping_patience is not None and valid is None:
-        raise ArgumentError("early_stopping_patience", Mention("early_stopping_patience"),
-                            " needs validation data: pass ", Mention("valid"))
-    if restore_best and valid is None:
-        raise ArgumentError("restore_best", Mention("restore_best", True),
-                            " needs validation data: pass ", Mention("valid"))
-    with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
-        dtype = _float_dtype(model)
-        source = _make_source(data, int(batch_size), s, dtype)
-        if epochs is not None:
-            if source.batches_per_epoch is None:
-                raise ArgumentError(
-                    "epochs", Mention("epochs"), " needs data of known length (an array or a "
-                    "DataLoader with len()); pass ", Mention("steps"), " instead",
-                )
-            steps = int(epochs) * source.batches_per_epoch
-        assert steps is not None
-        validate = None
-        if valid is not None:
-            validate = _make_validation(model, valid, int(batch_size), s, dtype)
-            valid_every = valid_every or source.batches_per_epoch or 100
-        plan = Plan(int(steps), valid_every, early_stopping_patience, restore_best)
-        trainer = Trainer(s, model, _Objective(model, _nll), source, o, plan, validate)
-        return trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
-
-
-def fit_reverse_kl(
-    flow: nn.Module,
-    target_log_density: Callable[[Tensor], Tensor],
-    *,
-    steps: int,
-    batch_size: int = 256,
-    **options: Unpack[TrainOptions],
-) -> History:
-    r"""Fit ``flow`` to an unnormalised density by reverse KL (variational inference).
-
-    Maximises the evidence lower bound with reparameterised samples
-    :math:`x_i = f_\theta^{-1}(z_i)` from ``flow.sample_and_log_prob``:
-
-    .. math::
-        \mathrm{ELBO}(\theta) = \mathbb{E}_{q_\theta}[\log \tilde p(x) - \log q_\theta(x)]
-        = \log Z - \mathrm{KL}(q_\theta \,\|\, p) \le \log Z,
-
-    where :math:`\tilde p = Z p`. The loss is :math:`-\mathrm{ELBO}` estimated on ``batch_size``
-    samples; ``History.elbo`` gives the per-step estimates. An IAF is the natural choice (one
-    pass for sampling and log-density); a MAF works but samples in ``D`` passes.
-
-    Args:
-        flow: unconditional model with ``sample_and_log_prob(n) -> (x, log_q)`` whose ``x`` is
-            differentiable in the parameters.
-        target_log_density: ``x: (N, D) -> log p~(x): (N,)``, differentiable in ``x``, accepting
-            tensors on the training device.
-        steps: number of optimizer steps.
-        batch_size: samples per step; under ``torchrun`` each process draws
-            ``batch_size / world_size`` samples with its own seed.
-        **options: the options shared with :func:`fit`, described in
-            :class:`~flowkit.train.TrainOptions`.
-
-    Returns:
-        The :class:`~flowkit.train.History` (``objective="neg_elbo"``).
-
-    Example:
-        >>> import torch, flowkit
-        >>> flow = flowkit.IAF(2, hidden_features=(16,), layers=2)
-        >>> target = lambda x: -0.5 * ((x - 3.0) ** 2).sum(-1)  # N((3, 3), I), unnormalised
-        >>> h = fit_reverse_kl(flow, target, steps=20, batch_size=64, seed=0, progress=False)
-        >>> h.objective, len(h.elbo)
-        ('neg_elbo', 20)
-    """
-    _require(flow, "sample_and_log_prob", "fit_reverse_kl")
-    o = resolve("fit_reverse_kl", options)
-    if getattr(flow, "context_features", 0):
-        raise ValueError(
-            f"fit_reverse_kl fits unconditional flows; 'flow' has "
-            f"context_features={flow.context_features}"
-        )
-    if not callable(target_log_density):
-        raise TypeError("'target_log_density' should be a callable x -> log p~(x) of shape (N,)")
-    check_int("steps", steps, minimum=1)
-    check_int("batch_size", batch_size, minimum=1)
-    with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
-        source = _Draws(local_batch_size(int(batch_size), s.dist))
-        objective = _Objective(flow, _NegElbo(target_log_density))
-        trainer = Trainer(s, flow, objective, source, o, Plan(int(steps)), None)
-        return trainer.run(lambda args: _check_target(flow, target_log_density))
-
-
-class _Objective(nn.Module):
+class Objective(nn.Module):
     """The training loss as a module whose ``forward`` computes it.
 
     Why a wrapper: :class:`~torch.nn.parallel.DistributedDataParallel` prepares its gradient
@@ -238,15 +36,23 @@ class _Objective(nn.Module):
         return self.loss(self.model, *args)
 
 
-def _log_prob(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
+def log_prob(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
+    """``model.log_prob(x)`` ``(N,)``, with ``context=context`` when there is one (so models
+    without a context argument work)."""
     return model.log_prob(x) if context is None else model.log_prob(x, context=context)
 
 
-def _nll(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
-    return -_log_prob(model, x, context).mean()
+def nll(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
+    r"""The mean negative log-likelihood of a batch, :math:`-\frac{1}{N}\sum_i \log p(x_i \mid
+    c_i)`, in nats per sample."""
+    return -log_prob(model, x, context).mean()
 
 
-class _NegElbo:
+class NegElbo:
+    r"""The negative ELBO of ``n`` reparameterised samples of the flow,
+    :math:`\frac{1}{n}\sum_i [\log q(x_i) - \log \tilde p(x_i)]`, with ``target_log_density``
+    the unnormalised :math:`\log \tilde p`."""
+
     def __init__(self, target_log_density: Callable[[Tensor], Tensor]):
         self.target = target_log_density
 
@@ -255,176 +61,10 @@ class _NegElbo:
         return (log_q - self.target(x)).mean()
 
 
-class _Draws:
-    """The "data" of reverse KL: each step the flow draws ``n`` samples itself."""
-
-    batches_per_epoch = None
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def next_batch(self, step: int) -> tuple[int]:
-        return (self.n,)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        pass
-
-
-def _require(model: Any, method: str, fn: str) -> None:
+def require_method(model: Any, method: str, fn: str) -> None:
+    """Fail unless ``model`` is a module with the ``method`` the loss of ``fn`` calls."""
     if not isinstance(model, nn.Module) or not callable(getattr(model, method, None)):
         raise TypeError(
             f"{fn}() needs a torch.nn.Module with a '{method}' method as 'model', got "
             f"{type(model).__name__}"
         )
-
-
-def _float_dtype(model: nn.Module) -> torch.dtype:
-    for t in (*model.parameters(), *model.buffers()):
-        if t.is_floating_point():
-            return t.dtype
-    return torch.get_default_dtype()
-
-
-def _make_source(
-    data: Any, batch_size: int, s: Session, dtype: torch.dtype
-) -> TensorSource | LoaderSource | SamplerSource:
-    if isinstance(data, DataLoader):
-        return LoaderSource(data, s.dist, s.device, dtype)
-    if callable(data) and not isinstance(data, Tensor | np.ndarray):
-        return SamplerSource(data, batch_size, s.seed, s.dist, s.device, dtype)
-    if isinstance(data, Tensor | np.ndarray | tuple):
-        return TensorSource(load_arrays("data", data, s.device, dtype), batch_size, s.seed, s.dist)
-    raise TypeError(
-        "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
-        f"function sample(n, generator); got {type(data).__name__}"
-    )
-
-
-def _check_first_batch(
-    model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data"
-) -> None:
-    """Fail before the first optimizer step if the data does not fit the model."""
-    if x.dim() < 2 or x.shape[0] == 0:
-        raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
-    features = getattr(model, "features", None)
-    if features is not None and (x.dim() != 2 or x.shape[1] != features):
-        raise ValueError(
-            f"'{name}' should have {features} features to match the model "
-            f"(model.features={features}), got shape {tuple(x.shape)}"
-        )
-    width = getattr(model, "context_features", None)
-    if width and context is None:
-        raise ValueError(
-            f"the model is conditional (context_features={width}) but '{name}' has no context; "
-            f"pass {name}=(x, context)"
-        )
-    if width == 0 and context is not None:
-        raise ValueError(f"'{name}' carries a context but the model has context_features=0")
-    if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
-        raise ValueError(
-            f"context batches should have shape ({x.shape[0]}, context_features), "
-            f"got {tuple(context.shape)}"
-        )
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = _log_prob(model, x[:2], None if context is None else context[:2])
-    finally:
-        model.train(was_training)
-    if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
-        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
-
-
-def _check_first_batch_and_standardize(
-    model: nn.Module, source: Any, x: Tensor, context: Tensor | None
-) -> None:
-    """Before the first step (after every setting was checked, so a refused call leaves the
-    model as it was): check the first batch, then set the model's uninitialised
-    :class:`~flowkit.transforms.Standardize` modules (the builders' ``standardize=True``) from
-    the whole training set when it is an array (other sources: the first step's batch sets
-    them). A resumed model has them set already."""
-    _check_first_batch(model, x, context)
-    if not isinstance(source, TensorSource) or not uninitialized(model):
-        return
-    chunks = source.x.split(_CHUNK)
-    contexts = source.c.split(_CHUNK) if source.c is not None else [None] * len(chunks)
-    set_from_data(model, zip(chunks, contexts, strict=True), lambda x, c: _log_prob(model, x, c))
-
-
-_CHUNK = 8192
-"""Rows per forward pass when the standardization is set from the training set."""
-
-
-def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:
-    with torch.no_grad():
-        x, log_q = flow.sample_and_log_prob(2)
-        log_p = target(x)
-    for name, t in (("flow.sample_and_log_prob", log_q), ("target_log_density", log_p)):
-        if not isinstance(t, Tensor) or t.shape != (2,):
-            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name} should return log-densities of shape (N,), got {got} for N=2")
-
-
-def _make_validation(
-    model: nn.Module, valid: Any, batch_size: int, s: Session, dtype: torch.dtype
-) -> Callable[[], float]:
-    """A function returning the validation loss: the mean NLL over the whole validation set
-    (all processes), or what the user's ``valid(model)`` returns (averaged over processes)."""
-    if callable(valid) and not isinstance(valid, DataLoader | Tensor | np.ndarray):
-        return _user_validation(model, valid, s)
-    if isinstance(valid, DataLoader):
-        _check_first_batch(model, *first_batch("valid", valid, s.device, dtype), "valid")
-
-        def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
-            for b in valid:
-                yield as_batch("valid", *split_pair("valid", b), s.device, dtype)
-    else:
-        x, c = load_arrays("valid", valid, s.device, dtype)
-        _check_first_batch(model, x, c, "valid")
-        # each process evaluates every world_size-th row; the sums are then added up
-        r, w = s.dist.rank, s.dist.world_size
-        x, c = x[r::w], None if c is None else c[r::w]
-        chunk = max(batch_size, 1024)
-
-        def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
-            for i in range(0, x.shape[0], chunk):
-                yield x[i : i + chunk], None if c is None else c[i : i + chunk]
-
-    def validate() -> float:
-        was_training = model.training
-        model.eval()
-        total = torch.zeros(2, device=s.device, dtype=torch.float64)
-        with torch.no_grad():
-            for xb, cb in batches():
-                total[0] -= _log_prob(model, xb, cb).sum()
-                total[1] += xb.shape[0]
-        model.train(was_training)
-        total = s.dist.all_sum(total)
-        return (total[0] / total[1]).item()
-
-    return validate
-
-
-def _user_validation(model: nn.Module, valid: Callable[[nn.Module], Any], s: Session
-                     ) -> Callable[[], float]:
-    def validate() -> float:
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            loss = valid(model)
-        model.train(was_training)
-        if isinstance(loss, Tensor) and loss.numel() == 1 and loss.is_floating_point():
-            loss = loss.item()
-        if isinstance(loss, bool) or not isinstance(loss, Real):
-            raise ArgumentError(
-                "valid", f"should return the validation loss as a number, got {loss!r}"
-            )
-        total = s.dist.all_mean(torch.tensor(float(loss), dtype=torch.float64, device=s.device))
-        return total.item()
-
-    return validate
