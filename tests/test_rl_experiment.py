@@ -15,7 +15,8 @@ from torch.distributions import (
 )
 
 from flowkit import load_model
-from flowkit.app.rl import FlowPolicy, GaussianPolicy, _evaluate, squash
+from flowkit.app.sac import _evaluate
+from flowkit.app.sac_policies import FlowPolicy, GaussianPolicy, squash
 from flowkit.checkpoint import load_checkpoint
 
 LOW = torch.tensor([-2.0, 0.0], dtype=torch.float64)

@@ -1,10 +1,12 @@
 """Small helpers shared by the experiments: a mean with its standard error, a plain MLP, the
-refusal to replace an earlier run, the spelling of library arguments as command options."""
+refusal to replace an earlier run, the spelling of library arguments as command options, the
+options of a recipe trained by epochs and the minimums of integer options, a Markdown table."""
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,7 +14,15 @@ from torch import Tensor, nn
 
 from flowkit.validation import Mention, WordedError, python_spelling
 
-__all__ = ["as_options", "mean_se", "mlp", "refuse_to_replace"]
+__all__ = [
+    "add_epoch_options",
+    "as_options",
+    "check_minimums",
+    "markdown_table",
+    "mean_se",
+    "mlp",
+    "refuse_to_replace",
+]
 
 
 def mean_se(values: Tensor) -> tuple[float, float]:
@@ -106,3 +116,54 @@ def as_options(options: Mapping[str, str]) -> Iterator[None]:
     except WordedError as e:
         e.spell_with(spell)
         raise
+
+
+def check_minimums(args: argparse.Namespace, minimums: dict[str, int]) -> None:
+    """Fail early (before any data is read) on an option below its minimum; options left at
+    None are not checked."""
+    for option, minimum in minimums.items():
+        value = getattr(args, option.replace("-", "_"))
+        if value is not None and value < minimum:
+            raise ValueError(f"'--{option}' should be >= {minimum}, got {value}")
+
+
+def add_epoch_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, epochs: int, schedule: str
+) -> None:
+    """Add ``--epochs``, ``--batch-size``, ``--lr`` and ``--schedule``, the options of a recipe
+    that trains on images by epochs with Adam (``flowkit mnist``, ``flowkit vae``).
+
+    Args:
+        parser: the parser or argument group to add them to.
+        epochs: the default of ``--epochs``.
+        schedule: the default of ``--schedule``, ``"constant"`` or ``"cosine"``.
+    """
+    parser.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=100, help="images per optimizer step")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    parser.add_argument("--schedule", choices=["constant", "cosine"], default=schedule,
+                        help="learning-rate schedule over the steps of the run")
+
+
+def markdown_table(
+    head: Sequence[str], rows: Iterable[Sequence[str]], right: Collection[int] = ()
+) -> str:
+    """A Markdown table, without a final newline: the header, the rule, one line per row.
+
+    Args:
+        head: the column titles.
+        rows: the cells of each row, as text.
+        right: the indices of the columns aligned right (numbers).
+
+    Example:
+        >>> print(markdown_table(["model", "NLL"], [["maf", "1.25"]], right={1}))
+        | model | NLL |
+        | --- | ---: |
+        | maf | 1.25 |
+    """
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    rule = ["---:" if i in right else "---" for i in range(len(head))]
+    return "\n".join([line(head), line(rule), *map(line, rows)])

@@ -48,22 +48,18 @@ from flowkit.train import History, fit_reverse_kl, resolve_device
 
 from .common import mean_se
 from .experiment2d import (
-    FLOWS,
     QUICK,
-    TRANSFORMERS,
     FlowSettings,
-    add_flow_arguments,
+    Gallery,
     add_settings_arguments,
+    add_target_arguments,
     build_flow,
-    check_choices,
+    check_selection,
     markdown_table,
-    names,
     run_label,
-    save_flow,
     settings_from_args,
     timed,
     use_one_cpu_thread,
-    write_figures,
 )
 
 ENERGY_SETTINGS = FlowSettings(bound=6.0, steps=2000)
@@ -126,10 +122,7 @@ def fit_energy(
     history = fit_reverse_kl(
         model,
         lambda z: walled_log_density(name, z, wall),
-        steps=settings.steps,
-        batch_size=settings.batch_size,
-        lr=settings.lr,
-        lr_schedule=settings.lr_schedule,
+        **settings.fit_options(),
         seed=seed,
         device=device,
         progress=progress,
@@ -195,22 +188,17 @@ def run_energy(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Fit every ``flow x transformer`` to every energy; with ``out``, write the figures,
-    ``table.md`` and each trained flow (:func:`flowkit.app.toy.save_flow`) there.
+    ``table.md`` and each trained flow (:func:`flowkit.app.experiment2d.save_flow`) there.
 
     Returns:
         ``{"settings", "wall", "device", "runs": [metrics, see fit_energy], "figures",
         "models"}`` (paths of the files).
     """
-    check_choices("energies", energies, ENERGIES)
-    check_choices("flows", flows, tuple(FLOWS))
-    check_choices("transformers", transformers, TRANSFORMERS)
+    check_selection("energies", energies, ENERGIES, flows, transformers)
     if wall <= 0:
         raise ValueError(f"'wall' should be positive, got {wall}")
     dev = resolve_device(device)
-    rows: dict[str, list[Panel]] = {}
-    histories: dict[str, dict[str, History]] = {}
-    records = []
-    models: list[Path] = []
+    gallery = Gallery(out)
     for name in energies:
         box = ENERGY_BOXES[name]
         log_z = walled_log_normalizer(name, wall)
@@ -221,8 +209,7 @@ def run_energy(
         )
         vmax = float(log_p.max().exp())
         title = f"target exp(-{name}) / Z\nlog Z {log_z:.3f}"
-        rows[name] = [Panel(title, box, log_density=log_p, vmax=vmax)]
-        histories[name] = {}
+        gallery.start_row(name, Panel(title, box, log_density=log_p, vmax=vmax))
         for flow in flows:
             for transformer in transformers:
                 metrics, history, panels, model = fit_energy(
@@ -236,36 +223,23 @@ def run_energy(
                     progress=progress,
                     vmax=vmax,
                 )
-                records.append(metrics)
-                if out is not None:
-                    models.append(save_flow(model, Path(out), name, flow, transformer))
-                rows[name] += panels
-                histories[name][run_label(flow, transformer)] = history
-    figures = []
-    if out is not None:
-        references = {n: ("-log Z", -walled_log_normalizer(n, wall)) for n in energies}
-        figures = write_figures(Path(out), "energy", rows, histories, references)
-        (Path(out) / "table.md").write_text(energy_table(records))
+                gallery.add(name, flow, transformer, metrics, history, panels, model)
+    references = {n: ("-log Z", -walled_log_normalizer(n, wall)) for n in energies}
+    figures = gallery.write("energy", references, energy_table(gallery.records))
     return {
         "settings": asdict(settings),
         "wall": wall,
         "device": str(dev),
-        "runs": records,
+        "runs": gallery.records,
         "figures": [str(f) for f in figures],
-        "models": [str(m) for m in models],
+        "models": [str(m) for m in gallery.models],
     }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    what = parser.add_argument_group("what to fit")
-    what.add_argument(
-        "--energies",
-        type=names(ENERGIES),
-        default=list(ENERGIES),
-        metavar="NAMES",
-        help=f"comma-separated (default: {','.join(ENERGIES)})",
+    what = add_target_arguments(
+        parser, "energies", ENERGIES, ["iaf"], "; a MAF samples in 2 passes per layer"
     )
-    add_flow_arguments(what, ["iaf"], "; a MAF samples in 2 passes per layer")
     what.add_argument(
         "--wall",
         type=float,

@@ -57,6 +57,12 @@ class FlowSettings:
     plot_samples: int = 4000
     resolution: int = 200
 
+    def fit_options(self) -> dict[str, Any]:
+        """The arguments of :func:`flowkit.train.fit` and :func:`flowkit.train.fit_reverse_kl`
+        that these settings give: ``steps``, ``batch_size``, ``lr`` and ``lr_schedule``."""
+        return {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr,
+                "lr_schedule": self.lr_schedule}
+
 
 QUICK = FlowSettings(
     layers=2,
@@ -132,6 +138,17 @@ def check_choices(name: str, values: Sequence[str], allowed: Sequence[str]) -> N
         )
 
 
+def check_selection(
+    name: str, targets: Sequence[str], allowed: Sequence[str], flows: Sequence[str],
+    transformers: Sequence[str],
+) -> None:
+    """Check what a run selects: its targets (argument ``name``, e.g. ``"datasets"``, from
+    ``allowed``), its flows and its transformers (:func:`check_choices`)."""
+    check_choices(name, targets, allowed)
+    check_choices("flows", flows, tuple(FLOWS))
+    check_choices("transformers", transformers, TRANSFORMERS)
+
+
 def fmt(value: float | None) -> str:
     """A score with 3 decimals, or n/a."""
     return "n/a" if value is None else f"{value:.3f}"
@@ -167,6 +184,50 @@ def markdown_table(
     return "\n".join(lines) + "\n"
 
 
+class Gallery:
+    """What a 2-D experiment collects while it fits every flow to every target (a toy dataset,
+    an energy): a figure row per target, the training histories, the metrics of every run and,
+    given an output folder, the saved flows. :meth:`write` writes the figures and the table.
+
+    Args:
+        out: the output folder, or None to keep everything in memory.
+    """
+
+    def __init__(self, out: str | Path | None):
+        self.out = None if out is None else Path(out)
+        self.rows: dict[str, list[Panel]] = {}
+        self.histories: dict[str, dict[str, History]] = {}
+        self.records: list[dict[str, Any]] = []
+        self.models: list[Path] = []
+
+    def start_row(self, target: str, reference: Panel) -> None:
+        """Start the row of ``target`` with the panel of what the flows should match."""
+        self.rows[target] = [reference]
+        self.histories[target] = {}
+
+    def add(
+        self, target: str, flow: str, transformer: str, metrics: dict[str, Any],
+        history: History, panels: list[Panel], model: Flow,
+    ) -> None:
+        """Record one fitted flow (its metrics, history and panels) and save it under ``out``
+        (:func:`save_flow`)."""
+        self.records.append(metrics)
+        if self.out is not None:
+            self.models.append(save_flow(model, self.out, target, flow, transformer))
+        self.rows[target] += panels
+        self.histories[target][run_label(flow, transformer)] = history
+
+    def write(self, prefix: str, references: Mapping[str, tuple[str, float]], table: str
+              ) -> list[Path]:
+        """Given an output folder, write the figures (:func:`write_figures`) and ``table.md``;
+        returns the figures' paths (none without a folder)."""
+        if self.out is None:
+            return []
+        figures = write_figures(self.out, prefix, self.rows, self.histories, references)
+        (self.out / "table.md").write_text(table)
+        return figures
+
+
 def write_figures(
     out: Path,
     prefix: str,
@@ -186,8 +247,6 @@ def write_figures(
     paths.append(save_figure(gallery, out / "gallery.png", dpi=80, palette=True))
     paths.append(save_figure(loss_figure(histories, references=references), out / "losses.png"))
     return paths
-
-
 
 
 def names(allowed: Sequence[str]) -> Callable[[str], list[str]]:
@@ -267,3 +326,21 @@ def add_flow_arguments(group: argparse._ArgumentGroup, flows: list[str], note: s
         metavar="affine,spline",
         help="elementwise map of the layers, one or both (default: spline)",
     )
+
+
+def add_target_arguments(
+    parser: argparse.ArgumentParser, option: str, allowed: Sequence[str], flows: list[str],
+    note: str = "",
+) -> argparse._ArgumentGroup:
+    """The group "what to fit": ``--<option>`` (comma-separated names from ``allowed``, default
+    all of them), ``--flows`` and ``--transformer`` (:func:`add_flow_arguments`); returns it."""
+    what = parser.add_argument_group("what to fit")
+    what.add_argument(
+        f"--{option}",
+        type=names(allowed),
+        default=list(allowed),
+        metavar="NAMES",
+        help=f"comma-separated (default: all: {','.join(allowed)})",
+    )
+    add_flow_arguments(what, flows, note)
+    return what

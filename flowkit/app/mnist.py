@@ -1,15 +1,10 @@
-"""Train a Bernoulli MADE on binarized MNIST (flowkit mnist) and score saved models
-(flowkit mnist-eval).
+"""Train a Bernoulli MADE on binarized MNIST (flowkit mnist).
 
 flowkit mnist trains with flowkit.train.fit and writes to --out: checkpoint.pt (fit's
 checkpoint, every epoch or every --checkpoint-every epochs, and at the end; --resume continues
 from it), settings.json (the options a resumed run must repeat), model.pt (the best weights,
 readable by flowkit.load_model), samples.png (100 samples), curves.png (learning curves) and
-log.txt; the CLI adds metrics.json.
-
-flowkit mnist-eval scores saved models on a split and prints the mean NLL with its standard
-error, for mask set 0 and for a mask ensemble of each, and for the uniform mixture of several
-models.
+log.txt; the CLI adds metrics.json. flowkit mnist-eval scores saved models.
 
 NLLs are in nats per image: the mean over the split of -log p(x), with standard error
 std / sqrt(n).
@@ -39,17 +34,17 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from flowkit.app.common import as_options, refuse_to_replace
-from flowkit.app.common import mean_se as nll_stats
-from flowkit.checkpoint import load_model, save_model, write_bytes_atomic
+from flowkit.app.common import add_epoch_options, as_options, check_minimums, refuse_to_replace
+from flowkit.app.mnist_eval import describe, evaluate, mixture_nll, nll_stats, score
+from flowkit.checkpoint import save_model, write_bytes_atomic
 from flowkit.data import binarized_mnist, load_split_file
 from flowkit.distributions import BernoulliMADE
 from flowkit.plot import save_figure
 from flowkit.train import CHECKPOINT_NAME, Callbacks, History, Progress, fit, resolve_device
 
-__all__ = [
-    "add_arguments", "run", "add_eval_arguments", "run_eval", "evaluate", "nll_stats", "mixture_nll"
-]
+# evaluate, mixture_nll and nll_stats are defined in flowkit.app.mnist_eval and kept importable
+# from here, where they were first.
+__all__ = ["add_arguments", "evaluate", "mixture_nll", "nll_stats", "run"]
 
 SETTINGS_NAME = "settings.json"
 """The options of a run, beside its checkpoint: ``--resume`` checks them."""
@@ -61,60 +56,6 @@ _FIXED_ON_RESUME = (
 )
 
 
-# ----------------------------------------------------------------------------- evaluation
-
-
-@torch.no_grad()
-def evaluate(
-    model: BernoulliMADE, x: Tensor, mask_ensemble: int | None = None, batch_size: int = 1000
-) -> Tensor:
-    """Per-image NLL ``-log p(x)`` in nats, ``(N,)`` float64, computed in batches.
-
-    Args:
-        model: the model (scored with its active mask set when ``mask_ensemble`` is None).
-        x: ``(N, 784)`` images of 0s and 1s (any dtype ``log_prob`` accepts).
-        mask_ensemble: ``None`` or ``K``: see :meth:`BernoulliMADE.log_prob`.
-        batch_size: images per pass.
-    """
-    device = next(model.parameters()).device
-    return torch.cat([
-        -model.log_prob(x[i : i + batch_size].to(device), mask_ensemble).double().cpu()
-        for i in range(0, x.shape[0], batch_size)
-    ])
-
-
-def _score(
-    model: BernoulliMADE, x: Tensor, ensemble: int, batch_size: int = 1000
-) -> tuple[dict[str, Any], Tensor]:
-    """Single-mask (set 0) and, if ``ensemble > 1``, ensemble NLL of ``x``; also the per-image
-    NLL ``(N,)`` of the last of the two (the model's best estimate of ``-log p(x)``)."""
-    result: dict[str, Any] = {"images": int(x.shape[0])}
-    with model.made.mask_set(0):
-        nll = evaluate(model, x, None, batch_size)
-    result["nll"], result["nll_se"] = nll_stats(nll)
-    if ensemble > 1:
-        nll = evaluate(model, x, ensemble, batch_size)
-        result["ensemble"] = ensemble
-        result["ensemble_nll"], result["ensemble_nll_se"] = nll_stats(nll)
-    return result, nll
-
-
-def mixture_nll(nlls: list[Tensor]) -> Tensor:
-    r"""Per-image NLL of the uniform mixture of ``M`` models, from each model's per-image NLL:
-
-    .. math:: -\log \frac1M \sum_{i=1}^M p_i(x) = -\operatorname{logsumexp}_i \log p_i(x) + \log M.
-
-    A mixture of normalized densities is normalized, so this is an exact log-likelihood, and
-    never worse than the worst model's; it generalizes the mask ensemble of one model to
-    independently trained models.
-
-    Args:
-        nlls: ``M`` tensors ``(N,)``, ``-log p_i(x)`` for the same ``N`` images.
-    """
-    log_p = -torch.stack(nlls)
-    return -(torch.logsumexp(log_p, dim=0) - math.log(len(nlls)))
-
-
 def _label(model: BernoulliMADE) -> str:
     """A short description of a model for figure titles, e.g. ``hidden 500, 8 masks, direct``."""
     kw = model.config["kwargs"]
@@ -122,16 +63,6 @@ def _label(model: BernoulliMADE) -> str:
              f"{kw['num_masks']} mask{'s' if kw['num_masks'] > 1 else ''}", f"{kw['order']} order"]
     parts += [name for name in ("residual", "direct_connection") if kw[name]]
     return ", ".join(parts)
-
-
-def _describe(name: str, r: dict[str, Any]) -> str:
-    text = f"{name} ({r['images']} images): NLL {r['nll']:.2f} ± {r['nll_se']:.2f} nats (mask 0)"
-    if "ensemble" in r:
-        text += (
-            f", {r['ensemble_nll']:.2f} ± {r['ensemble_nll_se']:.2f} nats "
-            f"(ensemble of {r['ensemble']} masks)"
-        )
-    return text
 
 
 # ----------------------------------------------------------------------------- figures
@@ -193,12 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--direct", action="store_true",
                        help="direct masked connections from the inputs to the logits")
     train = parser.add_argument_group("training")
-    train.add_argument("--epochs", type=int, default=100, help="passes over the training set")
-    train.add_argument("--batch-size", type=int, default=100,
-                        help="images per optimizer step")
-    train.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    train.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
-                       help="learning-rate schedule over the steps of the run")
+    add_epoch_options(train, epochs=100, schedule="constant")
     train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     train.add_argument("--patience", type=int, default=None,
                        help="stop after this many epochs without a better validation NLL")
@@ -314,15 +240,6 @@ def _write_settings(args: argparse.Namespace, path: Path) -> None:
     write_bytes_atomic(path, (json.dumps(_settings(args), indent=2) + "\n").encode())
 
 
-def _check_minimums(args: argparse.Namespace, minimums: dict[str, int]) -> None:
-    """Fail early (before any data is read) on an option below its minimum; options left at
-    None are not checked."""
-    for option, minimum in minimums.items():
-        value = getattr(args, option.replace("-", "_"))
-        if value is not None and value < minimum:
-            raise ValueError(f"'--{option}' should be >= {minimum}, got {value}")
-
-
 def _curves(history: History) -> dict[str, list]:
     """Per-epoch train and validation NLL of ``history`` (one validation per epoch)."""
     epochs = len(history.epoch_loss)
@@ -383,7 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     from tqdm.auto import tqdm
 
-    _check_minimums(args, {"subset": 1, "masks": 1, "epochs": 1, "batch-size": 1, "patience": 1,
+    check_minimums(args, {"subset": 1, "masks": 1, "epochs": 1, "batch-size": 1, "patience": 1,
                            "ensemble": 1, "checkpoint-every": 1})
     if args.ensemble is not None and args.ensemble > args.masks:
         raise ValueError(
@@ -443,9 +360,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         save_model(model, out / "model.pt")
         ensemble = args.ensemble or args.masks
         t0 = time.perf_counter()
-        valid, _ = _score(model, x_valid, ensemble)
+        valid, _ = score(model, x_valid, ensemble)
         eval_seconds = time.perf_counter() - t0
-        say(_describe("valid", valid) + f"; best epoch {best_epoch}")
+        say(describe("valid", valid) + f"; best epoch {best_epoch}")
         samples = model.sample(100, generator=torch.Generator(device).manual_seed(args.seed))
         save_sample_grid(samples, out / "samples.png")
         epochs_run = len(history.epoch_loss)
@@ -464,74 +381,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     finally:
         log.close()
-
-
-# ----------------------------------------------------------------------------- evaluation CLI
-
-
-def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``flowkit mnist-eval`` (score saved models on a split file)."""
-    parser.add_argument("models", nargs="+", metavar="model",
-                        help="model.pt or checkpoint.pt written by 'flowkit mnist'; with several, "
-                        "also the uniform mixture of the models")
-    parser.add_argument("--file", default=None,
-                        help="an .npz (with --key) or .amat split file; default: --split")
-    parser.add_argument("--key", default=None, help="array name in an .npz --file")
-    parser.add_argument("--split", choices=["train", "valid", "test"], default="valid",
-                        help="standard split via flowkit.data.binarized_mnist (default: valid)")
-    parser.add_argument("--root", default=None, help="data directory for --split")
-    parser.add_argument("--no-download", action="store_true", help="never download the data")
-    parser.add_argument("--ensemble", type=int, default=None,
-                        help="mask sets in each model's ensemble score (default: all of the "
-                        "model's)")
-    parser.add_argument("--batch-size", type=int, default=1000,
-                        help="images per evaluation batch")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-
-
-def run_eval(args: argparse.Namespace) -> dict[str, Any]:
-    """Print (and return) the mean NLL ± standard error of each saved model on a split and,
-    for several models, of their uniform mixture (:func:`mixture_nll`; each model enters with
-    its mask ensemble when it has several mask sets).
-
-    Returns:
-        For one model, its scores (``images``, ``nll``, ``nll_se`` and, with several mask sets,
-        ``ensemble``, ``ensemble_nll``, ``ensemble_nll_se``) and ``seconds``. For several,
-        ``{"models": [those scores, ...], "mixture_nll": ..., "mixture_nll_se": ...,
-        "seconds": ...}``.
-    """
-    _check_minimums(args, {"ensemble": 1, "batch-size": 1})
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
-    device = resolve_device(args.device)
-    models = []
-    for path in args.models:  # every file is checked before the data is read
-        model = load_model(path, map_location=device)
-        if not isinstance(model, BernoulliMADE):
-            raise ValueError(f"'{path}' holds a {type(model).__name__}, not a BernoulliMADE")
-        if args.ensemble is not None and args.ensemble > model.num_masks:
-            raise ValueError(
-                f"'--ensemble' should be at most the {model.num_masks} mask sets of '{path}', "
-                f"got {args.ensemble}"
-            )
-        models.append(model)
-    if args.file is not None:
-        x, name = load_split_file(args.file, args.key), f"{args.file}" + (
-            f"[{args.key}]" if args.key else "")
-    else:
-        x = binarized_mnist(args.split, root=args.root, download=not args.no_download)
-        name = args.split
-    t0 = time.perf_counter()
-    results, nlls = [], []
-    for path, model in zip(args.models, models, strict=True):
-        result, nll = _score(model, x, args.ensemble or model.num_masks, args.batch_size)
-        print(_describe(f"{path} on {name}", result))
-        results.append(result)
-        nlls.append(nll)
-    if len(models) == 1:
-        return {**results[0], "seconds": time.perf_counter() - t0}
-    mean, se = nll_stats(mixture_nll(nlls))
-    print(f"uniform mixture of the {len(models)} models on {name}: NLL {mean:.2f} ± {se:.2f} nats")
-    return {"models": results, "mixture_nll": mean, "mixture_nll_se": se,
-            "seconds": time.perf_counter() - t0}

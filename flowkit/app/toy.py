@@ -40,34 +40,26 @@ from flowkit.data import TOY_BOX, TOY_DATASETS, has_exact_density, sample_toy, t
 from flowkit.data import toy_log_prob as true_log_prob
 from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
-from flowkit.train import History, NonFiniteLossError, fit, resolve_device
+from flowkit.train import History, fit, resolve_device
 
 from .common import mean_se
 from .experiment2d import (
-    FLOWS,
     QUICK,
-    TRANSFORMERS,
     FlowSettings,
-    add_flow_arguments,
+    Gallery,
     add_settings_arguments,
+    add_target_arguments,
     build_flow,
-    check_choices,
-    fmt,
+    check_selection,
     markdown_table,
-    names,
     run_label,
-    save_flow,
     settings_from_args,
     timed,
     use_one_cpu_thread,
-    write_figures,
 )
+from .toy_sweep import SWEEP_LRS, robustness_sweep, sweep_table
 
-SWEEP_LRS = (1e-4, 1e-3, 1e-2)
 _TEST_SEED_OFFSET = 10_007  # test samples come from their own stream, never the training one
-
-# ----------------------------------------------------------------------------- toy experiment
-
 
 @dataclass
 class ToyRun:
@@ -132,15 +124,7 @@ def fit_toy(
         return sample_toy(dataset, n, generator=generator)
 
     history = fit(
-        model,
-        sample,
-        steps=settings.steps,
-        batch_size=settings.batch_size,
-        lr=settings.lr,
-        lr_schedule=settings.lr_schedule,
-        seed=seed,
-        device=device,
-        progress=progress,
+        model, sample, **settings.fit_options(), seed=seed, device=device, progress=progress
     )
     with torch.no_grad():
         log_q, density_s = timed(lambda: model.log_prob(test), device)
@@ -223,20 +207,15 @@ def run_toy(
         ``{"settings", "device", "wall_s", "runs": [metrics of each run, see fit_toy],
         "figures": [paths], "models": [paths]}``, JSON-serialisable.
     """
-    check_choices("datasets", datasets, TOY_DATASETS)
-    check_choices("flows", flows, tuple(FLOWS))
-    check_choices("transformers", transformers, TRANSFORMERS)
+    check_selection("datasets", datasets, TOY_DATASETS, flows, transformers)
     settings = settings or FlowSettings()
     dev = resolve_device(device)
     start = time.perf_counter()
-    rows: dict[str, list[Panel]] = {}
-    histories: dict[str, dict[str, History]] = {}
-    records = []
-    models: list[Path] = []
+    gallery = Gallery(out)
     for dataset in datasets:
         test = sample_toy(dataset, settings.eval_samples, seed=seed + _TEST_SEED_OFFSET, device=dev)
-        rows[dataset] = [_truth_panel(dataset, test.cpu(), settings.resolution)]
-        histories[dataset] = {}
+        truth = _truth_panel(dataset, test.cpu(), settings.resolution)
+        gallery.start_row(dataset, truth)
         for flow in flows:
             for transformer in transformers:
                 run = fit_toy(
@@ -249,116 +228,23 @@ def run_toy(
                     seed=seed,
                     progress=progress,
                 )
-                records.append(run.metrics)
-                if out is not None:
-                    models.append(save_flow(run.model, Path(out), dataset, flow, transformer))
-                rows[dataset] += run.panels(vmax=rows[dataset][0].vmax)
-                histories[dataset][run.label] = run.history
-    figures = []
-    if out is not None:
-        references = {d: ("entropy", toy_entropy(d)) for d in datasets if has_exact_density(d)}
-        figures = write_figures(Path(out), "toy", rows, histories, references)
-        (Path(out) / "table.md").write_text(toy_table(records) + "\n" + cost_table(records))
+                gallery.add(dataset, flow, transformer, run.metrics, run.history,
+                            run.panels(vmax=truth.vmax), run.model)
+    records = gallery.records
+    references = {d: ("entropy", toy_entropy(d)) for d in datasets if has_exact_density(d)}
+    figures = gallery.write("toy", references, toy_table(records) + "\n" + cost_table(records))
     return {
         "settings": asdict(settings),
         "device": str(dev),
         "wall_s": time.perf_counter() - start,
         "runs": records,
         "figures": [str(f) for f in figures],
-        "models": [str(m) for m in models],
+        "models": [str(m) for m in gallery.models],
     }
 
 
-def robustness_sweep(
-    datasets: Sequence[str] = TOY_DATASETS,
-    flows: Sequence[str] = tuple(FLOWS),
-    transformers: Sequence[str] = TRANSFORMERS,
-    lrs: Sequence[float] = SWEEP_LRS,
-    settings: FlowSettings | None = None,
-    *,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-) -> list[dict[str, Any]]:
-    """Train every combination for ``settings.steps`` steps at a constant learning rate and
-    check for NaN/Inf.
-
-    A run fails if the fit loop raises :class:`~flowkit.train.NonFiniteLossError` (a loss that
-    is not finite) or if a parameter is not finite at the end.
-
-    Returns:
-        One record per run: ``dataset, flow, transformer, lr``, ``finite`` (bool),
-        ``last_loss`` (mean of the last 10 losses; None on failure) and ``error`` (None, or
-        what was not finite).
-    """
-    check_choices("datasets", datasets, TOY_DATASETS)
-    check_choices("flows", flows, tuple(FLOWS))
-    check_choices("transformers", transformers, TRANSFORMERS)
-    settings = settings or FlowSettings()
-    dev = resolve_device(device)
-    records = []
-    for dataset in datasets:
-        for flow in flows:
-            for transformer in transformers:
-                for lr in lrs:
-                    model = build_flow(flow, transformer, settings, seed=seed)
-                    record: dict[str, Any] = {
-                        "dataset": dataset,
-                        "flow": flow,
-                        "transformer": transformer,
-                        "lr": lr,
-                        "finite": True,
-                        "last_loss": None,
-                        "error": None,
-                    }
-                    try:
-                        history = fit(
-                            model,
-                            lambda n, g, name=dataset: sample_toy(name, n, generator=g),
-                            steps=settings.steps,
-                            batch_size=settings.batch_size,
-                            lr=lr,
-                            seed=seed,
-                            device=dev,
-                            progress=False,
-                        )
-                        record["last_loss"] = statistics.fmean(history.train_loss[-10:])
-                    except NonFiniteLossError as e:
-                        record["finite"], record["error"] = False, str(e)
-                    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
-                    if bad:
-                        record["finite"] = False
-                        record["error"] = record["error"] or f"non-finite parameters: {bad}"
-                    records.append(record)
-    return records
-
-
-def sweep_table(records: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown table of :func:`robustness_sweep` records, with a count line first."""
-    failed = sum(not r["finite"] for r in records)
-    lines = [
-        f"{len(records)} runs, {failed} with a non-finite loss or parameter.",
-        "",
-        "| dataset | flow | lr | finite | mean of last 10 losses |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['dataset']} | {run_label(r['flow'], r['transformer'])} | {r['lr']:g} | "
-        f"{'yes' if r['finite'] else 'NO: ' + r['error']} | {fmt(r['last_loss'])} |"
-        for r in records
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    what = parser.add_argument_group("what to fit")
-    what.add_argument(
-        "--datasets",
-        type=names(TOY_DATASETS),
-        default=list(TOY_DATASETS),
-        metavar="NAMES",
-        help=f"comma-separated (default: all: {','.join(TOY_DATASETS)})",
-    )
-    add_flow_arguments(what, ["maf"])
+    what = add_target_arguments(parser, "datasets", TOY_DATASETS, ["maf"])
     what.add_argument(
         "--sweep",
         action="store_true",

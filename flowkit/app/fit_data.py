@@ -1,0 +1,110 @@
+"""The data of ``flowkit fit``: a toy dataset's sampler, or the rows of a .npy/.npz file.
+
+:func:`load_toy` gives a sampling function, drawn afresh at every step, and a fixed validation
+set; :func:`load_file` reads an ``(N, D)`` array, splits off its ``--context`` (columns, or
+another array of the .npz) and holds out a random ``--valid-fraction`` of the rows. Both return
+data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, context)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["load_file", "load_toy"]
+
+
+def load_toy(name: str, valid_size: int, seed: int) -> tuple[Any, torch.Tensor, int]:
+    """A sampler ``sample(n, generator)`` of toy dataset ``name``, ``valid_size`` validation
+    points drawn with ``seed``, and ``D = 2``."""
+    from flowkit.data import sample_toy
+
+    def sample(n: int, generator: torch.Generator) -> torch.Tensor:
+        return sample_toy(name, n, generator=generator)
+
+    return sample, sample_toy(name, valid_size, seed=seed), 2
+
+
+def load_file(
+    path: Path, valid_fraction: float, seed: int, key: str | None, context: list[str] | None
+) -> tuple[Any, Any, int, int]:
+    """Training and validation data (``x`` or ``(x, context)``), ``D`` and ``C`` of a file."""
+    if path.suffix not in (".npy", ".npz") or not path.is_file():
+        from flowkit.data import TOY_DATASETS
+
+        raise ValueError(
+            f"'--data' should be a toy dataset ({', '.join(TOY_DATASETS)}) or an existing .npy "
+            f"or .npz file, got '{path}'"
+        )
+    if not 0.0 <= valid_fraction < 1.0:
+        raise ValueError(f"'--valid-fraction' should be in [0, 1), got {valid_fraction}")
+    if path.suffix == ".npy":
+        if key is not None:
+            raise ValueError(f"'--key' names an array of a .npz file; '{path}' is a .npy file")
+        arrays = {"x": np.load(path)}  # allow_pickle=False: arrays only
+        key = "x"
+    else:
+        with np.load(path) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        if key is None:
+            others = [n for n in arrays if not (context and n in context)]
+            if "x" not in arrays and len(others) != 1:
+                raise ValueError(
+                    f"'{path}' holds the arrays {sorted(arrays)}: name the one to model with "
+                    "--key (without it, the array 'x' or the only array is used)"
+                )
+            key = "x" if "x" in arrays else others[0]
+        elif key not in arrays:
+            raise ValueError(f"'--key' {key!r} is not an array of '{path}': {sorted(arrays)}")
+    loaded = arrays[key]
+    if loaded.ndim != 2:
+        raise ValueError(
+            f"'{path}' should hold an array of shape (N, D), got {loaded.shape} ({key!r})"
+        )
+    c = None
+    if context is not None:
+        loaded, c = _split_context(loaded, arrays, context, key, path)
+    rows = np.random.default_rng(seed).permutation(loaded.shape[0])
+    n_valid = round(valid_fraction * loaded.shape[0])
+    if n_valid == loaded.shape[0]:
+        raise ValueError(f"'--valid-fraction' {valid_fraction} leaves no training rows")
+
+    def part(index: np.ndarray) -> Any:
+        return loaded[index] if c is None else (loaded[index], c[index])
+
+    valid = part(rows[:n_valid]) if n_valid else None
+    return part(rows[n_valid:]), valid, loaded.shape[1], 0 if c is None else c.shape[1]
+
+
+def _split_context(
+    x: np.ndarray, arrays: dict[str, np.ndarray], context: list[str], key: str, path: Path
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, context)`` from ``--context``: columns of ``x``, or one other array of the file."""
+    if all(c.lstrip("-").isdigit() for c in context):
+        columns = [int(c) for c in context]
+        if any(not 0 <= c < x.shape[1] for c in columns) or len(set(columns)) != len(columns):
+            raise ValueError(
+                f"'--context' columns should be distinct integers in [0, {x.shape[1]}) (the "
+                f"columns of {key!r}, shape {x.shape}), got {context}"
+            )
+        if len(columns) == x.shape[1]:
+            raise ValueError(f"'--context' {context} takes every column: none is left to model")
+        keep = [i for i in range(x.shape[1]) if i not in columns]
+        return x[:, keep], x[:, columns]
+    if len(context) != 1 or context[0] not in arrays or context[0] == key:
+        raise ValueError(
+            f"'--context' should be column numbers of {key!r} or the name of one other array of "
+            f"'{path}' ({sorted(set(arrays) - {key})}), got {context}"
+        )
+    c = arrays[context[0]]
+    if c.ndim == 1:
+        c = c[:, None]
+    if c.ndim != 2 or c.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"the context array {context[0]!r} should have shape ({x.shape[0]}, C) or "
+            f"({x.shape[0]},), one row per row of {key!r}, got {arrays[context[0]].shape}"
+        )
+    return x, c
