@@ -56,23 +56,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS),
                       metavar="NAME", help=f"any of {', '.join(DATASETS)} (default: all)")
-    data.add_argument("--n-train", type=int, default=5000,
-                      help="training rows per toy dataset (default: %(default)s)")
-    data.add_argument("--n-test", type=int, default=5000,
-                      help="test rows per toy dataset (default: %(default)s)")
+    data.add_argument("--n-train", type=int, default=5000, help="training rows per toy dataset")
+    data.add_argument("--n-test", type=int, default=5000, help="test rows per toy dataset")
     data.add_argument("--digits-test", type=int, default=500,
-                      help="digits images held out for scoring (default: %(default)s)")
+                      help="digits images held out for scoring")
     models = parser.add_argument_group("models")
     models.add_argument("--models", nargs="+", choices=MODELS, default=["gmm", "kde", "maf"],
-                        help="models to compare (default: gmm kde maf)")
-    models.add_argument("--layers", type=int, default=5, help="MAF layers (default: 5)")
+                        help="models to compare")
+    models.add_argument("--layers", type=int, default=5, help="MAF layers")
     models.add_argument("--hidden", type=int, nargs="+", default=None,
                         help="MADE hidden sizes (default: two layers of max(64, 4 D))")
-    models.add_argument("--epochs", type=int, default=100,
-                        help="most epochs of MAF training (default: %(default)s)")
+    models.add_argument("--epochs", type=int, default=100, help="most epochs of MAF training")
     models.add_argument("--patience", type=int, default=10,
-                        help="epochs without a better validation score before stopping "
-                             "(default: %(default)s)")
+                        help="epochs without a better validation score before stopping")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads for torch and numpy's BLAS (default: %(default)s; "
                              "these small models gain little from more, and lose much when "
