@@ -27,8 +27,10 @@ class ConditionalDiagonalGaussian(nn.Module):
     r"""``N(mu(c), diag(exp(log_sigma(c)))^2)`` over ``D`` features given a context ``c``.
 
     ``[mu(c), log_sigma(c)] = head(c)``, a linear map of the context (or an MLP with ReLU
-    hidden layers, a :class:`flowkit.nn.MLPEmbedding`), whose last layer starts at zero so the
-    untrained base is ``N(0, I)``:
+    hidden layers, a :class:`flowkit.nn.MLPEmbedding`), with :class:`torch.nn.Linear`'s random
+    initialisation. (A head that starts at zero, the base ``N(0, I)`` for every context, would
+    make a VAE's posterior start equal to its prior and carry no information about ``x``;
+    measured in ``docs/vae_tutorial.md``.)
 
     .. math::
 
@@ -62,9 +64,6 @@ class ConditionalDiagonalGaussian(nn.Module):
         self.features = check_int("features", features, 1)
         self.context_features = check_int("context_features", context_features, 1)
         self.head = MLPEmbedding(self.context_features, 2 * self.features, hidden_features)
-        last = self.head.net[-1]
-        nn.init.zeros_(last.weight)
-        nn.init.zeros_(last.bias)
 
     def loc_and_log_scale(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """``mu(c)`` and ``log sigma(c)``, each ``(N, D)``, for a context ``(N, C)``."""
