@@ -85,7 +85,8 @@ def test_nle_models_x_given_theta():
     estimator = inference.append_simulations(theta, x).train(max_num_epochs=3)
     assert estimator.input_shape == (3,) and estimator.condition_shape == (2,)
     assert estimator.log_prob(x[:4], theta[:4]).shape == (1, 4)
-    torch.testing.assert_close(estimator.input_shift, x[inference.train_indices].mean(0))
+    shift = estimator.input_standardize.shift
+    torch.testing.assert_close(shift, x[inference.train_indices].mean(0))
 
 
 def test_embedding_network_is_trained_with_the_flow():
@@ -118,4 +119,4 @@ def test_constant_parameter_cannot_be_z_scored():
     with pytest.raises(ValueError, match=r"'theta' is constant over the batch at element \(1,\)"):
         posterior_nn()(theta, x)
     est = posterior_nn(z_score_theta=False)(theta, x)  # without z-scoring it is fine
-    assert torch.equal(est.input_scale, torch.ones(2))
+    assert torch.equal(est.input_standardize.scale, torch.ones(2))

@@ -1,22 +1,22 @@
-r"""Neural posterior estimation on sbibm tasks: flowkit flows beside sbi's own MAF and NSF.
+"""Neural posterior estimation on sbibm tasks: flowkit flows beside sbi's own MAF and NSF.
 
-For each task and seed, ``--simulations`` pairs :math:`(\theta_i, x_i)` are drawn from the
-prior and the simulator once; every model is trained on them by the same sbi ``NPE`` trainer
-(its defaults: batches of 200, Adam at 5e-4, 10% validation, stop after 20 epochs without
-improvement), so the models differ only in the density estimator. sbi's models come from
-``sbi.neural_nets.posterior_nn``, flowkit's from :func:`flowkit.integrations.sbi.posterior_nn`.
+For each task and seed, --simulations pairs (theta_i, x_i) are drawn from the prior and the
+simulator once; every model is trained on them by the same sbi NPE trainer (its defaults:
+batches of 200, Adam at 5e-4, 10% validation, stop after 20 epochs without improvement, and
+--max-epochs if given), so the models differ only in the density estimator. sbi's models come
+from sbi.neural_nets.posterior_nn, flowkit's from flowkit.integrations.sbi.posterior_nn.
 
-For each observation, ``--samples`` posterior samples (rejected outside the prior's support, as
-sbi does by default) are compared with the task's reference posterior samples by the
+For each observation, --samples posterior samples (rejected outside the prior's support, as sbi
+does by default) are compared with as many of the task's reference posterior samples by the
 classifier two-sample test of sbibm (C2ST accuracy: 0.5 means indistinguishable, 1.0 fully
 separable). Time per epoch is sbi's own record (training and validation pass).
 
-Every (task, seed, model) writes ``OUT/TASK/seedS/MODEL.json`` as soon as it is done and is
-skipped when that file exists, so an interrupted run continues where it stopped; the table
-``OUT/results.md`` and ``OUT/results.json`` are written after each model.
+Every (task, seed, model) writes OUT/TASK/seedS/MODEL.json as soon as it is done and is skipped
+when that file exists, so an interrupted run continues where it stopped; the table
+OUT/results.md and OUT/results.json are written after each model.
 
-Needs the packages ``sbi`` and ``sbibm`` (``pip install "flowkit-made[sbi]"`` and ``pip install
---no-deps sbibm==1.1.0 pandas pyro-ppl future autograd``).
+Needs the packages sbi and sbibm: pip install "flowkit-made[sbi]", then
+pip install --no-deps sbibm==1.1.0 pandas pyro-ppl future autograd.
 """
 
 from __future__ import annotations
@@ -181,19 +181,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ``--quiet``; ``--seed`` is the first of ``--seeds`` seeds)."""
     parser.add_argument("--tasks", nargs="+",
                         default=["two_moons", "slcp", "gaussian_mixture"],
-                        help="sbibm task names (default: two_moons slcp gaussian_mixture)")
+                        help="sbibm task names")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
-                        help="density estimators to compare (default: all)")
+                        help="density estimators to compare")
     parser.add_argument("--simulations", type=int, default=10_000,
-                        help="simulation budget per task and seed (default 10000)")
+                        help="simulation budget per task and seed")
     parser.add_argument("--observations", type=int, nargs="+", default=[1, 2, 3],
-                        help="sbibm observation numbers, 1-10 (default 1 2 3)")
+                        help="sbibm observation numbers, 1-10")
     parser.add_argument("--seeds", type=int, default=1,
-                        help="seeds --seed, --seed+1, ... (default 1)")
+                        help="number of seeds: --seed, --seed+1, ...")
     parser.add_argument("--samples", type=int, default=10_000,
-                        help="posterior samples per observation for C2ST (default 10000)")
+                        help="posterior (and reference) samples per observation for C2ST")
     parser.add_argument("--max-epochs", type=int, default=None,
-                        help="cap on training epochs (default: sbi's early stopping only)")
+                        help="cap on training epochs (default: none, sbi's early stopping only)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch and for the C2ST classifier")
 

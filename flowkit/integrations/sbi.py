@@ -54,6 +54,7 @@ except ImportError as e:  # pragma: no cover - exercised only without sbi
     ) from e
 
 from flowkit.flows import IAF, MAF, Flow
+from flowkit.transforms import Standardize
 
 __all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn", "z_score"]
 
@@ -115,9 +116,10 @@ class FlowkitEstimator(ConditionalDensityEstimator):
             ``context_features`` is ``prod(condition_shape)``.
         input_shape: event shape of the input.
         condition_shape: event shape of the condition.
-        input_shift, input_scale: z-scoring of the input, shape ``input_shape``.
+        input_shift, input_scale: z-scoring of the input, shape ``input_shape`` (kept in a
+            :class:`flowkit.transforms.Standardize`, ``input_standardize``).
         condition_shift, condition_scale: z-scoring of the condition, shape
-            ``condition_shape``.
+            ``condition_shape`` (``condition_standardize``).
     """
 
     def __init__(
@@ -139,10 +141,12 @@ class FlowkitEstimator(ConditionalDensityEstimator):
                 f"{tuple(self.condition_shape)}), got features={flow.features} and "
                 f"context_features={flow.context_features}"
             )
-        self.register_buffer("input_shift", input_shift.reshape(features).clone())
-        self.register_buffer("input_scale", input_scale.reshape(features).clone())
-        self.register_buffer("condition_shift", condition_shift.reshape(context).clone())
-        self.register_buffer("condition_scale", condition_scale.reshape(context).clone())
+        self.input_standardize = Standardize(
+            features, input_shift.reshape(features), input_scale.reshape(features)
+        )
+        self.condition_standardize = Standardize(
+            context, condition_shift.reshape(context), condition_scale.reshape(context)
+        )
 
     @property
     def embedding_net(self) -> nn.Module | None:
@@ -151,8 +155,8 @@ class FlowkitEstimator(ConditionalDensityEstimator):
 
     def _flat_condition(self, condition: Tensor) -> Tensor:
         """``(..., *condition_shape)`` -> z-scored ``(prod(...), C)``."""
-        flat = condition.reshape(-1, self.condition_shift.shape[0])
-        return (flat - self.condition_shift) / self.condition_scale
+        flat = condition.reshape(-1, self.condition_standardize.features)
+        return self.condition_standardize(flat)[0]
 
     def log_prob(self, input: Tensor, condition: Tensor) -> Tensor:
         """``log q(input | condition)``, shape ``(S, B)`` (class doc)."""
@@ -160,9 +164,9 @@ class FlowkitEstimator(ConditionalDensityEstimator):
         self._check_condition_shape(condition)
         input, condition, batch = self._broadcast_and_align(input, condition)
         samples = input.shape[0]
-        u = (input.reshape(-1, self.input_shift.shape[0]) - self.input_shift) / self.input_scale
-        log_q = self.net.log_prob(u, self._flat_condition(condition))
-        return (log_q - self.input_scale.log().sum()).reshape(samples, batch)
+        u, log_det = self.input_standardize(input.reshape(-1, self.input_standardize.features))
+        log_q = self.net.log_prob(u, self._flat_condition(condition)) + log_det
+        return log_q.reshape(samples, batch)
 
     def loss(self, input: Tensor, condition: Tensor) -> Tensor:
         """Negative log-density of a training batch, ``(B,)``."""
@@ -192,13 +196,14 @@ class FlowkitEstimator(ConditionalDensityEstimator):
         context = self._flat_condition(condition)
         if with_log_prob:
             u, log_q = self.net.sample_and_log_prob(n, context)  # (n, B, D), (n, B)
-            log_q = (log_q - self.input_scale.log().sum()).reshape(*shape, batch)
         else:
             with torch.no_grad():
                 u = self.net.sample(n, context)
-            log_q = None
-        theta = u * self.input_scale + self.input_shift
-        return theta.reshape(*shape, batch, *self.input_shape), log_q
+        theta, log_det = self.input_standardize.inverse(u.reshape(-1, u.shape[-1]))
+        theta = theta.reshape(*shape, batch, *self.input_shape)
+        if not with_log_prob:
+            return theta, None
+        return theta, (log_q.reshape(-1) - log_det).reshape(*shape, batch)
 
 
 def _builder(
