@@ -39,13 +39,12 @@ def mlp(sizes: list[int]) -> nn.Sequential:
 class VAE(nn.Module):
     """Bernoulli decoder p(x | z), N(0, I) prior, IAF posterior q(z | x)."""
 
-    def __init__(self, pixels: int = 784, latent: int = 32, hidden: int = 300,
-                 context: int = 100):
+    def __init__(self, pixels: int = 784, latent: int = 32, hidden: int = 300):
         super().__init__()
         self.latent = latent
-        self.encoder = mlp([pixels, hidden, hidden, context])  # x -> h
+        self.encoder = nn.Sequential(mlp([pixels, hidden, hidden]), nn.ELU())  # x -> h
         self.posterior = flowkit.IAF(  # q(z | h): z_0 ~ N(mu(h), sigma(h)^2), 2 IAF layers
-            latent, layers=2, hidden_features=(hidden, hidden), context_features=context,
+            latent, layers=2, hidden_features=(hidden, hidden), context_features=hidden,
             conditional_base=True,
         )
         self.decoder = mlp([latent, hidden, hidden, pixels])  # z -> Bernoulli logits
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:  # random binary images, small networks
         x_train = (torch.rand(200, 784) < 0.3).to(torch.uint8)
         x_valid = (torch.rand(50, 784) < 0.3).to(torch.uint8)
-        vae = VAE(hidden=32, context=16, latent=4)
+        vae = VAE(hidden=32, latent=4)
         epochs, k, n_eval = 1, 5, 20
     else:
         x_train = binarized_mnist("train", root=args.root, download=False)

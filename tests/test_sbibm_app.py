@@ -25,3 +25,13 @@ def test_tiny_run_writes_results_and_reuses_them(tmp_path, capsys):
     changed = [a if a != "50" else "60" for a in argv]
     assert cli.main(changed) == 2
     assert "pick another --out" in capsys.readouterr().err
+
+
+def test_timing_mode_measures_every_model(tmp_path):
+    out = tmp_path / "timing"
+    argv = ["sbibm", "--timing", "2", "--tasks", "two_moons", "--models", "flowkit-maf",
+            "sbi-maf", "--simulations", "100", "--threads", "1", "--quiet", "--out", str(out)]
+    assert cli.main(argv) == 0
+    timing = json.loads((out / "timing.json").read_text())
+    assert set(timing["two_moons"]) == {"flowkit-maf", "sbi-maf"}
+    assert all(t > 0 for t in timing["two_moons"].values())

@@ -29,10 +29,10 @@ def test_quick_run_trains_and_scores(capsys):
 def test_log_weights_use_the_exact_posterior_density():
     tutorial = load_tutorial()
     torch.manual_seed(0)
-    vae = tutorial.VAE(pixels=6, latent=2, hidden=8, context=4).double()
+    vae = tutorial.VAE(pixels=6, latent=2, hidden=8).double()
     x = torch.randint(0, 2, (3, 6)).double()
     h = vae.encoder(x)
     z, log_q = vae.posterior.sample_and_log_prob(5, h)
-    slow = vae.posterior.log_prob(z.reshape(15, 2), h.expand(5, -1, -1).reshape(15, 4))
+    slow = vae.posterior.log_prob(z.reshape(15, 2), h.expand(5, -1, -1).reshape(15, 8))
     torch.testing.assert_close(log_q.reshape(15), slow, atol=1e-9, rtol=0)
     assert vae.log_weights(x, k=5).shape == (5, 3)

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MODELS", "add_arguments", "run", "train_and_score"]
+__all__ = ["MODELS", "add_arguments", "epoch_times", "run", "train_and_score"]
 
 MODELS: dict[str, dict[str, Any]] = {
     "sbi-maf": {"library": "sbi", "model": "maf"},
@@ -135,6 +135,30 @@ def train_and_score(
     }
 
 
+def epoch_times(
+    task_name: str, models: list[str], simulations: int, epochs: int, rounds: int, seed: int
+) -> dict[str, list[float]]:
+    """Seconds per epoch of each model on the same simulations, measured in one process with
+    the models interleaved (``rounds`` rounds, each training every model for ``epochs`` epochs
+    from scratch), so that all see the same machine load. Returns every epoch's duration."""
+    import sbibm
+    from sbi.inference import NPE
+
+    task = sbibm.get_task(task_name)
+    prior = task.get_prior_dist()
+    torch.manual_seed(seed)
+    theta = prior.sample((simulations,))
+    x = task.get_simulator()(theta)
+    times: dict[str, list[float]] = {m: [] for m in models}
+    for _ in range(rounds):
+        for model in models:
+            inference = NPE(prior, density_estimator=_builder(model, seed),
+                            show_progress_bars=False, tracker=_NoTracker())
+            inference.append_simulations(theta, x).train(max_num_epochs=epochs - 1)
+            times[model] += inference._summary["epoch_durations_sec"]
+    return times
+
+
 def _summary(results: list[dict[str, Any]], tasks: list[str], models: list[str]) -> dict:
     """Per task and model: mean and sample standard deviation of C2ST over all (seed,
     observation) pairs, their number, and the median seconds per epoch."""
@@ -194,6 +218,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="posterior (and reference) samples per observation for C2ST")
     parser.add_argument("--max-epochs", type=int, default=None,
                         help="cap on training epochs (default: none, sbi's early stopping only)")
+    parser.add_argument("--timing", type=int, default=None, metavar="EPOCHS",
+                        help="only measure seconds per epoch: every model EPOCHS epochs, "
+                             "interleaved, 3 rounds, in this process; writes OUT/timing.json")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch and for the C2ST classifier")
 
@@ -213,6 +240,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
+    if args.timing is not None:
+        if args.timing < 2:
+            raise ValueError(f"'--timing' should be >= 2 epochs, got {args.timing}")
+        with threadpool_limits(args.threads):
+            timing = {
+                task: {m: statistics.median(t) for m, t in epoch_times(
+                    task, args.models, args.simulations, args.timing, 3, args.seed).items()}
+                for task in args.tasks
+            }
+        _write_text(out / "timing.json", json.dumps(timing, indent=2))
+        if not args.quiet:
+            print(json.dumps(timing, indent=2))
+        return timing
     results: list[dict[str, Any]] = []
     with threadpool_limits(args.threads):
         for task in args.tasks:
