@@ -61,6 +61,12 @@ def test_log_prob_is_a_normalized_density_in_the_original_units():
     assert abs(total - 1) < 2e-3, total
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """sbi's trainers write TensorBoard logs into ./sbi-logs: keep them out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_npe_trains_and_samples_a_posterior():
     theta, x = simulations(600)
     prior = BoxUniform(-3 * torch.ones(2), 3 * torch.ones(2))
