@@ -1,4 +1,5 @@
-"""A VAE with an IAF posterior, written from scratch in user code (see docs/vae_tutorial.md).
+"""A VAE with an IAF posterior, written from scratch in user code (see docs/vae_tutorial.md)
+=========================================================================================
 
 Only the public flowkit API: the posterior q(z | x) is one ``flowkit.IAF`` conditioned on the
 encoder's output h, with a conditional Gaussian base (z_0 = mu(h) + sigma(h) * eps) and two
@@ -46,6 +47,7 @@ class VAE(nn.Module):
         self.posterior = flowkit.IAF(  # q(z | h): z_0 ~ N(mu(h), sigma(h)^2), 2 IAF layers
             latent, layers=2, hidden_features=(hidden, hidden), context_features=hidden,
             conditional_base=True,
+            standardize=False,  # h is a learned feature, not data in its own units
         )
         self.decoder = mlp([latent, hidden, hidden, pixels])  # z -> Bernoulli logits
 

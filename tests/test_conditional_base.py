@@ -1,6 +1,7 @@
 """Embedding networks and the conditional Gaussian base: exactness, gradients, shapes,
 save/load, errors."""
 
+import copy
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from torch import nn
 import flowkit
 from flowkit import IAF, MAF, ConditionalDiagonalGaussian, MLPEmbedding
 from flowkit.checkpoint import CheckpointError
+from flowkit.transforms.standardize import set_from_data
 
 BUILDERS = {"MAF": MAF, "IAF": IAF}
 
@@ -34,12 +36,15 @@ def grid_integral(log_density, half_width=8.0, points=321):
 
 
 def conditional_flow(builder="MAF", embedding=True, transformer="affine", permutation="reverse"):
+    """A conditional flow with random weights, in evaluation mode: its Standardize modules stay
+    the identity (in training mode the first call, e.g. a whole integration grid, would set
+    them; test_standardized_context_then_embedding covers them)."""
     flow = BUILDERS[builder](
         2, layers=2, hidden_features=(16,), context_features=5, transformer=transformer,
         embedding=MLPEmbedding(5, 3, hidden_features=(8,)) if embedding else None,
         conditional_base=True, permutation=permutation,
     ).double()
-    return perturb(flow, scale=0.15)
+    return perturb(flow, scale=0.15).eval()
 
 
 # ----------------------------------------------------------------- the base on its own
@@ -143,7 +148,7 @@ def test_gradients_reach_embedding_base_and_layers(builder):
     for name, p in flow.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
     assert flow.embedding.net[0].weight.grad.abs().sum() > 0
-    assert flow.base.head[0].weight.grad.abs().sum() > 0
+    assert flow.base.head.net[0].weight.grad.abs().sum() > 0
 
 
 def test_sample_shapes_with_embedding():
@@ -210,6 +215,35 @@ def test_save_load_round_trip_with_built_in_embedding(builder, tmp_path):
     torch.testing.assert_close(loaded.log_prob(x, c), flow.eval().log_prob(x, c), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_standardized_context_then_embedding(builder, tmp_path):
+    """The builders standardize the raw context, then embed it: the embedding reads
+    ``(c - mean) / std``, so a flow set from contexts ``a c + b`` gives the same density as its
+    twin (same weights) set from ``c``; the Standardize buffers, the embedding and the
+    conditional base come back from a file."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 2, generator=g, dtype=torch.float64)
+    c = torch.randn(400, 5, generator=g, dtype=torch.float64)
+    a = torch.tensor([100.0, 0.01, 3.0, 1.0, 50.0], dtype=torch.float64)
+    b = torch.tensor([-30.0, 2.0, 0.0, 1000.0, 7.0], dtype=torch.float64)
+    flow = conditional_flow(builder)
+    twin = copy.deepcopy(flow)
+    set_from_data(flow, [(x, a * c + b)])
+    set_from_data(twin, [(x, c)])
+    seen = []
+    flow.embedding.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    log_p = flow.log_prob(x, a * c + b)
+    torch.testing.assert_close(seen[0], (c - c.mean(0)) / c.std(0, correction=0))
+    torch.testing.assert_close(log_p, twin.log_prob(x, c))
+    flowkit.save_model(flow, tmp_path / "flow.pt")
+    loaded = flowkit.load_model(tmp_path / "flow.pt")
+    torch.testing.assert_close(loaded.standardize_context.scale, flow.standardize_context.scale,
+                               rtol=0, atol=0)
+    assert isinstance(loaded.embedding, MLPEmbedding)
+    assert isinstance(loaded.base, ConditionalDiagonalGaussian)
+    torch.testing.assert_close(loaded.log_prob(x, a * c + b), log_p, rtol=0, atol=0)
+
+
 class MyEmbedding(nn.Module):
     def __init__(self):
         super().__init__()
@@ -273,8 +307,9 @@ def test_mlp_embedding_shapes_and_errors():
     assert e(torch.randn(3, 5, 4)).shape == (3, 5, 2)
     with pytest.raises(ValueError, match=r"'context' should have shape \(\.\.\., 4\)"):
         e(torch.randn(3, 5))
-    with pytest.raises(ValueError, match="'activation' should be one of"):
-        MLPEmbedding(4, 2, activation="sigmoid")
+    assert isinstance(MLPEmbedding(4, 2, activation="GELU").net[1], nn.GELU)
+    with pytest.raises(ValueError, match="'activation' should be the name or class of a torch"):
+        MLPEmbedding(4, 2, activation="softmax")
     with pytest.raises(ValueError, match="'out_features' should be"):
         MLPEmbedding(4, 0)
     with pytest.raises(ValueError, match="'hidden_features' should be a sequence"):

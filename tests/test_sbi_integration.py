@@ -12,6 +12,7 @@ from sbi.utils import BoxUniform  # noqa: E402
 
 from flowkit import MLPEmbedding  # noqa: E402
 from flowkit.integrations.sbi import FlowkitEstimator, likelihood_nn, posterior_nn  # noqa: E402
+from flowkit.transforms import Standardize  # noqa: E402
 
 
 def simulations(n=400, seed=0):
@@ -91,8 +92,10 @@ def test_nle_models_x_given_theta():
     estimator = inference.append_simulations(theta, x).train(max_num_epochs=3)
     assert estimator.input_shape == (3,) and estimator.condition_shape == (2,)
     assert estimator.log_prob(x[:4], theta[:4]).shape == (1, 4)
-    shift = estimator.input_standardize.shift
-    torch.testing.assert_close(shift, x[inference.train_indices].mean(0))
+    standardize_x = estimator.net.transform.transforms[0]  # the builders' data Standardize
+    torch.testing.assert_close(standardize_x.shift, x[inference.train_indices].mean(0))
+    torch.testing.assert_close(estimator.net.standardize_context.shift,
+                               theta[inference.train_indices].mean(0))
 
 
 def test_embedding_network_is_trained_with_the_flow():
@@ -119,10 +122,16 @@ def test_bad_builder_options(make, match):
         make()
 
 
-def test_constant_parameter_cannot_be_z_scored():
+def test_standardization_is_the_builders_set_from_the_simulations():
+    """One mechanism: the flow's own Standardize modules, set from the batch sbi passes; a
+    parameter constant over the simulations is only shifted; standardize=False builds none."""
     theta, x = simulations()
     theta[:, 1] = 0.5
-    with pytest.raises(ValueError, match=r"'theta' is constant over the batch at element \(1,\)"):
-        posterior_nn()(theta, x)
-    est = posterior_nn(z_score_theta=False)(theta, x)  # without z-scoring it is fine
-    assert torch.equal(est.input_standardize.scale, torch.ones(2))
+    est = posterior_nn(layers=2, hidden_features=(16,))(theta, x)
+    standardize_theta = est.net.transform.transforms[0]
+    torch.testing.assert_close(standardize_theta.shift, theta.mean(0))
+    torch.testing.assert_close(standardize_theta.scale[1], torch.tensor(1.0))
+    torch.testing.assert_close(est.net.standardize_context.shift, x.mean(0))
+    plain = posterior_nn(layers=2, hidden_features=(16,), standardize=False)(theta, x)
+    assert plain.net.standardize_context is None
+    assert not any(isinstance(m, Standardize) for m in plain.modules())

@@ -126,7 +126,7 @@ def train_and_score(
         scores[str(obs)] = float(c2st(drawn, reference, seed=seed)[0])
     return {
         "task": task_name, "model": model, "seed": seed, "simulations": simulations,
-        "samples": samples,
+        "samples": samples, "max_epochs": max_epochs,
         "c2st": scores, "epochs": len(durations),
         "epoch_seconds": statistics.median(durations), "train_seconds": train_seconds,
         "sample_seconds": sample_seconds,
@@ -277,9 +277,10 @@ def _reuse(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """A finished (task, seed, model) result, if it was run with this budget."""
     r = json.loads(path.read_text())
     wanted = {"simulations": args.simulations, "samples": args.samples,
+              "max_epochs": args.max_epochs,
               "observations": [str(o) for o in args.observations]}
     found = {"simulations": r["simulations"], "samples": r.get("samples"),
-             "observations": list(r["c2st"])}
+             "max_epochs": r.get("max_epochs"), "observations": list(r["c2st"])}
     if found != wanted:
         raise ValueError(f"'{path}' was run with {found}, not {wanted}: pick another --out")
     return r

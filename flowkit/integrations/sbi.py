@@ -15,17 +15,21 @@ batch of parameters and a batch of data returning a ``ConditionalDensityEstimato
     estimator = inference.append_simulations(theta, x).train()
     samples = inference.build_posterior(estimator).sample((1000,), x=x_o)
 
-**z-scoring.** The builder standardizes both sides with the mean and standard deviation of
-the batch it is given (sbi passes its training split), per element, as sbi's own flows do with
-``z_score_x="independent"``: the density's input as :math:`u = (\theta - m) / s`, with the
-exact change of variables
+**Standardization.** The flows are built with the builders' ``standardize=True`` (their
+default; pass ``standardize=False`` to switch it off): a
+:class:`flowkit.transforms.Standardize` on the density's input and one on the condition, set
+here from the mean and standard deviation of the batch sbi gives the builder (its training
+split), per element, as sbi's own flows do with ``z_score_x="independent"``. The input's
+enters with its exact log-determinant,
 
 .. math::
 
     \log q(\theta \mid x) = \log q_{\text{flow}}(u \mid \tilde x) - \sum_d \log s_d,
+    \qquad u = (\theta - m) / s,
 
-and the condition as :math:`\tilde x = (x - m_x) / s_x` before the flow (and its embedding
-network, if any) reads it. Samples are mapped back, :math:`\theta = m + s\,u`.
+and the condition is standardized, :math:`\tilde x = (x - m_x) / s_x`, before the flow's
+embedding network (if any) and layers read it. An element that is constant over the batch is
+only shifted (see :mod:`flowkit.transforms.standardize`).
 
 **Shapes.** Inputs and conditions may have any event shape (``input_shape``,
 ``condition_shape``); the flow sees them flattened to ``D`` and ``C`` numbers per row. An
@@ -54,50 +58,16 @@ except ImportError as e:  # pragma: no cover - exercised only without sbi
     ) from e
 
 from flowkit.flows import IAF, MAF, Flow
-from flowkit.transforms import Standardize
+from flowkit.transforms.standardize import set_from_data
 
-__all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn", "z_score"]
+__all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn"]
 
 Model = Literal["maf", "iaf"]
 _BUILDERS: dict[str, Callable[..., Flow]] = {"maf": MAF, "iaf": IAF}
 
 
-def z_score(name: str, batch: Tensor, enabled: bool) -> tuple[Tensor, Tensor]:
-    """Per-element ``(shift, scale)`` of a batch ``(N, *event_shape)``: its mean and standard
-    deviation over the batch (or ``0`` and ``1`` when ``enabled`` is False), each of shape
-    ``event_shape``.
-
-    Raises:
-        ValueError: fewer than two rows, non-finite values, or an element that is constant
-            over the batch (its scale would be 0), naming ``name`` and the element.
-    """
-    if not isinstance(batch, Tensor) or batch.dim() < 2:
-        raise ValueError(
-            f"'{name}' should be a tensor of shape (N, ...) with N >= 2, got "
-            f"{tuple(batch.shape) if isinstance(batch, Tensor) else type(batch).__name__}"
-        )
-    event = batch.shape[1:]
-    if not enabled:
-        return torch.zeros(event, dtype=batch.dtype), torch.ones(event, dtype=batch.dtype)
-    if batch.shape[0] < 2:
-        raise ValueError(f"z-scoring '{name}' needs at least 2 rows, got {batch.shape[0]}")
-    if not torch.isfinite(batch).all():
-        raise ValueError(f"'{name}' contains NaN or Inf values; sbi removes invalid "
-                         "simulations before building the estimator, check your simulator")
-    shift, scale = batch.mean(0), batch.std(0)
-    if (scale == 0).any():
-        where = tuple(int(i) for i in (scale == 0).nonzero()[0])
-        raise ValueError(
-            f"'{name}' is constant over the batch at element {where}, so it cannot be "
-            "z-scored; pass z_score_theta=False / z_score_x=False for that side or drop the "
-            "element"
-        )
-    return shift, scale
-
-
 class FlowkitEstimator(ConditionalDensityEstimator):
-    r"""A flowkit :class:`~flowkit.Flow` as sbi's ``ConditionalDensityEstimator``, with
-    z-scoring of the input and the condition (module doc).
+    r"""A flowkit :class:`~flowkit.Flow` as sbi's ``ConditionalDensityEstimator``.
 
     Shapes (``S`` samples, ``B`` conditions; ``input_shape`` and ``condition_shape`` are the
     event shapes):
@@ -113,25 +83,13 @@ class FlowkitEstimator(ConditionalDensityEstimator):
 
     Args:
         flow: a conditional flow over ``D = prod(input_shape)`` features whose
-            ``context_features`` is ``prod(condition_shape)``.
+            ``context_features`` is ``prod(condition_shape)`` (its own standardization, if
+            any, set from data: see the module notes).
         input_shape: event shape of the input.
         condition_shape: event shape of the condition.
-        input_shift, input_scale: z-scoring of the input, shape ``input_shape`` (kept in a
-            :class:`flowkit.transforms.Standardize`, ``input_standardize``).
-        condition_shift, condition_scale: z-scoring of the condition, shape
-            ``condition_shape`` (``condition_standardize``).
     """
 
-    def __init__(
-        self,
-        flow: Flow,
-        input_shape: torch.Size,
-        condition_shape: torch.Size,
-        input_shift: Tensor,
-        input_scale: Tensor,
-        condition_shift: Tensor,
-        condition_scale: Tensor,
-    ):
+    def __init__(self, flow: Flow, input_shape: torch.Size, condition_shape: torch.Size):
         super().__init__(flow, torch.Size(input_shape), torch.Size(condition_shape))
         features, context = math.prod(self.input_shape), math.prod(self.condition_shape)
         if flow.features != features or flow.context_features != context:
@@ -141,32 +99,20 @@ class FlowkitEstimator(ConditionalDensityEstimator):
                 f"{tuple(self.condition_shape)}), got features={flow.features} and "
                 f"context_features={flow.context_features}"
             )
-        self.input_standardize = Standardize(
-            features, input_shift.reshape(features), input_scale.reshape(features)
-        )
-        self.condition_standardize = Standardize(
-            context, condition_shift.reshape(context), condition_scale.reshape(context)
-        )
 
     @property
     def embedding_net(self) -> nn.Module | None:
         """The flow's embedding network (``None`` if it has none)."""
-        return getattr(self.net, "embedding", None)
-
-    def _flat_condition(self, condition: Tensor) -> Tensor:
-        """``(..., *condition_shape)`` -> z-scored ``(prod(...), C)``."""
-        flat = condition.reshape(-1, self.condition_standardize.features)
-        return self.condition_standardize(flat)[0]
+        return self.net.embedding
 
     def log_prob(self, input: Tensor, condition: Tensor) -> Tensor:
-        """``log q(input | condition)``, shape ``(S, B)`` (class doc)."""
+        """``log q(input | condition)``, shape ``(S, B)`` (class doc). The flow broadcasts the
+        batch axes itself, so each distinct condition is standardized and embedded once."""
         self._check_input_shape(input)
         self._check_condition_shape(condition)
-        input, condition, batch = self._broadcast_and_align(input, condition)
-        samples = input.shape[0]
-        u, log_det = self.input_standardize(input.reshape(-1, self.input_standardize.features))
-        log_q = self.net.log_prob(u, self._flat_condition(condition)) + log_det
-        return log_q.reshape(samples, batch)
+        input, condition = _flat(input, self.input_shape), _flat(condition, self.condition_shape)
+        log_q = self.net.log_prob(input, condition)
+        return log_q if log_q.dim() == 2 else log_q.unsqueeze(0)
 
     def loss(self, input: Tensor, condition: Tensor) -> Tensor:
         """Negative log-density of a training batch, ``(B,)``."""
@@ -183,33 +129,26 @@ class FlowkitEstimator(ConditionalDensityEstimator):
 
     def sample(self, sample_shape: Any, condition: Tensor) -> Tensor:
         """Samples ``(*sample_shape, B, *input_shape)`` for conditions ``(B, ...)``."""
-        return self.sample_and_log_prob(sample_shape, condition, with_log_prob=False)[0]
-
-    def sample_and_log_prob(
-        self, sample_shape: Any, condition: Tensor, with_log_prob: bool = True
-    ) -> tuple[Tensor, Tensor | None]:
-        """Samples ``(*sample_shape, B, *input_shape)`` and their log-densities
-        ``(*sample_shape, B)`` from one pass of the flow (``None`` for the log-densities when
-        ``with_log_prob`` is False)."""
         shape, batch = self._sample_shapes(sample_shape, condition)
-        n = shape.numel()
-        context = self._flat_condition(condition)
-        if with_log_prob:
-            u, log_q = self.net.sample_and_log_prob(n, context)  # (n, B, D), (n, B)
-        else:
-            with torch.no_grad():
-                u = self.net.sample(n, context)
-        theta, log_det = self.input_standardize.inverse(u.reshape(-1, u.shape[-1]))
-        theta = theta.reshape(*shape, batch, *self.input_shape)
-        if not with_log_prob:
-            return theta, None
-        return theta, (log_q.reshape(-1) - log_det).reshape(*shape, batch)
+        theta = self.net.sample(shape.numel(), condition.reshape(batch, -1))
+        return theta.reshape(*shape, batch, *self.input_shape)
+
+    def sample_and_log_prob(self, sample_shape: Any, condition: Tensor) -> tuple[Tensor, Tensor]:
+        """Samples ``(*sample_shape, B, *input_shape)`` and their log-densities
+        ``(*sample_shape, B)`` from one pass of the flow."""
+        shape, batch = self._sample_shapes(sample_shape, condition)
+        theta, log_q = self.net.sample_and_log_prob(shape.numel(), condition.reshape(batch, -1))
+        return theta.reshape(*shape, batch, *self.input_shape), log_q.reshape(*shape, batch)
+
+
+def _flat(value: Tensor, event_shape: torch.Size) -> Tensor:
+    """``(*batch, *event_shape)`` -> ``(*batch, prod(event_shape))``."""
+    batch = value.shape[: value.dim() - len(event_shape)]
+    return value.reshape(*batch, math.prod(event_shape))
 
 
 def _builder(
     model: Model,
-    z_score_input: bool,
-    z_score_condition: bool,
     embedding: nn.Module | None,
     flow_kwargs: dict[str, Any],
     swap: bool,
@@ -223,32 +162,25 @@ def _builder(
                 "(the embedding network goes in 'embedding')"
             )
     build_flow = _BUILDERS[model]
-    names = ("x", "theta") if swap else ("theta", "x")
 
     def build(batch_theta: Tensor, batch_x: Tensor) -> FlowkitEstimator:
         inputs, conditions = (batch_x, batch_theta) if swap else (batch_theta, batch_x)
-        input_shift, input_scale = z_score(names[0], inputs, z_score_input)
-        condition_shift, condition_scale = z_score(names[1], conditions, z_score_condition)
-        kwargs = dict(flow_kwargs)
-        if embedding is not None:
-            kwargs["embedding"] = embedding
         flow = build_flow(
             math.prod(inputs.shape[1:]),
             context_features=math.prod(conditions.shape[1:]),
-            **kwargs,
-        )
-        return FlowkitEstimator(
-            flow.to(inputs.dtype), inputs.shape[1:], conditions.shape[1:],
-            input_shift, input_scale, condition_shift, condition_scale,
-        )
+            embedding=embedding,
+            **flow_kwargs,
+        ).to(inputs.dtype)
+        # The flow's Standardize modules (if standardize=True) from the whole batch.
+        set_from_data(flow, [(inputs.reshape(len(inputs), -1),
+                              conditions.reshape(len(conditions), -1))])
+        return FlowkitEstimator(flow, inputs.shape[1:], conditions.shape[1:])
 
     return build
 
 
 def posterior_nn(
     model: Model = "maf",
-    z_score_theta: bool = True,
-    z_score_x: bool = True,
     embedding: nn.Module | None = None,
     **flow_kwargs: Any,
 ) -> Callable[[Tensor, Tensor], FlowkitEstimator]:
@@ -258,16 +190,15 @@ def posterior_nn(
     Args:
         model: ``"maf"`` (:func:`flowkit.MAF`: density in one pass, sampling in ``D`` steps per
             layer) or ``"iaf"`` (:func:`flowkit.IAF`: the reverse).
-        z_score_theta: standardize the parameters (with the exact log-determinant).
-        z_score_x: standardize the data before the flow reads it.
-        embedding: a network for the (z-scored, flattened) data, trained with the flow (see
-            the ``embedding`` argument of :func:`flowkit.MAF`).
+        embedding: a network for the (standardized, flattened) data, trained with the flow
+            (see the ``embedding`` argument of :func:`flowkit.MAF`).
         **flow_kwargs: options of the flowkit builder, e.g. ``layers``, ``hidden_features``,
-            ``transformer="spline"``, ``transformer_kwargs``, ``permutation``, ``seed``.
+            ``transformer="spline"``, ``transformer_kwargs``, ``permutation``,
+            ``conditional_base``, ``standardize``, ``seed``.
 
     Returns:
         ``build(batch_theta, batch_x) -> FlowkitEstimator``, called by sbi with its training
-        simulations.
+        simulations (from which the flow's standardization is set).
 
     Example:
         >>> import torch
@@ -278,17 +209,15 @@ def posterior_nn(
         >>> estimator.sample((4,), torch.randn(5, 3)).shape
         torch.Size([4, 5, 2])
     """
-    return _builder(model, z_score_theta, z_score_x, embedding, flow_kwargs, swap=False)
+    return _builder(model, embedding, flow_kwargs, swap=False)
 
 
 def likelihood_nn(
     model: Model = "maf",
-    z_score_theta: bool = True,
-    z_score_x: bool = True,
     embedding: nn.Module | None = None,
     **flow_kwargs: Any,
 ) -> Callable[[Tensor, Tensor], FlowkitEstimator]:
     r"""A builder of :math:`q(x \mid \theta)` for sbi's NLE (``NLE(prior,
     density_estimator=likelihood_nn(...))``); the embedding network, if any, reads
     :math:`\theta`. Arguments as :func:`posterior_nn`."""
-    return _builder(model, z_score_x, z_score_theta, embedding, flow_kwargs, swap=True)
+    return _builder(model, embedding, flow_kwargs, swap=True)
