@@ -5,6 +5,8 @@ import pickle
 import pytest
 import torch
 
+import flowkit
+
 sbi = pytest.importorskip("sbi")
 
 from sbi.inference import NLE, NPE  # noqa: E402
@@ -82,6 +84,10 @@ def test_npe_trains_and_samples_a_posterior():
     restored = pickle.loads(pickle.dumps(estimator))  # sbi users pickle posteriors
     torch.testing.assert_close(restored.log_prob(theta[:5], x[:5]),
                                estimator.log_prob(theta[:5], x[:5]))
+    flowkit.save_model(estimator.net, "flow.pt")  # the flow, its standardization included
+    loaded = flowkit.load_model("flow.pt")
+    torch.testing.assert_close(loaded.log_prob(theta[:5], x[:5]),
+                               estimator.net.eval().log_prob(theta[:5], x[:5]), rtol=0, atol=0)
 
 
 def test_nle_models_x_given_theta():

@@ -20,7 +20,7 @@ default; pass ``standardize=False`` to switch it off): a
 :class:`flowkit.transforms.Standardize` on the density's input and one on the condition, set
 here from the mean and standard deviation of the batch sbi gives the builder (its training
 split), per element, as sbi's own flows do with ``z_score_x="independent"``. The input's
-enters with its exact log-determinant,
+standardization enters with its exact log-determinant,
 
 .. math::
 
