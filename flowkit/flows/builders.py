@@ -181,13 +181,17 @@ def _builder(direction: Direction, name: str, doc: str) -> Callable[..., Flow]:
     ``direction`` (typed, with the defaults), which ``help()``, the docs and
     :func:`flowkit.checkpoint.register_model` read; written once for both builders."""
 
-    def build(*args: Any, **kwargs: Any) -> Flow:
-        return _autoregressive_flow(direction, *args, **kwargs)
-
     signature = inspect.signature(_autoregressive_flow)
-    build.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=list(signature.parameters.values())[1:]
-    )
+    public = signature.replace(parameters=list(signature.parameters.values())[1:])
+
+    def build(*args: Any, **kwargs: Any) -> Flow:
+        try:
+            bound = public.bind(*args, **kwargs)
+        except TypeError as e:  # an unknown or missing argument, named as the caller wrote it
+            raise TypeError(f"{name}(): {e}") from None
+        return _autoregressive_flow(direction, *bound.args, **bound.kwargs)
+
+    build.__signature__ = public  # type: ignore[attr-defined]
     build.__name__ = build.__qualname__ = name
     build.__doc__ = doc
     return register_model(
