@@ -48,6 +48,21 @@ MODELS: dict[str, dict[str, Any]] = {
 MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline)."""
 
 
+def _sbibm() -> Any:
+    """The sbibm package, with its metrics. It is no extra of flowkit's: it declares sbi<0.22
+    but works with current sbi, so it is installed by hand without its dependencies."""
+    try:
+        import sbibm
+        import sbibm.metrics  # noqa: F401 (c2st)
+    except ImportError as e:
+        raise ImportError(
+            "'flowkit sbibm' needs the package sbibm, installed without its declared "
+            "dependencies: pip install --no-deps sbibm==1.1.0 pandas pyro-ppl future autograd "
+            f"(importing it failed with: {e})"
+        ) from e
+    return sbibm
+
+
 class _NoTracker:
     """sbi's tracker protocol, recording nothing (sbi's default writes TensorBoard files into
     the working directory)."""
@@ -98,10 +113,9 @@ def train_and_score(
         ``{"c2st": {obs: accuracy}, "epochs", "epoch_seconds" (median), "train_seconds",
         "sample_seconds", ...}``.
     """
-    import sbibm
     from sbi.inference import NPE
-    from sbibm.metrics import c2st
 
+    sbibm = _sbibm()
     task = sbibm.get_task(task_name)
     prior, simulator = task.get_prior_dist(), task.get_simulator()
     torch.manual_seed(seed)
@@ -123,7 +137,7 @@ def train_and_score(
                                  show_progress_bars=False)
         sample_seconds += time.perf_counter() - t0
         reference = task.get_reference_posterior_samples(obs)[:samples]
-        scores[str(obs)] = float(c2st(drawn, reference, seed=seed)[0])
+        scores[str(obs)] = float(sbibm.metrics.c2st(drawn, reference, seed=seed)[0])
     return {
         "task": task_name, "model": model, "seed": seed, "simulations": simulations,
         "samples": samples, "max_epochs": max_epochs,
@@ -141,10 +155,9 @@ def epoch_times(
     """Seconds per epoch of each model on the same simulations, measured in one process with
     the models interleaved (``rounds`` rounds, each training every model for ``epochs`` epochs
     from scratch), so that all see the same machine load. Returns every epoch's duration."""
-    import sbibm
     from sbi.inference import NPE
 
-    task = sbibm.get_task(task_name)
+    task = _sbibm().get_task(task_name)
     prior = task.get_prior_dist()
     torch.manual_seed(seed)
     theta = prior.sample((simulations,))
