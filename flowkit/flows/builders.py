@@ -86,8 +86,6 @@ def _permutations(
     )
 
 
-
-
 def _autoregressive_flow(
     direction: Direction,
     features: int,
