@@ -8,12 +8,13 @@ from flowkit.checkpoint import CheckpointError, load_model, save_model
 from flowkit.distributions import (
     BernoulliMADE,
     CategoricalMADE,
+    ConditionalDiagonalGaussian,
     DiagonalGaussian,
     FlowDistribution,
     StandardNormal,
 )
 from flowkit.flows import IAF, MAF, Flow
-from flowkit.nn import MADE, MaskedLinear
+from flowkit.nn import MADE, MaskedLinear, MLPEmbedding
 from flowkit.train import History, fit, fit_reverse_kl
 
 __version__ = "0.1.0"
@@ -22,6 +23,7 @@ __all__ = [
     "BernoulliMADE",
     "CategoricalMADE",
     "CheckpointError",
+    "ConditionalDiagonalGaussian",
     "DiagonalGaussian",
     "Flow",
     "FlowDistribution",
@@ -29,6 +31,7 @@ __all__ = [
     "IAF",
     "MADE",
     "MAF",
+    "MLPEmbedding",
     "MaskedLinear",
     "StandardNormal",
     "fit",

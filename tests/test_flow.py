@@ -1,5 +1,6 @@
 """Flow: normalized densities, sampling shapes, conditional use, and bad input."""
 
+import inspect
 from collections import Counter
 
 import numpy as np
@@ -412,3 +413,18 @@ def test_device_mismatch_names_the_argument():
     flow = MAF(2, layers=1)
     with pytest.raises(ValueError, match="'x' is on meta but the model is on cpu"):
         flow.log_prob(torch.empty(3, 2, device="meta"))
+
+
+def test_maf_and_iaf_share_one_typed_signature():
+    """Both builders have the same explicit, typed, defaulted arguments (written once), and a
+    wrong argument is named as the caller wrote it."""
+    signature = inspect.signature(MAF)
+    assert signature == inspect.signature(IAF)
+    assert list(signature.parameters)[:2] == ["features", "layers"]
+    assert "direction" not in signature.parameters
+    assert signature.parameters["standardize"].default is True
+    assert signature.parameters["conditional_base"].annotation == "bool"
+    with pytest.raises(TypeError, match=r"^MAF\(\): got an unexpected keyword argument 'foo'"):
+        MAF(2, foo=1)
+    with pytest.raises(TypeError, match=r"^IAF\(\): missing a required argument: 'features'"):
+        IAF()

@@ -70,6 +70,11 @@ COMMANDS: list[tuple[str, str, str]] = [
         "defaults benchmark: flowkit vs zuko vs scikit-learn, held-out NLL, changes of units",
     ),
     ("vae", "flowkit.app.vae", "VAE on binarized MNIST: Gaussian vs IAF posterior"),
+    (
+        "sbibm",
+        "flowkit.app.sbibm",
+        "NPE on sbibm tasks: flowkit flows vs sbi's MAF and NSF (needs sbi, sbibm)",
+    ),
     ("rl", "flowkit.app.rl", "SAC on Pendulum-v1: conditional IAF vs Gaussian policy"),
     (
         "sklearn-compare",

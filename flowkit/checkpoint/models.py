@@ -254,7 +254,11 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
 
 
 def load_model(
-    path: str | os.PathLike, map_location: Any = None, *, allow_nonfinite: bool = False
+    path: str | os.PathLike,
+    map_location: Any = None,
+    *,
+    allow_nonfinite: bool = False,
+    embedding: nn.Module | None = None,
 ) -> nn.Module:
     """Rebuild a model from a file written by :func:`save_model` or by a training run.
 
@@ -269,6 +273,10 @@ def load_model(
         map_location: device for the weights; if it is a device or device string, the rebuilt
             model is moved there too.
         allow_nonfinite: accept NaN and infinite weights.
+        embedding: for a flow saved with a custom embedding network (any network other than
+            :class:`flowkit.nn.MLPEmbedding`, which the file cannot rebuild), that network,
+            built again by the caller; its weights are then loaded from the file. Refused for
+            any other file.
 
     Returns:
         The model, in evaluation mode (call ``.train()`` to keep training it).
@@ -292,8 +300,23 @@ def load_model(
             "flowkit.checkpoint.load_checkpoint(path).restore(model)"
         )
     build = constructor(config["type"], f"'{path}'")
+    kwargs = dict(stored_arguments(config["type"], config["kwargs"]))
+    if embedding is not None:
+        stored = kwargs.get("embedding")
+        if not (isinstance(stored, dict) and "custom" in stored):
+            raise CheckpointError(
+                f"'embedding' was given but the model in '{path}' has "
+                f"{'no embedding network' if stored is None else 'a built-in embedding'}; "
+                "load it without 'embedding'"
+            )
+        if not isinstance(embedding, nn.Module):
+            raise CheckpointError(
+                f"'embedding' should be an nn.Module (an instance of {stored['custom']}), got "
+                f"{type(embedding).__name__}"
+            )
+        kwargs["embedding"] = embedding
     try:
-        model = build(**stored_arguments(config["type"], config["kwargs"]))
+        model = build(**kwargs)
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(
             f"'{path}': a {config['type']} cannot be built from the stored config "

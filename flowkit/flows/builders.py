@@ -8,15 +8,18 @@ Both builders are registered with :func:`flowkit.checkpoint.register_model`: eac
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from flowkit.checkpoint import register_model
+from flowkit.distributions.conditional import ConditionalDiagonalGaussian
 from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
 from flowkit.flows.flow import Flow
+from flowkit.nn.activation import ActivationSpec, activation_class, activation_name
+from flowkit.nn.embedding import build_embedding, embedded_features, embedding_config
 from flowkit.nn.made import MADE
 from flowkit.transforms.autoregressive import BatchNorm, Direction, MaskedAutoregressive
 from flowkit.transforms.base import Compose, Permutation, Transform
@@ -57,39 +60,6 @@ def make_transformer(name: str, **kwargs: float) -> Affine | RationalQuadraticSp
     return cls(**kwargs)
 
 
-ActivationSpec = str | type[nn.Module]
-
-# torch.nn.modules.activation classes that mix units (a MADE needs an elementwise map, or the
-# autoregressive property is lost) or need constructor arguments.
-_NOT_ELEMENTWISE = {"MultiheadAttention", "Softmax", "Softmax2d", "Softmin", "LogSoftmax", "GLU",
-                    "Threshold"}
-
-
-def activation_class(activation: ActivationSpec) -> type[nn.Module]:
-    """A MADE's hidden nonlinearity from its name, any activation of :mod:`torch.nn` by its
-    class name in any case (``"relu"``, ``"ELU"``, ``"gelu"``, ``"silu"``, ``"tanh"``,
-    ``"leakyrelu"``), or that class itself (``nn.ELU``). Only :mod:`torch.nn`'s activations, so
-    that a model's config can store the name and :func:`flowkit.load_model` can rebuild it.
-
-    Raises:
-        ValueError: anything else, with the names that are accepted.
-    """
-    names = {
-        name.lower(): cls
-        for name, cls in vars(nn.modules.activation).items()
-        if isinstance(cls, type) and issubclass(cls, nn.Module)
-        and cls.__module__ == nn.modules.activation.__name__ and name not in _NOT_ELEMENTWISE
-    }
-    if isinstance(activation, str) and activation.lower() in names:
-        return names[activation.lower()]
-    if isinstance(activation, type) and names.get(activation.__name__.lower()) is activation:
-        return activation
-    raise ValueError(
-        "'activation' should be the name or class of a torch.nn activation (e.g. 'relu', "
-        f"'elu', 'gelu', 'silu', 'tanh'; one of {sorted(names)}), got {activation!r}"
-    )
-
-
 def _permutations(
     permutation: PermutationSpec, features: int, layers: int, seed: int
 ) -> list[Permutation | None]:
@@ -119,27 +89,50 @@ def _permutations(
 def _autoregressive_flow(
     direction: Direction,
     features: int,
-    layers: int,
-    hidden_features: Sequence[int],
-    context_features: int,
-    transformer: str,
-    transformer_kwargs: dict | None,
-    permutation: PermutationSpec,
-    batch_norm: bool,
-    residual: bool,
-    activation: ActivationSpec,
-    learnable_base: bool,
-    standardize: bool,
-    seed: int,
+    layers: int = 5,
+    hidden_features: Sequence[int] = (64, 64),
+    context_features: int = 0,
+    transformer: str = "affine",
+    transformer_kwargs: dict | None = None,
+    permutation: PermutationSpec = "reverse",
+    batch_norm: bool = False,
+    residual: bool = False,
+    activation: ActivationSpec = "relu",
+    learnable_base: bool = False,
+    conditional_base: bool = False,
+    embedding: nn.Module | dict | None = None,
+    standardize: bool = True,
+    seed: int = 0,
 ) -> Flow:
-    # MADE checks hidden_features, context_features and residual; the rest is checked here.
+    """The stack both builders make, its layers in ``direction``: the one signature of
+    :func:`MAF` and :func:`IAF` (see :func:`_builder`), documented in :func:`MAF`."""
+    # MADE checks hidden_features and residual; the rest is checked here.
     features = check_int("features", features, 1)
     layers = check_int("layers", layers, 1)
+    context_features = check_int("context_features", context_features, 0)
     seed = check_int("seed", seed, 0)
     batch_norm = check_bool("batch_norm", batch_norm)
     learnable_base = check_bool("learnable_base", learnable_base)
-    activation_cls = activation_class(activation)
+    conditional_base = check_bool("conditional_base", conditional_base)
     standardize = check_bool("standardize", standardize)
+    activation_cls = activation_class(activation)
+    if learnable_base and conditional_base:
+        raise ValueError(
+            "'learnable_base' and 'conditional_base' are both True; pass one (a conditional "
+            "base learns its mean and scale as functions of the context)"
+        )
+    if context_features == 0 and (embedding is not None or conditional_base):
+        given = "'embedding' was given" if embedding is not None else "'conditional_base' is True"
+        raise ValueError(f"{given} but 'context_features' is 0; pass the width of the context")
+    # The context path: raw (N, C) -> Standardize -> embedding -> (N, H), read by every MADE
+    # and by a conditional base.
+    standardize_context = None
+    if standardize and context_features:
+        standardize_context = Standardize(context_features)
+    embedded = context_features
+    if embedding is not None:
+        embedding = build_embedding(embedding)
+        embedded = embedded_features(embedding, context_features)
     permutations = _permutations(permutation, features, layers, seed)
     transforms: list[Transform] = [Standardize(features)] if standardize else []
     for i in range(layers):
@@ -148,7 +141,7 @@ def _autoregressive_flow(
             features,
             hidden_features,
             params_per_feature=tau.params_per_feature,
-            context_features=context_features,
+            context_features=embedded,
             residual=residual,
             activation=activation_cls,
             seed=seed + i,
@@ -160,40 +153,63 @@ def _autoregressive_flow(
             transforms.append(BatchNorm(features))
         if permutations[i] is not None:
             transforms.append(permutations[i])
-    base = DiagonalGaussian(features) if learnable_base else StandardNormal(features)
-    standardize_context = None
-    if standardize and context_features:
-        standardize_context = Standardize(context_features)
-    return Flow(Compose(transforms), base, standardize_context=standardize_context)
+    base: nn.Module
+    if conditional_base:
+        base = ConditionalDiagonalGaussian(features, embedded)
+    else:
+        base = DiagonalGaussian(features) if learnable_base else StandardNormal(features)
+    return Flow(
+        Compose(transforms),
+        base,
+        standardize_context=standardize_context,
+        embedding=embedding,
+        context_features=context_features,
+    )
 
 
-@register_model(
-    store={"activation": lambda a: activation_class(a).__name__},
-    added={"standardize": False},  # files saved before it rebuild the unstandardized flow
-)
-def MAF(
-    features: int,
-    layers: int = 5,
-    hidden_features: Sequence[int] = (64, 64),
-    context_features: int = 0,
-    transformer: str = "affine",
-    transformer_kwargs: dict | None = None,
-    permutation: PermutationSpec = "reverse",
-    batch_norm: bool = False,
-    residual: bool = False,
-    activation: ActivationSpec = "relu",
-    learnable_base: bool = False,
-    standardize: bool = True,
-    seed: int = 0,
-) -> Flow:
-    """Masked Autoregressive Flow (Papamakarios et al. 2017): density in one pass per layer,
-    sampling in ``D`` sequential steps per layer.
+def _stored_embedding(embedding: nn.Module | dict | None) -> dict | None:
+    """The JSON form of the ``embedding`` argument in a builder's config (see
+    :func:`flowkit.nn.embedding.embedding_config`); a stored config stays as it is."""
+    return embedding_config(embedding) if isinstance(embedding, nn.Module) else embedding
+
+
+def _builder(direction: Direction, name: str, doc: str) -> Callable[..., Flow]:
+    """A public builder: :func:`_autoregressive_flow` with ``direction`` fixed, named ``name``
+    and documented by ``doc``. Its signature is that of :func:`_autoregressive_flow` without
+    ``direction`` (typed, with the defaults), which ``help()``, the docs and
+    :func:`flowkit.checkpoint.register_model` read; written once for both builders."""
+
+    signature = inspect.signature(_autoregressive_flow)
+    public = signature.replace(parameters=list(signature.parameters.values())[1:])
+
+    def build(*args: Any, **kwargs: Any) -> Flow:
+        try:
+            bound = public.bind(*args, **kwargs)
+        except TypeError as e:  # an unknown or missing argument, named as the caller wrote it
+            raise TypeError(f"{name}(): {e}") from None
+        return _autoregressive_flow(direction, *bound.args, **bound.kwargs)
+
+    build.__signature__ = public  # type: ignore[attr-defined]
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = doc
+    return register_model(
+        store={"activation": activation_name, "embedding": _stored_embedding},
+        added={"standardize": False},  # files saved before it rebuild the unstandardized flow
+    )(build)
+
+
+MAF = _builder(
+    "maf",
+    "MAF",
+    """Masked Autoregressive Flow (Papamakarios et al. 2017): density in one pass per
+    layer, sampling in ``D`` sequential steps per layer.
 
     Args:
         features: ``D``.
         layers: number of autoregressive layers.
         hidden_features: hidden sizes of each layer's MADE.
-        context_features: width of the conditioning vector (0: unconditional).
+        context_features: ``C``, the width of the conditioning vector as callers pass it (0:
+            unconditional).
         transformer: ``"affine"`` or ``"spline"`` (rational-quadratic, Durkan et al. 2019).
         transformer_kwargs: e.g. ``{"bins": 8, "bound": 3.0}`` for the spline or
             ``{"log_scale_bound": 3.0}`` for the affine transformer.
@@ -205,14 +221,25 @@ def MAF(
             of one size).
         activation: the MADEs' hidden nonlinearity, a :mod:`torch.nn` activation by name
             (``"relu"``, ``"elu"``, ``"gelu"``, ``"silu"``, ``"tanh"``, ...) or class
-            (``nn.ELU``); the config stores its class name (see :func:`activation_class`).
+            (``nn.ELU``); the config stores its class name (see
+            :func:`flowkit.nn.activation.activation_class`).
         learnable_base: learn the mean and scale of the Gaussian base.
+        conditional_base: a Gaussian base whose mean and log-scale are a linear function of
+            the (standardized, embedded) context,
+            :class:`flowkit.distributions.ConditionalDiagonalGaussian`; it needs a context
+            and excludes ``learnable_base``.
+        embedding: a network ``(N, C) -> (N, H)`` applied to the (standardized) context before
+            the layers and a conditional base read it, trained with the flow; each MADE then
+            reads ``H`` features (``out_features`` of a :class:`flowkit.nn.MLPEmbedding`, else
+            found by calling the network once). A :class:`flowkit.nn.MLPEmbedding` is saved
+            and loaded with the flow; any other network is loaded with
+            ``flowkit.load_model(path, embedding=...)`` (see :mod:`flowkit.nn.embedding`).
         standardize: put a :class:`flowkit.transforms.Standardize` before the layers, and one
-            on the context, each set from the training data: by :func:`flowkit.fit` from its
-            whole training set before the first step, otherwise by the first call in
-            training mode (e.g. the first ``log_prob`` of your own training loop; see
-            :mod:`flowkit.transforms.standardize`). The flow then does not depend on the units
-            of the data or the context: fitted to ``a x + b`` it gives
+            on the raw context (before the embedding), each set from the training data: by
+            :func:`flowkit.fit` from its whole training set before the first step, otherwise
+            by the first call in training mode (e.g. the first ``log_prob`` of your own
+            training loop; see :mod:`flowkit.transforms.standardize`). The flow then does not
+            depend on the units of the data or the context: fitted to ``a x + b`` it gives
             ``log p(a x + b) = log p(x) - sum(log|a|)``. Until set, each is the identity.
             ``False`` builds the flow of flowkit 0.1 (which files saved by it rebuild).
         seed: seed of the MADE degrees and random permutations.
@@ -222,31 +249,14 @@ def MAF(
         >>> flow = MAF(2, layers=3, hidden_features=(16, 16))
         >>> flow.log_prob(torch.randn(4, 2)).shape
         torch.Size([4])
-    """
-    return _autoregressive_flow("maf", **locals())
-
-
-@register_model(
-    store={"activation": lambda a: activation_class(a).__name__},
-    added={"standardize": False},  # files saved before it rebuild the unstandardized flow
+    """,
 )
-def IAF(
-    features: int,
-    layers: int = 5,
-    hidden_features: Sequence[int] = (64, 64),
-    context_features: int = 0,
-    transformer: str = "affine",
-    transformer_kwargs: dict | None = None,
-    permutation: PermutationSpec = "reverse",
-    batch_norm: bool = False,
-    residual: bool = False,
-    activation: ActivationSpec = "relu",
-    learnable_base: bool = False,
-    standardize: bool = True,
-    seed: int = 0,
-) -> Flow:
-    """Inverse Autoregressive Flow (Kingma et al. 2016): sampling and the density of its own
-    samples in one pass per layer (:meth:`Flow.sample_and_log_prob`); the density of an
+
+IAF = _builder(
+    "iaf",
+    "IAF",
+    """Inverse Autoregressive Flow (Kingma et al. 2016): sampling and the density of its
+    own samples in one pass per layer (:meth:`Flow.sample_and_log_prob`); the density of an
     outside point takes ``D`` sequential steps per layer. Arguments as :func:`MAF`.
 
     Example:
@@ -255,5 +265,5 @@ def IAF(
         >>> x, log_p = flow.sample_and_log_prob(4)
         >>> x.shape, log_p.shape
         (torch.Size([4, 2]), torch.Size([4]))
-    """
-    return _autoregressive_flow("iaf", **locals())
+    """,
+)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from flowkit.distributions.flow_distribution import FlowDistribution
+from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Transform
 from flowkit.transforms.standardize import Standardize
 from flowkit.validation import (
@@ -53,17 +54,36 @@ class Flow(nn.Module):
     dtype and device (a float64 context for a float32 flow is a TypeError, as a float64 ``x``
     is); convert the inputs or the model with ``.to()``.
 
+    The context path: the transform and the base read ``h = e(s(c))`` instead of the raw
+    context ``c``, where ``s`` is ``standardize_context`` and ``e`` the ``embedding`` (each the
+    identity when not given): ``p(x | c) = p_base(T(x; h) | h) |det dT/dx|``, where the base
+    reads ``h`` only if it is conditional (it has ``context_features > 0``, e.g.
+    :class:`flowkit.distributions.ConditionalDiagonalGaussian`). ``context_features`` is the raw
+    width ``C`` that callers pass; ``h`` is computed once per distinct context row, before rows
+    are expanded.
+
     Args:
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
-        base: base distribution with ``features``, ``log_prob(z)`` and ``rsample(n)``.
-        standardize_context: applied to every context before anything reads it, a
+        base: base distribution with ``features``, ``log_prob(z)`` and ``rsample(n)``; or a
+            conditional one with ``context_features``, ``log_prob(z, h)`` and ``rsample(h)``.
+        standardize_context: applied to every raw context first, a
             :class:`flowkit.transforms.Standardize` of width ``C`` (set from data like any
             other: by the first training-mode call with a context, log-density or sampling, or
             by :func:`flowkit.transforms.standardize.set_from_data`).
+        embedding: network mapping the (standardized) context ``(N, C)`` to ``(N, H)``, where
+            ``H`` is the transform's (and conditional base's) ``context_features`` (see
+            :mod:`flowkit.nn.embedding`).
+        context_features: ``C``, required with an ``embedding`` (without one it is the
+            transform's and base's width and may be left out).
     """
 
     def __init__(
-        self, transform: Transform, base: nn.Module, standardize_context: Standardize | None = None
+        self,
+        transform: Transform,
+        base: nn.Module,
+        standardize_context: Standardize | None = None,
+        embedding: nn.Module | None = None,
+        context_features: int | None = None,
     ):
         super().__init__()
         if transform.features is not None and transform.features != base.features:
@@ -71,19 +91,54 @@ class Flow(nn.Module):
                 f"'transform' acts on {transform.features} features but 'base' has "
                 f"{base.features}"
             )
+        inner = transform.context_features
+        base_context = getattr(base, "context_features", 0)
+        if base_context and inner and base_context != inner:
+            raise ValueError(
+                f"'transform' reads a context of {inner} features but 'base' one of "
+                f"{base_context}; both read the same (embedded) context"
+            )
+        inner = inner or base_context
+        if embedding is None:
+            if context_features is not None and context_features != inner:
+                raise ValueError(
+                    f"'context_features' is {context_features} but the transform and base read "
+                    f"{inner} (pass an 'embedding' to map one width to the other)"
+                )
+            context_features = inner
+        else:
+            if inner == 0:
+                raise ValueError(
+                    "'embedding' was given but neither the transform nor the base reads a "
+                    "context (their context_features are 0)"
+                )
+            if context_features is None:
+                raise ValueError(
+                    "'context_features' (the width of the raw context that the embedding "
+                    "reads) is required with an 'embedding'"
+                )
+            context_features = check_int("context_features", context_features, 1)
+            out = embedded_features(embedding, context_features)
+            if out != inner:
+                raise ValueError(
+                    f"'embedding' maps the context to {out} features but the transform and "
+                    f"base read {inner}"
+                )
         if standardize_context is not None and (
             not isinstance(standardize_context, Standardize)
-            or standardize_context.features != transform.context_features
+            or standardize_context.features != context_features
         ):
             raise ValueError(
                 "'standardize_context' should be a flowkit.transforms.Standardize of the "
-                f"context's width {transform.context_features}, got {standardize_context!r}"
+                f"context's width {context_features}, got {standardize_context!r}"
             )
         self.transform = transform
         self.base = base
         self.standardize_context = standardize_context
+        self.embedding = embedding
+        self.conditional_base: bool = base_context > 0
         self.features: int = base.features
-        self.context_features: int = transform.context_features
+        self.context_features: int = context_features
         self.config: dict | None = None  # set by the builders, used by flowkit.save_model
 
     def _reference(self) -> Tensor:
@@ -97,18 +152,18 @@ class Flow(nn.Module):
     def _embed(self, context: Tensor) -> Tensor:
         """The context ``(R, C)`` as the transforms read it, ``(R, H)``: every path calls this
         once per distinct context row, before the rows are expanded."""
-        if self.standardize_context is None:
-            return context
-        return self.standardize_context._forward(context, None)[0]
+        if self.standardize_context is not None:
+            context = self.standardize_context._forward(context, None)[0]
+        return context if self.embedding is None else self.embedding(context)
 
     def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
         """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the embedded context ``h``."""
-        return self.base.log_prob(z)
+        return self.base.log_prob(z, h) if self.conditional_base else self.base.log_prob(z)
 
     def _base_rsample(self, rows: int, h: Tensor | None) -> Tensor:
         """``rows`` reparameterized base draws ``(rows, D)`` given the embedded context ``h``
         ``(rows, H)`` (or None)."""
-        return self.base.rsample(rows)
+        return self.base.rsample(h) if self.conditional_base else self.base.rsample(rows)
 
     # ------------------------------------------------ unchecked implementations (checked input)
 

@@ -1,0 +1,223 @@
+r"""flowkit flows as density estimators of the ``sbi`` library (NPE and NLE).
+
+``sbi`` trains a conditional density estimator on simulations :math:`(\theta_i, x_i)`: for
+neural posterior estimation (NPE) of :math:`q(\theta \mid x)`, for neural likelihood
+estimation (NLE) of :math:`q(x \mid \theta)`. Its trainers take a *builder*, a function of a
+batch of parameters and a batch of data returning a ``ConditionalDensityEstimator``;
+:func:`posterior_nn` and :func:`likelihood_nn` return such builders for a flowkit
+:func:`flowkit.MAF` or :func:`flowkit.IAF`::
+
+    from sbi.inference import NPE
+    from flowkit.integrations.sbi import posterior_nn
+
+    builder = posterior_nn("maf", transformer="spline", hidden_features=(64, 64))
+    inference = NPE(prior, density_estimator=builder)
+    estimator = inference.append_simulations(theta, x).train()
+    samples = inference.build_posterior(estimator).sample((1000,), x=x_o)
+
+**Standardization.** The flows are built with the builders' ``standardize=True`` (their
+default; pass ``standardize=False`` to switch it off): a
+:class:`flowkit.transforms.Standardize` on the density's input and one on the condition, set
+here from the mean and standard deviation of the batch sbi gives the builder (its training
+split), per element, as sbi's own flows do with ``z_score_x="independent"``. The input's
+standardization enters with its exact log-determinant,
+
+.. math::
+
+    \log q(\theta \mid x) = \log q_{\text{flow}}(u \mid \tilde x) - \sum_d \log s_d,
+    \qquad u = (\theta - m) / s,
+
+and the condition is standardized, :math:`\tilde x = (x - m_x) / s_x`, before the flow's
+embedding network (if any) and layers read it. An element that is constant over the batch is
+only shifted (see :mod:`flowkit.transforms.standardize`).
+
+**Shapes.** Inputs and conditions may have any event shape (``input_shape``,
+``condition_shape``); the flow sees them flattened to ``D`` and ``C`` numbers per row. An
+embedding network passed as ``embedding`` therefore receives ``(rows, C)``: a network for
+structured data (images, time series) reshapes them itself.
+
+This module needs the package ``sbi`` (``pip install "flowkit-made[sbi]"``); ``import
+flowkit`` never imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+try:
+    from sbi.neural_nets.estimators import ConditionalDensityEstimator
+except ImportError as e:  # pragma: no cover - exercised only without sbi
+    raise ImportError(
+        "flowkit.integrations.sbi needs the package 'sbi': pip install \"flowkit-made[sbi]\" "
+        f"(or pip install sbi); importing it failed with: {e}"
+    ) from e
+
+from flowkit.flows import IAF, MAF, Flow
+from flowkit.transforms.standardize import set_from_data
+
+__all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn"]
+
+Model = Literal["maf", "iaf"]
+_BUILDERS: dict[str, Callable[..., Flow]] = {"maf": MAF, "iaf": IAF}
+
+
+class FlowkitEstimator(ConditionalDensityEstimator):
+    r"""A flowkit :class:`~flowkit.Flow` as sbi's ``ConditionalDensityEstimator``.
+
+    Shapes (``S`` samples, ``B`` conditions; ``input_shape`` and ``condition_shape`` are the
+    event shapes):
+
+    * ``log_prob(input, condition)``: ``input`` ``(S, B, *input_shape)`` or
+      ``(B, *input_shape)``, ``condition`` ``(B, *condition_shape)`` or
+      ``(S, B, *condition_shape)``, batch sizes broadcast (either may be 1); returns ``(S, B)``.
+    * ``loss(input, condition)``: ``(B, ...)`` each, returns ``-log_prob``, ``(B,)``.
+    * ``sample(sample_shape, condition)``: ``condition`` ``(B, *condition_shape)``, returns
+      ``(*sample_shape, B, *input_shape)``; ``sample_and_log_prob`` also returns the
+      log-densities, ``(*sample_shape, B)``, from the same pass (one pass per layer for an
+      IAF).
+
+    Args:
+        flow: a conditional flow over ``D = prod(input_shape)`` features whose
+            ``context_features`` is ``prod(condition_shape)`` (its own standardization, if
+            any, set from data: see the module notes).
+        input_shape: event shape of the input.
+        condition_shape: event shape of the condition.
+    """
+
+    def __init__(self, flow: Flow, input_shape: torch.Size, condition_shape: torch.Size):
+        super().__init__(flow, torch.Size(input_shape), torch.Size(condition_shape))
+        features, context = math.prod(self.input_shape), math.prod(self.condition_shape)
+        if flow.features != features or flow.context_features != context:
+            raise ValueError(
+                f"'flow' should have features={features} and context_features={context} "
+                f"(input_shape {tuple(self.input_shape)}, condition_shape "
+                f"{tuple(self.condition_shape)}), got features={flow.features} and "
+                f"context_features={flow.context_features}"
+            )
+
+    @property
+    def embedding_net(self) -> nn.Module | None:
+        """The flow's embedding network (``None`` if it has none)."""
+        return self.net.embedding
+
+    def log_prob(self, input: Tensor, condition: Tensor) -> Tensor:
+        """``log q(input | condition)``, shape ``(S, B)`` (class doc). The flow broadcasts the
+        batch axes itself, so each distinct condition is standardized and embedded once."""
+        self._check_input_shape(input)
+        self._check_condition_shape(condition)
+        input, condition = _flat(input, self.input_shape), _flat(condition, self.condition_shape)
+        log_q = self.net.log_prob(input, condition)
+        return log_q if log_q.dim() == 2 else log_q.unsqueeze(0)
+
+    def loss(self, input: Tensor, condition: Tensor) -> Tensor:
+        """Negative log-density of a training batch, ``(B,)``."""
+        return -self.log_prob(input.unsqueeze(0), condition)[0]
+
+    def _sample_shapes(self, sample_shape: Any, condition: Tensor) -> tuple[torch.Size, int]:
+        self._check_condition_shape(condition)
+        if condition.dim() != len(self.condition_shape) + 1:
+            raise ValueError(
+                f"'condition' should have shape (B, {', '.join(map(str, self.condition_shape))})"
+                f" to sample, got {tuple(condition.shape)}"
+            )
+        return torch.Size(sample_shape), condition.shape[0]
+
+    def sample(self, sample_shape: Any, condition: Tensor) -> Tensor:
+        """Samples ``(*sample_shape, B, *input_shape)`` for conditions ``(B, ...)``."""
+        shape, batch = self._sample_shapes(sample_shape, condition)
+        theta = self.net.sample(shape.numel(), condition.reshape(batch, -1))
+        return theta.reshape(*shape, batch, *self.input_shape)
+
+    def sample_and_log_prob(self, sample_shape: Any, condition: Tensor) -> tuple[Tensor, Tensor]:
+        """Samples ``(*sample_shape, B, *input_shape)`` and their log-densities
+        ``(*sample_shape, B)`` from one pass of the flow."""
+        shape, batch = self._sample_shapes(sample_shape, condition)
+        theta, log_q = self.net.sample_and_log_prob(shape.numel(), condition.reshape(batch, -1))
+        return theta.reshape(*shape, batch, *self.input_shape), log_q.reshape(*shape, batch)
+
+
+def _flat(value: Tensor, event_shape: torch.Size) -> Tensor:
+    """``(*batch, *event_shape)`` -> ``(*batch, prod(event_shape))``."""
+    batch = value.shape[: value.dim() - len(event_shape)]
+    return value.reshape(*batch, math.prod(event_shape))
+
+
+def _builder(
+    model: Model,
+    embedding: nn.Module | None,
+    flow_kwargs: dict[str, Any],
+    swap: bool,
+) -> Callable[[Tensor, Tensor], FlowkitEstimator]:
+    if model not in _BUILDERS:
+        raise ValueError(f"'model' should be one of {sorted(_BUILDERS)}, got {model!r}")
+    for reserved in ("features", "context_features", "embedding"):
+        if reserved in flow_kwargs:
+            raise ValueError(
+                f"'{reserved}' is set by the builder from the simulations; do not pass it "
+                "(the embedding network goes in 'embedding')"
+            )
+    build_flow = _BUILDERS[model]
+
+    def build(batch_theta: Tensor, batch_x: Tensor) -> FlowkitEstimator:
+        inputs, conditions = (batch_x, batch_theta) if swap else (batch_theta, batch_x)
+        flow = build_flow(
+            math.prod(inputs.shape[1:]),
+            context_features=math.prod(conditions.shape[1:]),
+            embedding=embedding,
+            **flow_kwargs,
+        ).to(inputs.dtype)
+        # The flow's Standardize modules (if standardize=True) from the whole batch.
+        set_from_data(flow, [(inputs.reshape(len(inputs), -1),
+                              conditions.reshape(len(conditions), -1))])
+        return FlowkitEstimator(flow, inputs.shape[1:], conditions.shape[1:])
+
+    return build
+
+
+def posterior_nn(
+    model: Model = "maf",
+    embedding: nn.Module | None = None,
+    **flow_kwargs: Any,
+) -> Callable[[Tensor, Tensor], FlowkitEstimator]:
+    r"""A builder of :math:`q(\theta \mid x)` for sbi's NPE (``NPE(prior,
+    density_estimator=posterior_nn(...))``).
+
+    Args:
+        model: ``"maf"`` (:func:`flowkit.MAF`: density in one pass, sampling in ``D`` steps per
+            layer) or ``"iaf"`` (:func:`flowkit.IAF`: the reverse).
+        embedding: a network for the (standardized, flattened) data, trained with the flow
+            (see the ``embedding`` argument of :func:`flowkit.MAF`).
+        **flow_kwargs: options of the flowkit builder, e.g. ``layers``, ``hidden_features``,
+            ``transformer="spline"``, ``transformer_kwargs``, ``permutation``,
+            ``conditional_base``, ``standardize``, ``seed``.
+
+    Returns:
+        ``build(batch_theta, batch_x) -> FlowkitEstimator``, called by sbi with its training
+        simulations (from which the flow's standardization is set).
+
+    Example:
+        >>> import torch
+        >>> build = posterior_nn("maf", layers=2, hidden_features=(16,))
+        >>> estimator = build(torch.randn(100, 2), torch.randn(100, 3))
+        >>> estimator.log_prob(torch.randn(7, 5, 2), torch.randn(5, 3)).shape
+        torch.Size([7, 5])
+        >>> estimator.sample((4,), torch.randn(5, 3)).shape
+        torch.Size([4, 5, 2])
+    """
+    return _builder(model, embedding, flow_kwargs, swap=False)
+
+
+def likelihood_nn(
+    model: Model = "maf",
+    embedding: nn.Module | None = None,
+    **flow_kwargs: Any,
+) -> Callable[[Tensor, Tensor], FlowkitEstimator]:
+    r"""A builder of :math:`q(x \mid \theta)` for sbi's NLE (``NLE(prior,
+    density_estimator=likelihood_nn(...))``); the embedding network, if any, reads
+    :math:`\theta`. Arguments as :func:`posterior_nn`."""
+    return _builder(model, embedding, flow_kwargs, swap=True)

@@ -1,0 +1,143 @@
+"""flowkit.integrations.sbi against the installed sbi (skipped without it)."""
+
+import pickle
+
+import pytest
+import torch
+
+import flowkit
+
+sbi = pytest.importorskip("sbi")
+
+from sbi.inference import NLE, NPE  # noqa: E402
+from sbi.utils import BoxUniform  # noqa: E402
+
+from flowkit import MLPEmbedding  # noqa: E402
+from flowkit.integrations.sbi import FlowkitEstimator, likelihood_nn, posterior_nn  # noqa: E402
+from flowkit.transforms import Standardize  # noqa: E402
+
+
+def simulations(n=400, seed=0):
+    """theta ~ U[-3, 3]^2, x = (theta_0 + theta_1, theta_0 - theta_1, 5 theta_0) + noise: data on
+    scales far from 1 so that z-scoring matters."""
+    g = torch.Generator().manual_seed(seed)
+    theta = 6 * torch.rand(n, 2, generator=g) - 3
+    x = torch.stack([theta[:, 0] + theta[:, 1], theta[:, 0] - theta[:, 1], 5 * theta[:, 0]], -1)
+    return theta, 10 + 3 * x + 0.1 * torch.randn(n, 3, generator=g)
+
+
+def trained_weights(estimator, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in estimator.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return estimator
+
+
+@pytest.mark.parametrize("model", ["maf", "iaf"])
+def test_shapes_follow_sbis_conventions(model):
+    theta, x = simulations()
+    est = trained_weights(posterior_nn(model, layers=2, hidden_features=(16,))(theta, x))
+    assert isinstance(est, FlowkitEstimator)
+    assert est.input_shape == (2,) and est.condition_shape == (3,)
+    assert est.log_prob(theta[:7].expand(5, 7, 2), x[:7]).shape == (5, 7)
+    assert est.log_prob(theta[:7], x[:7]).shape == (1, 7)
+    assert est.log_prob(theta[:7].expand(5, 7, 2), x[:1]).shape == (5, 7)  # broadcast B = 1
+    assert est.loss(theta[:7], x[:7]).shape == (7,)
+    assert est.sample((4, 3), x[:5]).shape == (4, 3, 5, 2)
+    samples, log_q = est.sample_and_log_prob((6,), x[:5])
+    assert samples.shape == (6, 5, 2) and log_q.shape == (6, 5)
+    torch.testing.assert_close(log_q, est.log_prob(samples, x[:5]), atol=1e-4, rtol=1e-4)
+
+
+def test_log_prob_is_a_normalized_density_in_the_original_units():
+    """z-scoring enters with its log-determinant: the density over theta (scaled by 6 and
+    shifted) integrates to one for a fixed condition."""
+    theta, x = simulations()
+    est = trained_weights(posterior_nn("maf", layers=2, hidden_features=(16,))(theta, x))
+    est = est.double()
+    axis = torch.linspace(-12, 12, 321, dtype=torch.float64)
+    grid = torch.stack(torch.meshgrid(axis, axis, indexing="ij"), -1).reshape(-1, 2)
+    with torch.no_grad():
+        density = est.log_prob(grid, x[:1].double()).exp().reshape(321, 321)
+    total = torch.trapezoid(torch.trapezoid(density, axis), axis).item()
+    assert abs(total - 1) < 2e-3, total
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """sbi's trainers write TensorBoard logs into ./sbi-logs: keep them out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
+def test_npe_trains_and_samples_a_posterior():
+    theta, x = simulations(600)
+    prior = BoxUniform(-3 * torch.ones(2), 3 * torch.ones(2))
+    builder = posterior_nn("maf", layers=2, hidden_features=(16,), transformer="spline")
+    inference = NPE(prior, density_estimator=builder, show_progress_bars=False)
+    estimator = inference.append_simulations(theta, x).train(max_num_epochs=3)
+    assert isinstance(estimator, FlowkitEstimator)
+    posterior = inference.build_posterior(estimator)
+    samples = posterior.sample((50,), x=x[0], show_progress_bars=False)
+    assert samples.shape == (50, 2)
+    assert posterior.log_prob(samples, x=x[0]).shape == (50,)
+    restored = pickle.loads(pickle.dumps(estimator))  # sbi users pickle posteriors
+    torch.testing.assert_close(restored.log_prob(theta[:5], x[:5]),
+                               estimator.log_prob(theta[:5], x[:5]))
+    flowkit.save_model(estimator.net, "flow.pt")  # the flow, its standardization included
+    loaded = flowkit.load_model("flow.pt")
+    torch.testing.assert_close(loaded.log_prob(theta[:5], x[:5]),
+                               estimator.net.eval().log_prob(theta[:5], x[:5]), rtol=0, atol=0)
+
+
+def test_nle_models_x_given_theta():
+    theta, x = simulations(600)
+    prior = BoxUniform(-3 * torch.ones(2), 3 * torch.ones(2))
+    builder = likelihood_nn("maf", layers=2, hidden_features=(16,))
+    inference = NLE(prior, density_estimator=builder, show_progress_bars=False)
+    estimator = inference.append_simulations(theta, x).train(max_num_epochs=3)
+    assert estimator.input_shape == (3,) and estimator.condition_shape == (2,)
+    assert estimator.log_prob(x[:4], theta[:4]).shape == (1, 4)
+    standardize_x = estimator.net.transform.transforms[0]  # the builders' data Standardize
+    torch.testing.assert_close(standardize_x.shift, x[inference.train_indices].mean(0))
+    torch.testing.assert_close(estimator.net.standardize_context.shift,
+                               theta[inference.train_indices].mean(0))
+
+
+def test_embedding_network_is_trained_with_the_flow():
+    theta, x = simulations()
+    embedding = MLPEmbedding(3, 4, hidden_features=(8,))
+    est = posterior_nn("maf", layers=2, hidden_features=(16,), embedding=embedding)(theta, x)
+    assert est.embedding_net is embedding
+    trained_weights(est)  # the MADEs' output layers start at zero: no gradient to the context
+    est.loss(theta[:10], x[:10]).mean().backward()
+    assert embedding.net[0].weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: posterior_nn("nsf"), "'model' should be one of"),
+        (lambda: posterior_nn(features=2), "'features' is set by the builder"),
+        (lambda: posterior_nn(embedding=None, context_features=3),
+         "'context_features' is set by the builder"),
+    ],
+)
+def test_bad_builder_options(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_standardization_is_the_builders_set_from_the_simulations():
+    """One mechanism: the flow's own Standardize modules, set from the batch sbi passes; a
+    parameter constant over the simulations is only shifted; standardize=False builds none."""
+    theta, x = simulations()
+    theta[:, 1] = 0.5
+    est = posterior_nn(layers=2, hidden_features=(16,))(theta, x)
+    standardize_theta = est.net.transform.transforms[0]
+    torch.testing.assert_close(standardize_theta.shift, theta.mean(0))
+    torch.testing.assert_close(standardize_theta.scale[1], torch.tensor(1.0))
+    torch.testing.assert_close(est.net.standardize_context.shift, x.mean(0))
+    plain = posterior_nn(layers=2, hidden_features=(16,), standardize=False)(theta, x)
+    assert plain.net.standardize_context is None
+    assert not any(isinstance(m, Standardize) for m in plain.modules())

@@ -1,0 +1,37 @@
+"""'flowkit sbibm' end to end on a tiny budget (skipped without sbi and sbibm)."""
+
+import json
+
+import pytest
+
+pytest.importorskip("sbi")
+pytest.importorskip("sbibm")
+
+from flowkit.app import cli  # noqa: E402
+
+
+def test_tiny_run_writes_results_and_reuses_them(tmp_path, capsys):
+    out = tmp_path / "sbibm"
+    argv = ["sbibm", "--tasks", "two_moons", "--models", "flowkit-maf", "--simulations", "200",
+            "--max-epochs", "1", "--samples", "50", "--observations", "1", "2", "--threads", "1",
+            "--out", str(out)]
+    assert cli.main(argv) == 0
+    run = json.loads((out / "two_moons" / "seed0" / "flowkit-maf.json").read_text())
+    assert set(run["c2st"]) == {"1", "2"} and all(0 <= v <= 1 for v in run["c2st"].values())
+    assert run["epochs"] == 2 and run["epoch_seconds"] > 0
+    assert "| two_moons |" in (out / "results.md").read_text()
+    assert cli.main(argv) == 0  # reused, not trained again
+    assert "flowkit-maf: C2ST" not in capsys.readouterr().out.split("wrote")[-1]
+    changed = [a if a != "50" else "60" for a in argv]
+    assert cli.main(changed) == 2
+    assert "pick another --out" in capsys.readouterr().err
+
+
+def test_timing_mode_measures_every_model(tmp_path):
+    out = tmp_path / "timing"
+    argv = ["sbibm", "--timing", "2", "--tasks", "two_moons", "--models", "flowkit-maf",
+            "sbi-maf", "--simulations", "100", "--threads", "1", "--quiet", "--out", str(out)]
+    assert cli.main(argv) == 0
+    timing = json.loads((out / "timing.json").read_text())
+    assert set(timing["two_moons"]) == {"flowkit-maf", "sbi-maf"}
+    assert all(t > 0 for t in timing["two_moons"].values())
