@@ -79,6 +79,8 @@ def mixture_nll(nlls: list[Tensor]) -> Tensor:
 
 
 def describe(name: str, r: dict[str, Any]) -> str:
+    """One line for the scores ``r`` of :func:`score` on the images called ``name``: the NLL of
+    mask set 0 and, when ``r`` has one, of the mask ensemble, each with its standard error."""
     text = f"{name} ({r['images']} images): NLL {r['nll']:.2f} ± {r['nll_se']:.2f} nats (mask 0)"
     if "ensemble" in r:
         text += (
