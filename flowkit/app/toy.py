@@ -61,6 +61,7 @@ from .toy_sweep import SWEEP_LRS, robustness_sweep, sweep_table
 
 _TEST_SEED_OFFSET = 10_007  # test samples come from their own stream, never the training one
 
+
 @dataclass
 class ToyRun:
     """One flow fitted to one dataset: its metrics, history, trained model and what the figures
