@@ -2,8 +2,9 @@ r"""MADE's own description of its computation, and of its active mask set sorted
 
 Every way of running a MADE reads these two descriptions instead of knowing MADE's features
 itself: the dense forward pass (:meth:`flowkit.nn.MADE.forward`), the block-staircase forward
-pass (:mod:`flowkit.nn.staircase`) and the one-pass solver (:mod:`flowkit.nn.inversion`). A new
-MADE feature (a connection, a residual rule) is written here once and all three follow.
+pass (:mod:`flowkit.nn.staircase`) and the one-pass solver (:mod:`flowkit.nn.inversion`); the
+two forward passes evaluate the stages with the same :func:`run`. A new MADE feature (a
+connection, a residual rule) is written here once and all three follow.
 
 **Stages.** A MADE is a list of stages (the hidden layers, then the output). Stage ``s`` sums
 the masked linear maps it reads and, if it is residual, the sum ``h_{s-1}`` of the stage below;
@@ -66,8 +67,8 @@ def stages(made: MADE) -> list[Stage]:
 
 
 def run(made: MADE, inputs: Tensor, read: Callable[[int, int, Tensor], Tensor]) -> Tensor:
-    """Evaluate ``made``'s stages on ``inputs`` ``(N, D m + C)`` and return the output stage
-    ``h`` ``(N, D P)``. ``read(s, i, v)`` computes the ``i``-th read of stage ``s`` (its masked
+    """Evaluate ``made``'s stages on ``inputs`` ``(..., D m + C)`` and return the output stage
+    ``h`` ``(..., D P)``. ``read(s, i, v)`` computes the ``i``-th read of stage ``s`` (its masked
     linear map, bias included) on the source values ``v``; the column orders are whatever
     ``read`` uses (natural for the dense products, sorted for the staircase).
 
