@@ -201,8 +201,9 @@ def run_toy(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Fit every ``flow x transformer`` to every dataset; with ``out``, write the figures
-    (:func:`write_figures`), ``table.md`` (:func:`toy_table` and :func:`cost_table`) and each
-    trained flow (:func:`save_flow`) there.
+    (:func:`~flowkit.app.experiment2d.write_figures`), ``table.md`` (:func:`toy_table` and
+    :func:`cost_table`) and each trained flow (:func:`~flowkit.app.experiment2d.save_flow`)
+    there.
 
     Returns:
         ``{"settings", "device", "wall_s", "runs": [metrics of each run, see fit_toy],
