@@ -66,11 +66,13 @@ def stages(made: MADE) -> list[Stage]:
     return result
 
 
-def run(made: MADE, inputs: Tensor, read: Callable[[int, int, Tensor], Tensor]) -> Tensor:
+def run(
+    made: MADE, inputs: Tensor, read: Callable[[int, int, MaskedLinear, Tensor], Tensor]
+) -> Tensor:
     """Evaluate ``made``'s stages on ``inputs`` ``(..., D m + C)`` and return the output stage
-    ``h`` ``(..., D P)``. ``read(s, i, v)`` computes the ``i``-th read of stage ``s`` (its masked
-    linear map, bias included) on the source values ``v``; the column orders are whatever
-    ``read`` uses (natural for the dense products, sorted for the staircase).
+    ``h`` ``(..., D P)``. ``read(s, i, layer, v)`` computes the ``i``-th read of stage ``s``, the
+    masked linear map ``layer`` (bias included), on the source values ``v``; the column orders
+    are whatever ``read`` uses (natural for the dense products, sorted for the staircase).
 
     Every read returns a fresh tensor that nothing else holds, so the reads are summed and a
     ReLU (the default activation) is applied in place when no residual stage needs the
@@ -82,8 +84,8 @@ def run(made: MADE, inputs: Tensor, read: Callable[[int, int, Tensor], Tensor]) 
     values, h = {INPUTS: inputs}, inputs
     for s, stage in enumerate(stages(made)):
         pre = None
-        for i, (_, source) in enumerate(stage.reads):
-            y = read(s, i, values[source])
+        for i, (layer, source) in enumerate(stage.reads):
+            y = read(s, i, layer, values[source])
             pre = y if pre is None else pre.add_(y)
         h = h + pre if stage.residual else pre
         if stage.activate:
