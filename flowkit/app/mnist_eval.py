@@ -36,7 +36,7 @@ def evaluate(
     Args:
         model: the model (scored with its active mask set when ``mask_ensemble`` is None).
         x: ``(N, 784)`` images of 0s and 1s (any dtype ``log_prob`` accepts).
-        mask_ensemble: ``None`` or ``K``: see :meth:`flowkit.BernoulliMADE.log_prob`.
+        mask_ensemble: ``None`` or ``K``: see ``log_prob`` of :class:`flowkit.BernoulliMADE`.
         batch_size: images per pass.
     """
     device = next(model.parameters()).device
