@@ -1,5 +1,6 @@
 """What the 2-D experiments (flowkit toy, flowkit energy) share: their settings, building a
-flow from them, timing, tables, figures and command-line options."""
+flow from them, the check of what a run selects, timing, the collection of a run's results
+(:class:`Gallery`), tables, figures and command-line options."""
 
 from __future__ import annotations
 

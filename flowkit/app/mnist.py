@@ -301,7 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     check_minimums(args, {"subset": 1, "masks": 1, "epochs": 1, "batch-size": 1, "patience": 1,
-                           "ensemble": 1, "checkpoint-every": 1})
+                          "ensemble": 1, "checkpoint-every": 1})
     if args.ensemble is not None and args.ensemble > args.masks:
         raise ValueError(
             f"'--ensemble' should be at most --masks ({args.masks}), got {args.ensemble}"

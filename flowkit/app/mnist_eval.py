@@ -36,7 +36,7 @@ def evaluate(
     Args:
         model: the model (scored with its active mask set when ``mask_ensemble`` is None).
         x: ``(N, 784)`` images of 0s and 1s (any dtype ``log_prob`` accepts).
-        mask_ensemble: ``None`` or ``K``: see :meth:`BernoulliMADE.log_prob`.
+        mask_ensemble: ``None`` or ``K``: see ``log_prob`` of :class:`flowkit.BernoulliMADE`.
         batch_size: images per pass.
     """
     device = next(model.parameters()).device
@@ -79,6 +79,8 @@ def mixture_nll(nlls: list[Tensor]) -> Tensor:
 
 
 def describe(name: str, r: dict[str, Any]) -> str:
+    """One line for the scores ``r`` of :func:`score` on the images called ``name``: the NLL of
+    mask set 0 and, when ``r`` has one, of the mask ensemble, each with its standard error."""
     text = f"{name} ({r['images']} images): NLL {r['nll']:.2f} ± {r['nll_se']:.2f} nats (mask 0)"
     if "ensemble" in r:
         text += (

@@ -156,7 +156,8 @@ def train_sac(
 
     One environment step and one update of every network per step: with these small networks
     the CPU is usually faster than a GPU (``device="auto"`` picks CUDA if present). With
-    ``policy_path``, the trained policy is saved there (:func:`save_policy`).
+    ``policy_path``, the trained policy is saved there
+    (:func:`~flowkit.app.sac_policies.save_policy`).
 
     Returns:
         ``{"eval_steps": [...], "eval_returns": [...], "episode_returns": [...],

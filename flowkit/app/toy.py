@@ -61,6 +61,7 @@ from .toy_sweep import SWEEP_LRS, robustness_sweep, sweep_table
 
 _TEST_SEED_OFFSET = 10_007  # test samples come from their own stream, never the training one
 
+
 @dataclass
 class ToyRun:
     """One flow fitted to one dataset: its metrics, history, trained model and what the figures
@@ -200,8 +201,9 @@ def run_toy(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Fit every ``flow x transformer`` to every dataset; with ``out``, write the figures
-    (:func:`write_figures`), ``table.md`` (:func:`toy_table` and :func:`cost_table`) and each
-    trained flow (:func:`save_flow`) there.
+    (:func:`~flowkit.app.experiment2d.write_figures`), ``table.md`` (:func:`toy_table` and
+    :func:`cost_table`) and each trained flow (:func:`~flowkit.app.experiment2d.save_flow`)
+    there.
 
     Returns:
         ``{"settings", "device", "wall_s", "runs": [metrics of each run, see fit_toy],

@@ -1,8 +1,8 @@
 r"""The VAE of flowkit vae: a Bernoulli decoder, a Gaussian or IAF posterior, a normal or MAF
 prior; its training by :func:`flowkit.train.fit` and its scores (ELBO and ``L_k``).
 
-The command's help (:mod:`flowkit.app.vae`) describes the model and the bounds; here they are
-as code:
+The command's help (``flowkit vae --help``, the docstring of ``flowkit.app.vae``) describes
+the model and the bounds; here they are as code:
 
 * :class:`VAE`: encoder, decoder, posterior and prior, and the log importance weights
   :math:`\log p(x, z_i) - \log q(z_i \mid x)` from which both bounds follow;
@@ -38,7 +38,7 @@ _LOG_2PI = math.log(2 * math.pi)
 
 class VAE(nn.Module):
     """Bernoulli VAE with an MLP encoder/decoder and a Gaussian or IAF posterior (see
-    :mod:`flowkit.app.vae`).
+    ``flowkit vae --help``).
 
     Args:
         data_features: ``D``, pixels per image.

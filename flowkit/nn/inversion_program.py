@@ -63,7 +63,7 @@ _programs: weakref.WeakKeyDictionary[MADE, Program] = weakref.WeakKeyDictionary(
 
 def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
     """The program of ``made``'s active mask set. Without autograd it is kept while the masked
-    weights (cached by :meth:`MaskedLinear.masked_weight`) stay the same tensors; under
+    weights (cached by :meth:`flowkit.MaskedLinear.masked_weight`) stay the same tensors; under
     autograd it is rebuilt on every call, from the weights the gradient flows to.
 
     Each connection from a hidden layer either *pulls* (a block of units reads the prefix of

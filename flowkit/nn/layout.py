@@ -2,8 +2,9 @@ r"""MADE's own description of its computation, and of its active mask set sorted
 
 Every way of running a MADE reads these two descriptions instead of knowing MADE's features
 itself: the dense forward pass (:meth:`flowkit.nn.MADE.forward`), the block-staircase forward
-pass (:mod:`flowkit.nn.staircase`) and the one-pass solver (:mod:`flowkit.nn.inversion`). A new
-MADE feature (a connection, a residual rule) is written here once and all three follow.
+pass (:mod:`flowkit.nn.staircase`) and the one-pass solver (:mod:`flowkit.nn.inversion`); the
+two forward passes evaluate the stages with the same :func:`run`. A new MADE feature (a
+connection, a residual rule) is written here once and all three follow.
 
 **Stages.** A MADE is a list of stages (the hidden layers, then the output). Stage ``s`` sums
 the masked linear maps it reads and, if it is residual, the sum ``h_{s-1}`` of the stage below;
@@ -65,11 +66,13 @@ def stages(made: MADE) -> list[Stage]:
     return result
 
 
-def run(made: MADE, inputs: Tensor, read: Callable[[int, int, Tensor], Tensor]) -> Tensor:
-    """Evaluate ``made``'s stages on ``inputs`` ``(N, D m + C)`` and return the output stage
-    ``h`` ``(N, D P)``. ``read(s, i, v)`` computes the ``i``-th read of stage ``s`` (its masked
-    linear map, bias included) on the source values ``v``; the column orders are whatever
-    ``read`` uses (natural for the dense products, sorted for the staircase).
+def run(
+    made: MADE, inputs: Tensor, read: Callable[[int, int, MaskedLinear, Tensor], Tensor]
+) -> Tensor:
+    """Evaluate ``made``'s stages on ``inputs`` ``(..., D m + C)`` and return the output stage
+    ``h`` ``(..., D P)``. ``read(s, i, layer, v)`` computes the ``i``-th read of stage ``s``, the
+    masked linear map ``layer`` (bias included), on the source values ``v``; the column orders
+    are whatever ``read`` uses (natural for the dense products, sorted for the staircase).
 
     Every read returns a fresh tensor that nothing else holds, so the reads are summed and a
     ReLU (the default activation) is applied in place when no residual stage needs the
@@ -81,8 +84,8 @@ def run(made: MADE, inputs: Tensor, read: Callable[[int, int, Tensor], Tensor]) 
     values, h = {INPUTS: inputs}, inputs
     for s, stage in enumerate(stages(made)):
         pre = None
-        for i, (_, source) in enumerate(stage.reads):
-            y = read(s, i, values[source])
+        for i, (layer, source) in enumerate(stage.reads):
+            y = read(s, i, layer, values[source])
             pre = y if pre is None else pre.add_(y)
         h = h + pre if stage.residual else pre
         if stage.activate:

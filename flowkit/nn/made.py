@@ -275,8 +275,7 @@ class MADE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         if staircase.applies(self, flat.shape[0]):
             return staircase.forward(self, flat).reshape(*x.shape[:-1], -1)
-        reads = [[layer for layer, _ in stage.reads] for stage in layout.stages(self)]
-        return layout.run(self, x, lambda s, i, v: reads[s][i](v))
+        return layout.run(self, x, lambda s, i, layer, v: layer(v))
 
     @property
     def solver(self) -> str:

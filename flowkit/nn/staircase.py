@@ -208,8 +208,7 @@ def forward(made: MADE, x: Tensor) -> Tensor:
     context), computed in sorted form through the stages of :func:`flowkit.nn.layout.stages`."""
     p = plan(made)
     inputs = x if p.inputs is None else x.index_select(1, p.inputs)
-    reads = [[layer for layer, _ in stage.reads] for stage in stages(made)]
-    out = run(made, inputs, lambda s, i, v: linear(v, reads[s][i], p.reads[s][i]))
+    out = run(made, inputs, lambda s, i, layer, v: linear(v, layer, p.reads[s][i]))
     return out if p.inverse_outputs is None else out.index_select(1, p.inverse_outputs)
 
 

@@ -119,7 +119,8 @@ class Dist:
 
         DDP broadcasts rank 0's parameters and buffers at construction, and during
         ``backward()`` averages gradients over processes. Its hooks are tied to ``forward``, so
-        ``module.forward`` must compute the whole loss (see ``loop._Objective``).
+        ``module.forward`` must compute the whole loss (see
+        :class:`flowkit.train.objectives.Objective`).
         """
         if not self.enabled:
             return module

@@ -92,7 +92,7 @@ def fit(
             loss, and in any case end with the best weights restored. Needs ``valid``.
         restore_best: end with the weights of the best validation even without early stopping
             (implied by ``early_stopping_patience``). Needs ``valid``.
-        **options: the options shared with :func:`fit_reverse_kl`, described in
+        **options: the options shared with :func:`~flowkit.train.fit_reverse_kl`, described in
             :class:`~flowkit.train.TrainOptions`: ``lr``, ``optimizer``, ``lr_schedule``,
             ``clip_grad_norm``, ``divergence_threshold``, ``seed``, ``device``,
             ``checkpoint_dir``, ``checkpoint_every``, ``resume``, ``progress``, ``log_every``,

@@ -51,7 +51,7 @@ def fit_reverse_kl(
         steps: number of optimizer steps.
         batch_size: samples per step; under ``torchrun`` each process draws
             ``batch_size / world_size`` samples with its own seed.
-        **options: the options shared with :func:`fit`, described in
+        **options: the options shared with :func:`~flowkit.train.fit`, described in
             :class:`~flowkit.train.TrainOptions`.
 
     Returns:
