@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from flowkit.app import cli
-from flowkit.app.defaults_bench import make_tasks, markdown_table
+from flowkit.app.defaults_bench.suite import make_tasks
+from flowkit.app.defaults_bench.table import markdown_table, summarize, verdicts
 
 
 def test_tasks_share_one_split_and_change_units_on_one_axis():
@@ -34,16 +35,16 @@ def test_quick_run_writes_cells_and_a_table_and_resumes(tmp_path, capsys):
     args = ["bench-defaults", "--quick", "--tasks", "moons:x100+1000", "moons|y:own",
             "--models", "flowkit-maf", "gmm", "--quiet", "--out", str(out)]
     assert cli.main(args) == 0
-    cells = sorted(p.name for p in (out / "cells").glob("*.json"))
+    cells = sorted(p.name for p in (out / "cells").glob("seed0/*.json"))
     assert len(cells) == 4
     table = (out / "table.md").read_text()
     assert "| task | flowkit-maf | gmm |" in table and "| moons\\|y:own |" in table
-    record = json.loads((out / "cells" / "moons_x100p1000__flowkit-maf.json").read_text())
+    record = json.loads((out / "cells" / "seed0" / "moons_x100p1000__flowkit-maf.json").read_text())
     assert math.isfinite(record["nll"]) and record["se"] > 0
-    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")}
     capsys.readouterr()
     assert cli.main(args) == 0  # every cell is there: nothing is fitted again
-    assert stamps == {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")}
     assert "flowkit-maf:" not in capsys.readouterr().out
 
 
@@ -52,3 +53,23 @@ def test_table_marks_the_lowest_nll_and_shows_failures():
                    "c": {"error": "diverged at step 3", "seconds": 1.0}}}
     table = markdown_table(cells, ["t"], ["a", "b", "c"])
     assert "| t | 1.000 ± 0.100 | **0.500 ± 0.100** | diverged at step 3 |" in table
+
+
+def test_seeds_are_summarized_by_their_mean_and_standard_error():
+    records = [{"nll": 1.0, "se": 0.5, "seconds": 1.0}, {"nll": 3.0, "se": 0.5, "seconds": 3.0}]
+    s = summarize(records)
+    assert s["nll"] == 2.0 and s["seeds"] == 2 and s["seconds"] == 2.0
+    assert math.isclose(s["se"], 1.0)  # sample deviation sqrt(2) over sqrt(2) seeds
+    assert summarize(records[:1])["se"] == 0.5  # one seed: its standard error over test rows
+    failed = summarize([records[0], {"error": "diverged at step 7", "seconds": 1.0}])
+    assert failed["nll"] == math.inf and failed["error"] == "diverged at step 7 (1 of 2 seeds)"
+
+
+def test_verdict_counts_only_the_references_standard_error():
+    row = {"flowkit-maf": {"nll": 1.05, "se": 9.0}, "zuko-maf": {"nll": 1.0, "se": 0.1},
+           "flowkit-spline": {"nll": 1.2, "se": 0.0}, "zuko-nsf": {"nll": 1.0, "se": 0.1},
+           "gmm": {"nll": 1.1, "se": 0.0}, "kde": {"nll": 2.0, "se": 0.0}}
+    lines = verdicts({"t": row}, ["t"])
+    assert lines[0] == ("- t: flowkit-maf vs zuko-maf: yes; flowkit-spline vs zuko-nsf: NO; "
+                        "flowkit vs best sklearn: yes")
+    assert lines[-1] == "\ntargets met: 2 of 3 comparisons"

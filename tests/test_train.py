@@ -984,6 +984,25 @@ def test_divergence_is_an_error_that_says_what_to_try(tmp_path):
     assert len(h.train_loss) == 60
 
 
+def test_a_failed_run_that_keeps_its_best_weights_ends_with_them():
+    """With restore_best, a run that diverges gives the model the weights of its best
+    validation, not those of the last recording: the mean moves from 0 towards SHIFT, so the
+    validation that scores the distance to 0 is best at its first call (step 10)."""
+    seen = []
+
+    def valid(model):
+        seen.append(model.loc.detach().clone())
+        return model.loc.square().sum()
+
+    model = _RisingLoss(at=35, jump=1000.0)
+    with pytest.raises(DivergenceError, match=r"holds the weights of its best validation "
+                       r"\(step 10\)"):
+        fit(model, gaussian, valid=valid, steps=100, batch_size=64, valid_every=10,
+            restore_best=True, lr=1e-2, log_every=10, seed=0, **QUIET)
+    assert len(seen) == 3 and not torch.equal(seen[0], seen[-1])
+    assert torch.equal(model.loc.detach(), seen[0])
+
+
 def test_a_large_learning_rate_ends_in_a_clear_error_and_finite_weights():
     flow = small_maf()
     with pytest.raises((DivergenceError, NonFiniteLossError), match="lower the learning rate"):

@@ -22,8 +22,9 @@ from .distributed import Dist
 class NonFiniteLossError(WordedError, FloatingPointError):
     """The training loss, or the weights, became NaN or infinite.
 
-    The model holds the weights of the last recording at which everything was finite (see
-    ``docs/training.md``), and the last checkpoint is kept.
+    The model holds the weights of the last recording at which everything was finite, or, in a
+    run that keeps its best validation's weights (``restore_best``, ``early_stopping_patience``),
+    those (see ``docs/training.md``); the last checkpoint is kept.
 
     Attributes:
         step: the first step (1-based) whose loss was not finite, or the step at which
@@ -39,7 +40,8 @@ class NonFiniteLossError(WordedError, FloatingPointError):
 class DivergenceError(WordedError, FloatingPointError):
     """The smoothed training loss rose far above its best value (``divergence_threshold``).
 
-    The model holds the weights of the last recording before, and the last checkpoint is kept.
+    The model holds the weights of the last recording before (or of the best validation, as
+    for :class:`NonFiniteLossError`), and the last checkpoint is kept.
 
     Attributes:
         step: the step at which the smoothed loss crossed the threshold.

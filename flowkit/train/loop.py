@@ -11,9 +11,10 @@ Implementation notes:
   of each epoch ("recording"). Each recording checks the new losses (finite, not diverged) and
   the weights and floating buffers (finite: a step with a finite loss but an infinite gradient
   makes Adam write NaN weights), and then keeps a copy of the weights. When a check fails, the
-  model gets that copy back (the last weights found finite) before the error is raised, so
-  ``fit`` never leaves non-finite weights in the model, and a checkpoint is only written from
-  checked weights, so the last checkpoint on disk is always a good one.
+  model gets that copy back (the last weights found finite; in a run that keeps its best
+  validation's weights, those) before the error is raised, so ``fit`` never leaves non-finite
+  weights in the model, and a checkpoint is only written from checked weights, so the last
+  checkpoint on disk is always a good one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
 
 from ..checkpoint import (
@@ -37,7 +37,7 @@ from ..validation import ArgumentError, Mention, WordedError, validate_values
 from .callbacks import Progress
 from .checks import Divergence, DivergenceError, NonFiniteLossError, first_nonfinite
 from .history import History
-from .options import TrainOptions, make_optimizer, make_schedule
+from .options import TrainOptions, make_optimizer, make_schedule, rescale_lr
 from .session import TRAINING_KIND, Session, rng_state, set_rng_state
 
 
@@ -162,7 +162,7 @@ class Trainer:
                 )
             self.sched.load_state_dict(c["scheduler"])
         if o["lr"] != c["lr"]:
-            _rescale_lr(self.opt, self.sched, o["lr"] / c["lr"])
+            rescale_lr(self.opt, self.sched, o["lr"] / c["lr"])
         self.best.load_state_dict(c["best"], s.device)
         self.step = self.saved_step = c["step"]
         self.history = History.from_dict(c["history"])
@@ -330,8 +330,9 @@ class Trainer:
 
     def _fail(self, error: type[WordedError], problem: str | tuple[str | Mention, ...],
               step: int, value: float, **extra: float) -> None:
-        """Give the model back its last weights found finite and raise ``error``."""
-        self.model.load_state_dict(self.good)
+        """Give the model back its best validation's weights (when the run keeps them, see
+        :class:`_Best`), else its last weights found finite, and raise ``error``."""
+        self.model.load_state_dict(self.good if self.best.state is None else self.best.state)
         self.model.eval()
         raise error(*_advice(problem, self), step=step, value=value, **extra)
 
@@ -361,7 +362,8 @@ def _advice(problem: str | tuple[str | Mention, ...], t: Trainer) -> tuple[str |
         " now), clip gradients (", Mention("clip_grad_norm", 1.0), "), standardise the data "
         "(zero mean and unit variance per feature) and check it for extreme values or duplicates "
         "(continuous densities on repeated points grow without bound). The model holds the "
-        f"weights of step {t.good_step}, the last found finite.",
+        + (f"weights of step {t.good_step}, the last found finite." if t.best.state is None else
+           f"weights of its best validation (step {t.history.best_step}).")
     ]
     if t.saved_step is not None:
         parts += [f" The last good checkpoint, '{t.s.path}' (step {t.saved_step}), was kept: "
@@ -379,16 +381,6 @@ def _advice(problem: str | tuple[str | Mention, ...], t: Trainer) -> tuple[str |
 def _copy(model: nn.Module) -> dict[str, Tensor]:
     """A copy of the model's weights and buffers (on its device)."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def _rescale_lr(opt: torch.optim.Optimizer, sched: LRScheduler | None, ratio: float) -> None:
-    """Multiply the current and base learning rates (a new ``lr`` given on resume)."""
-    for group in opt.param_groups:
-        for key in ("lr", "initial_lr"):
-            if key in group:
-                group[key] *= ratio
-    if sched is not None:
-        sched.base_lrs = [b * ratio for b in sched.base_lrs]
 
 
 def _record_epochs(history: History, steps_per_epoch: int | None) -> None:

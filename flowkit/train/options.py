@@ -1,7 +1,8 @@
 """The options that :func:`~flowkit.train.fit` and :func:`~flowkit.train.fit_reverse_kl` share,
 declared once: :class:`TrainOptions` (names, types, meaning), :data:`DEFAULTS`, and
 :func:`resolve`, which checks what a caller passed. Also how the ``optimizer`` and
-``lr_schedule`` options become torch objects."""
+``lr_schedule`` options become torch objects, and how a resumed run rescales them to a new
+``lr``."""
 
 from __future__ import annotations
 
@@ -198,3 +199,13 @@ def make_schedule(
         return LinearLR(opt, start_factor=1.0, end_factor=0.0, total_iters=steps)
     assert callable(spec)
     return spec(opt, steps)
+
+
+def rescale_lr(opt: torch.optim.Optimizer, sched: LRScheduler | None, ratio: float) -> None:
+    """Multiply the current and base learning rates (a new ``lr`` given on resume)."""
+    for group in opt.param_groups:
+        for key in ("lr", "initial_lr"):
+            if key in group:
+                group[key] *= ratio
+    if sched is not None:
+        sched.base_lrs = [b * ratio for b in sched.base_lrs]

@@ -1,0 +1,54 @@
+"""`fit` on a data set of a few dozen rows: the mechanism that keeps a flow from ending overfitted
+(validation once per epoch by default, so every step or few when the data are small, and the
+weights of the best validation restored). The benchmark behind it is ``flowkit bench-defaults``
+(docs/defaults.md); these tests check the mechanism, not the numbers."""
+
+import pytest
+import torch
+
+import flowkit
+from flowkit.train import fit
+
+QUIET = {"progress": False, "device": "cpu"}
+
+
+def tiny_data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(24, 3, generator=g), torch.randn(200, 3, generator=g)
+
+
+def tiny_run(restore_best: bool, valid_every: int | None = None
+             ) -> tuple[flowkit.Flow, torch.Tensor, object]:
+    """The builder's default MAF with fit's default lr and schedule on 24 rows of a 3-D Gaussian:
+    it fits them within a few steps, then its validation NLL grows by orders of magnitude."""
+    x, valid = tiny_data()
+    torch.manual_seed(0)
+    flow = flowkit.MAF(3)
+    h = fit(flow, x, valid=valid, steps=40, batch_size=24, valid_every=valid_every,
+            restore_best=restore_best, seed=0, **QUIET)
+    return flow, valid, h
+
+
+@pytest.mark.parametrize("restore_best", [True, False])
+def test_a_tiny_data_set_is_validated_every_epoch_before_it_overfits(restore_best):
+    flow, valid, h = tiny_run(restore_best)
+    # 24 rows in batches of 24: an epoch is one step, and the default validates after each
+    assert h.valid_steps == list(range(1, 41))
+    # the run overfits: the best validation comes early, the last is far worse
+    assert h.best_step <= 20 and h.valid_loss[-1] > h.best_valid_loss + 2.0
+    assert h.train_loss[-1] < h.best_valid_loss  # it fits its 24 rows better than any other
+    with torch.no_grad():
+        final = -flow.log_prob(valid).mean().item()
+    # restore_best ends with the best validation's weights; without it, the last step's
+    expected = h.best_valid_loss if restore_best else h.valid_loss[-1]
+    assert final == pytest.approx(expected, rel=1e-5)
+
+
+def test_validation_every_40_steps_misses_the_best_weights_of_a_tiny_data_set():
+    """Why the default is once per epoch, not a fixed number of steps (the benchmark's runs of
+    the last session validated every 100): at the first validation of a run validated every 40
+    steps, the flow of the test above has overfitted already."""
+    _, _, per_epoch = tiny_run(restore_best=True)
+    _, _, sparse = tiny_run(restore_best=True, valid_every=40)
+    assert sparse.valid_steps == [40]
+    assert sparse.best_valid_loss > per_epoch.best_valid_loss + 2.0
