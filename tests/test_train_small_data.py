@@ -17,7 +17,7 @@ def tiny_data() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(24, 3, generator=g), torch.randn(200, 3, generator=g)
 
 
-def tiny_run(restore_best: bool, valid_every: int | None = None
+def tiny_run(restore_best: bool | None, valid_every: int | None = None
              ) -> tuple[flowkit.Flow, torch.Tensor, object]:
     """The builder's default MAF with fit's default lr and schedule on 24 rows of a 3-D Gaussian:
     it fits them within a few steps, then its validation NLL grows by orders of magnitude."""
@@ -29,7 +29,7 @@ def tiny_run(restore_best: bool, valid_every: int | None = None
     return flow, valid, h
 
 
-@pytest.mark.parametrize("restore_best", [True, False])
+@pytest.mark.parametrize("restore_best", [None, True, False])
 def test_a_tiny_data_set_is_validated_every_epoch_before_it_overfits(restore_best):
     flow, valid, h = tiny_run(restore_best)
     # 24 rows in batches of 24: an epoch is one step, and the default validates after each
@@ -39,8 +39,9 @@ def test_a_tiny_data_set_is_validated_every_epoch_before_it_overfits(restore_bes
     assert h.train_loss[-1] < h.best_valid_loss  # it fits its 24 rows better than any other
     with torch.no_grad():
         final = -flow.log_prob(valid).mean().item()
-    # restore_best ends with the best validation's weights; without it, the last step's
-    expected = h.best_valid_loss if restore_best else h.valid_loss[-1]
+    # with validation data the default (None) ends with the best validation's weights, as
+    # restore_best=True does; restore_best=False with the last step's
+    expected = h.valid_loss[-1] if restore_best is False else h.best_valid_loss
     assert final == pytest.approx(expected, rel=1e-5)
 
 

@@ -15,7 +15,8 @@ turns that off.
 Writes to --out: checkpoint.pt (a training checkpoint: `flowkit.load_model` reads it, --resume
 continues from it, a run without --resume refuses to replace it), history.json (losses per step,
 and per epoch for files), loss.png and metrics.json. For toy datasets with an exact density,
-metrics.json also holds the entropy H(p) and the estimate KL(p || q) = valid_nll - H(p). For 2-D
+metrics.json also holds the entropy H(p) and the estimate KL(p || q) = valid_nll - H(p), where
+valid_nll is the saved flow's (the best validation's weights, which the run ends with). For 2-D
 data, samples.png shows samples of the flow over the data (for a conditional flow, one sample
 per validation row, given its context).
 
@@ -249,8 +250,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in flow.parameters()),
         "steps": len(history.train_loss),
         "train_nll_last_100": float(np.mean(history.train_loss[-100:])),
-        "valid_nll": history.valid_loss[-1] if history.valid_loss else None,
-        "best_valid_nll": history.best_valid_loss,
+        # fit ends with the best validation's weights: the saved flow's NLL is the best one
+        "valid_nll": history.best_valid_loss,
+        "last_valid_nll": history.valid_loss[-1] if history.valid_loss else None,
         "best_step": history.best_step,
         "stopped_early": history.stopped_early,
         "wall_time_s": history.wall_time,
@@ -259,7 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.data in TOY_DATASETS and has_exact_density(args.data) and history.valid_loss:
         metrics["entropy"] = toy_entropy(args.data)
-        metrics["kl_estimate"] = history.valid_loss[-1] - metrics["entropy"]
+        metrics["kl_estimate"] = metrics["valid_nll"] - metrics["entropy"]
     if is_main_process():
         text = json.dumps(history.to_dict()) + "\n"
         write_bytes_atomic(args.out / "history.json", text.encode())

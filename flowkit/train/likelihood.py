@@ -45,7 +45,7 @@ def fit(
     batch_size: int = 256,
     valid_every: int | None = None,
     early_stopping_patience: int | None = None,
-    restore_best: bool = False,
+    restore_best: bool | None = None,
     **options: Unpack[TrainOptions],
 ) -> History:
     r"""Fit ``model`` to data by maximum likelihood.
@@ -90,8 +90,11 @@ def fit(
             DataLoaders with a length, else every 100 steps.
         early_stopping_patience: stop after this many validations without a new best validation
             loss, and in any case end with the best weights restored. Needs ``valid``.
-        restore_best: end with the weights of the best validation even without early stopping
-            (implied by ``early_stopping_patience``). Needs ``valid``.
+        restore_best: end with the weights of the best validation. Default ``None``: yes
+            whenever ``valid`` is given (and implied by ``early_stopping_patience``), so that a
+            small data set, which a flow overfits within an epoch or two, ends with the weights
+            of its best validation rather than the last ones. ``False`` keeps the last step's
+            weights; ``True`` needs ``valid``.
         **options: the options shared with :func:`~flowkit.train.fit_reverse_kl`, described in
             :class:`~flowkit.train.TrainOptions`: ``lr``, ``optimizer``, ``lr_schedule``,
             ``clip_grad_norm``, ``divergence_threshold``, ``seed``, ``device``,
@@ -107,7 +110,8 @@ def fit(
         ValueError: bad settings or data that does not fit the model (checked before training;
             :class:`~flowkit.validation.ArgumentError` names the argument).
         NonFiniteLossError: the loss or the weights became NaN/Inf; the model keeps its last
-            finite weights and the last checkpoint is kept.
+            finite weights (its best validation's, when the run keeps them) and the last
+            checkpoint is kept.
         DivergenceError: the loss rose far above its best (``divergence_threshold``); likewise.
 
     Example:
@@ -130,7 +134,8 @@ def fit(
         if value is not None:
             check_int(name, value, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
-    check_bool("restore_best", restore_best)
+    if restore_best is not None:
+        check_bool("restore_best", restore_best)
     if early_stopping_patience is not None and valid is None:
         raise ArgumentError("early_stopping_patience", Mention("early_stopping_patience"),
                             " needs validation data: pass ", Mention("valid"))
@@ -152,7 +157,8 @@ def fit(
         if valid is not None:
             validate = _make_validation(model, valid, int(batch_size), s, dtype)
             valid_every = valid_every or source.batches_per_epoch or 100
-        plan = Plan(int(steps), valid_every, early_stopping_patience, restore_best)
+        keep_best = valid is not None if restore_best is None else restore_best
+        plan = Plan(int(steps), valid_every, early_stopping_patience, keep_best)
         trainer = Trainer(s, model, Objective(model, nll), source, o, plan, validate)
         return trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
 
