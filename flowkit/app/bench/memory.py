@@ -12,7 +12,7 @@ import torch
 
 import flowkit
 from flowkit.app.bench.models import (
-    adam,
+    adam_step,
     bernoulli_calls,
     dense_products,
     densify,
@@ -73,18 +73,12 @@ def _call(probe: dict, device: torch.device) -> Callable[[], object]:
         x = x[: probe["train_batch"]] if probe["call"].startswith("train") else x
     else:
         target = densify(flow) if probe["call"].endswith("dense") else flow
-    optimizer = adam(target, 1e-5)
+    if probe["call"].startswith("train"):
+        return adam_step(target, x, 1e-5)
 
     def fn() -> None:
-        if probe["call"].startswith("train"):
-            with validate_values(False):
-                loss = -target.log_prob(x).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        else:
-            with torch.no_grad(), validate_values(probe["call"].endswith("on")):
-                target.log_prob(x)
+        with torch.no_grad(), validate_values(probe["call"].endswith("on")):
+            target.log_prob(x)
     return fn
 
 
@@ -94,16 +88,8 @@ def _mnist_step(probe: dict, device: torch.device) -> Callable[[], object]:
                                   seed=probe["seed"]).to(device)
     if probe["call"].endswith("dense"):
         model.made.product = "dense"
-    optimizer = adam(model, 1e-3)
     x = torch.randint(0, 2, (probe["batch"], 784), device=device).float()
-
-    def fn() -> None:
-        with validate_values(False):
-            loss = -model.log_prob(x).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return fn
+    return adam_step(model, x, 1e-3)
 
 
 def _status_kb(field: str) -> int:

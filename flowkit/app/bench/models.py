@@ -79,6 +79,20 @@ def adam(model: nn.Module, lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(model.parameters(), lr=lr, fused=True)
 
 
+def adam_step(model: nn.Module, x: Tensor, lr: float) -> Callable[[], None]:
+    """A call that takes one :func:`adam` step on ``-model.log_prob(x).mean()`` (the NaN/Inf
+    check of the inputs off, as in the timed log-density calls)."""
+    optimizer = adam(model, lr)
+
+    def step() -> None:
+        with validate_values(False):
+            loss = -model.log_prob(x).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return step
+
+
 def dense_products(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose MADEs always compute the dense masked products ``W * M``
     (:attr:`flowkit.nn.MADE.product`), flowkit's path before the block staircase."""

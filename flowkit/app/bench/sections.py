@@ -12,6 +12,7 @@ import flowkit
 from flowkit.app.bench.measure import Bench, speed
 from flowkit.app.bench.models import (
     adam,
+    adam_step,
     bernoulli_calls,
     dense_products,
     densify,
@@ -25,22 +26,12 @@ from flowkit.data import binarized_mnist, load_split_file
 from flowkit.validation import validate_values
 
 
-def train_step(flow: flowkit.Flow, x: Tensor) -> Callable[[], float]:
-    """An Adam step (as :func:`flowkit.fit` builds it, lr 1e-5) on ``-log_prob(x).mean()`` of a
-    copy of ``flow``. The copy keeps the section's ``log_prob`` calls timing evaluation with
-    weights that stay the same between calls, as in a user's evaluation loop (otherwise every
-    ``log_prob`` round after a training round would rebuild the masked and sorted weights)."""
-    flow = copy.deepcopy(flow)
-    optimizer = adam(flow, 1e-5)
-
-    def call() -> float:
-        with validate_values(False):
-            loss = -flow.log_prob(x).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return 0.0
-    return call
+def train_step(flow: flowkit.Flow, x: Tensor) -> Callable[[], None]:
+    """:func:`adam_step` (lr 1e-5) on a copy of ``flow``. The copy keeps the section's
+    ``log_prob`` calls timing evaluation with weights that stay the same between calls, as in a
+    user's evaluation loop (otherwise every ``log_prob`` round after a training round would
+    rebuild the masked and sorted weights)."""
+    return adam_step(copy.deepcopy(flow), x, 1e-5)
 
 
 def density(bench: Bench, config: str, features: int, hidden: tuple[int, ...], layers: int,
@@ -163,7 +154,7 @@ def staircase(bench: Bench, config: str, features: int, hidden: tuple[int, ...],
                 return f.log_prob(x)
         return call
 
-    def train(f: flowkit.Flow) -> Callable[[], float]:
+    def train(f: flowkit.Flow) -> Callable[[], None]:
         return train_step(f, x[:train_batch])
 
     calls, reference, probes = {}, {}, {}
