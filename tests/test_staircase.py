@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import made_configs
 
 import flowkit
 from flowkit import MADE
@@ -19,29 +20,8 @@ from flowkit.nn.staircase import LayerPlan
 f64 = dict(dtype=torch.float64)
 
 
-@st.composite
-def made_configs(draw):
-    features = draw(st.integers(1, 12))
-    residual = draw(st.booleans())
-    if residual:
-        hidden = (draw(st.integers(16, 80)),) * draw(st.integers(1, 3))
-    else:
-        hidden = tuple(draw(st.lists(st.integers(16, 80), min_size=0, max_size=3)))
-    num_masks = draw(st.integers(1, 3))
-    return dict(
-        features=features,
-        hidden_features=hidden,
-        params_per_feature=draw(st.integers(1, 3)),
-        inputs_per_feature=draw(st.integers(1, 3)),
-        context_features=draw(st.integers(0, 3)),
-        order="random" if num_masks > 1 else draw(st.sampled_from(["natural", "reversed",
-                                                                    "random"])),
-        hidden_degrees=draw(st.sampled_from(["random", "even"])),
-        num_masks=num_masks,
-        direct_connection=draw(st.booleans()),
-        residual=residual,
-        seed=draw(st.integers(0, 1000)),
-    ), draw(st.integers(0, num_masks - 1))
+# hidden layers wide enough to cut into blocks
+MADES = made_configs(max_features=12, hidden=(16, 80), max_context=3, inputs_per_feature=True)
 
 
 @contextmanager
@@ -97,7 +77,7 @@ def _assert_same(made: MADE, x, context):
 
 
 @settings(max_examples=25, deadline=None)
-@given(made_configs(), st.integers(1, 40))
+@given(MADES, st.integers(1, 40))
 def test_equals_the_dense_product_for_random_shapes_orderings_and_mask_sets(config, n):
     config, mask = config
     made = _made(config, mask)
