@@ -858,6 +858,11 @@ BAD_ARGUMENTS = {
     "fit-optimizer-none": (_fit(optimizer=None), ValueError, "optimizer"),
     "fit-optimizer-unknown": (_fit(optimizer="lbfgs"), ValueError, "optimizer"),
     "fit-optimizer-case": (_fit(optimizer="Adam"), ValueError, "optimizer"),
+    "fit-weight-decay-negative": (_fit(weight_decay=-0.1), ValueError, "weight_decay"),
+    "fit-weight-decay-nan": (_fit(weight_decay=NAN), ValueError, "weight_decay"),
+    "fit-weight-decay-with-callable": (
+        _fit(optimizer=torch.optim.RMSprop, weight_decay=0.1), ValueError, "weight_decay"
+    ),
     "fit-schedule-unknown": (_fit(lr_schedule="cos"), ValueError, "lr_schedule"),
     "fit-checkpoint-every-zero": (_fit(checkpoint_every=0), ValueError, "checkpoint_every"),
     "fit-log-every-float": (_fit(log_every=10.0), ValueError, "log_every"),

@@ -30,3 +30,13 @@ def test_sgd_and_callables_are_left_as_given() -> None:
     assert not make_optimizer("sgd", weight, 0.1).defaults.get("fused")
     built = make_optimizer(lambda p, lr: torch.optim.Adam(p, lr=lr), weight, 0.1)
     assert not built.defaults["fused"]
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
+def test_weight_decay_reaches_the_named_optimizer(name: str) -> None:
+    weight = [torch.nn.Parameter(torch.ones(3))]
+    opt = make_optimizer(name, weight, 0.1, weight_decay=0.5)
+    assert opt.defaults["weight_decay"] == 0.5
+    weight[0].grad = torch.zeros(3)
+    opt.step()  # a zero gradient: only the decay moves the weights, towards zero
+    assert (weight[0] < 1).all()

@@ -21,7 +21,6 @@ uninterrupted run would have.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import time
@@ -346,10 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             history = fit(
                 model, loader, valid=report.validate, epochs=args.epochs,
                 early_stopping_patience=args.patience, restore_best=True, lr=args.lr,
-                # torch's fused kernels, as fit builds Adam: the step over 12.5M weights at
-                # hidden 8000 takes 11 ms instead of 77 (docs/performance.md)
-                optimizer=functools.partial(torch.optim.AdamW, weight_decay=args.weight_decay,
-                                            fused=True),
+                optimizer="adamw", weight_decay=args.weight_decay,
                 lr_schedule="cosine" if args.schedule == "cosine" else None, seed=args.seed,
                 device=device, checkpoint_dir=out,
                 checkpoint_every=args.checkpoint_every * steps_per_epoch, resume=args.resume,

@@ -133,7 +133,7 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("'model' has no trainable parameters")
-        self.opt = make_optimizer(o["optimizer"], self.params, o["lr"])
+        self.opt = make_optimizer(o["optimizer"], self.params, o["lr"], o["weight_decay"])
         self.sched = make_schedule(o["lr_schedule"], self.opt, plan.steps)
         self.best = _Best(plan.patience, keep=plan.restore_best or plan.patience is not None)
         self.divergence = Divergence(o["divergence_threshold"])

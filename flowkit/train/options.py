@@ -43,7 +43,11 @@ class TrainOptions(TypedDict, total=False):
             ``fit_reverse_kl``).
         optimizer: ``"adam"`` (default), ``"adamw"``, ``"sgd"``, or a callable ``(params,
             lr=lr) -> Optimizer`` such as ``torch.optim.RMSprop`` or
-            ``functools.partial(torch.optim.AdamW, weight_decay=1e-4)``.
+            ``functools.partial(torch.optim.SGD, momentum=0.9)``.
+        weight_decay: ``None`` (default: the named optimizer's own, 0 for Adam and SGD, 0.01
+            for AdamW) or a finite number >= 0 passed to it (decoupled for ``"adamw"``, an L2
+            term in the gradient for ``"adam"`` and ``"sgd"``). A callable ``optimizer`` takes
+            its own: ``weight_decay`` with one is an error.
         lr_schedule: ``None`` (constant; the default of ``fit_reverse_kl``), ``"cosine"``
             (cosine decay to 0 over the run; the default of ``fit``, so a resumed ``fit`` run
             keeps its ``steps``), ``"linear"`` (linear decay to 0), or a callable
@@ -77,6 +81,7 @@ class TrainOptions(TypedDict, total=False):
 
     lr: float
     optimizer: str | Callable[..., Optimizer]
+    weight_decay: float | None
     lr_schedule: str | Callable[[Optimizer, int], LRScheduler] | None
     clip_grad_norm: float | None
     divergence_threshold: float | None
@@ -93,6 +98,7 @@ class TrainOptions(TypedDict, total=False):
 DEFAULTS: TrainOptions = {
     "lr": 1e-3,
     "optimizer": "adam",
+    "weight_decay": None,
     "lr_schedule": None,
     "clip_grad_norm": None,
     "divergence_threshold": 10.0,
@@ -139,6 +145,14 @@ def resolve(function: str, options: Mapping[str, Any]) -> TrainOptions:
         raise ArgumentError(
             "optimizer", f"should be one of {sorted(OPTIMIZERS)} or a callable, got {optimizer!r}"
         )
+    if o["weight_decay"] is not None:
+        o["weight_decay"] = check_float("weight_decay", o["weight_decay"], minimum=0)
+        if callable(optimizer):
+            raise ArgumentError(
+                "weight_decay",
+                f"is only for a named optimizer ('adam', 'adamw', 'sgd'), got "
+                f"{o['weight_decay']} with a callable 'optimizer' (pass the decay to it instead)",
+            )
     schedule = o["lr_schedule"]
     if not (schedule is None or callable(schedule) or schedule in SCHEDULES):
         raise ArgumentError(
@@ -165,9 +179,11 @@ def resolve(function: str, options: Mapping[str, Any]) -> TrainOptions:
 
 
 def make_optimizer(
-    spec: str | Callable[..., Optimizer], params: list[Tensor], lr: float
+    spec: str | Callable[..., Optimizer], params: list[Tensor], lr: float,
+    weight_decay: float | None = None,
 ) -> Optimizer:
-    """The optimizer that the (resolved) ``optimizer`` option names, over ``params``.
+    """The optimizer that the (resolved) ``optimizer`` and ``weight_decay`` options name, over
+    ``params``.
 
     Adam and AdamW run torch's fused kernels (``fused=True``: one pass over all parameters
     instead of a loop of small operations per tensor; the same update up to rounding) where
@@ -176,11 +192,12 @@ def make_optimizer(
     against 11 ms for the 12.5M weights of the MNIST model with 8000 hidden units (one thread).
     """
     if isinstance(spec, str):
+        kwargs = {} if weight_decay is None else {"weight_decay": weight_decay}
         if spec in ("adam", "adamw") and all(
             p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
         ):
-            return OPTIMIZERS[spec](params, lr=lr, fused=True)
-        return OPTIMIZERS[spec](params, lr=lr)
+            return OPTIMIZERS[spec](params, lr=lr, fused=True, **kwargs)
+        return OPTIMIZERS[spec](params, lr=lr, **kwargs)
     opt = spec(params, lr=lr)
     if not isinstance(opt, Optimizer):
         raise TypeError(f"'optimizer' returned {type(opt).__name__}, expected a torch Optimizer")
