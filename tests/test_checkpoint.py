@@ -499,3 +499,49 @@ def test_a_subclass_of_a_registered_class_is_not_saved_as_its_parent(tmp_path):
     assert getattr(Sub(4, hidden_features=(8,)), "config", None) is None
     with pytest.raises(CheckpointError, match="has no 'config'"):
         save_model(Sub(4, hidden_features=(8,)), tmp_path / "m.pt")
+
+
+# ------------------------------------------------------------------ config versions
+
+
+def test_a_spline_flow_of_config_version_1_loads_with_identity_tails(tmp_path):
+    """Files written before the spline's tails became linear by default (config version 1, no
+    'version' key) rebuild their splines with identity tails, give the same densities, and
+    resume as the model built today with those tails."""
+    for build in (flowkit.MAF, flowkit.IAF):
+        old = build(2, layers=2, hidden_features=(8,), transformer="spline",
+                    transformer_kwargs={"bins": 4, "tails": "identity"}, standardize=False)
+        old.config = {"type": old.config["type"],
+                      "kwargs": {**old.config["kwargs"], "transformer_kwargs": {"bins": 4}}}
+        x = torch.randn(5, 2)
+        path = tmp_path / f"{build.__name__}.pt"
+        save_model(old, path)
+        loaded = load_model(path)
+        tails = {m.transformer.tails for m in loaded.modules() if hasattr(m, "transformer")}
+        assert tails == {"identity"}
+        assert loaded.config["version"] == 2
+        assert loaded.config["kwargs"]["transformer_kwargs"] == {"tails": "identity", "bins": 4}
+        assert torch.equal(loaded.log_prob(x), old.eval().log_prob(x))
+
+
+def test_a_new_spline_flow_records_its_version_and_has_linear_tails(tmp_path):
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), transformer="spline")
+    assert flow.config["version"] == 2
+    assert flow.transform.transforms[1].transformer.tails == "linear"
+    save_model(flow, tmp_path / "m.pt")
+    assert load_model(tmp_path / "m.pt").config == flow.config
+
+
+def test_a_config_version_from_a_newer_flowkit_is_refused(tmp_path):
+    config = {**MODELS["maf"]().config, "version": 3}
+    _model_file(tmp_path / "m.pt", config)
+    with pytest.raises(CheckpointError, match="config version 3, written by a newer flowkit"):
+        load_model(tmp_path / "m.pt")
+
+
+@pytest.mark.parametrize("version", [0, "2", 2.0, True], ids=["zero", "str", "float", "bool"])
+def test_a_malformed_config_version_is_refused(version, tmp_path):
+    config = {**MODELS["maf"]().config, "version": version}
+    with pytest.raises(CheckpointError, match="an integer 'version' >= 1"):
+        _model_file(tmp_path / "m.pt", config)
+        load_model(tmp_path / "m.pt")

@@ -44,7 +44,9 @@ def probe_points(spline: RationalQuadraticSpline, params: torch.Tensor, seed: in
 def cases(draw, max_scale: float = 2.0):
     """A spline, shared params ``(D, P)`` and probe points ``(N, D)``."""
     spline = RationalQuadraticSpline(
-        bins=draw(st.integers(2, 12)), bound=draw(st.sampled_from([0.5, 1.0, 3.0, 5.0]))
+        bins=draw(st.integers(2, 12)),
+        bound=draw(st.sampled_from([0.5, 1.0, 3.0, 5.0])),
+        tails=draw(st.sampled_from(["identity", "linear"])),
     )
     seed = draw(st.integers(0, 2**31 - 1))
     scale = draw(st.floats(0.1, max_scale))
@@ -87,7 +89,9 @@ def test_interpolates_knots_with_their_derivatives(case):
     ends = torch.tensor([-spline.bound, spline.bound], dtype=torch.float64)
     assert torch.equal(x_knots[:, [0, -1]], ends.expand(len(params), 2))
     assert torch.equal(y_knots[:, [0, -1]], ends.expand(len(params), 2))
-    assert torch.equal(derivatives[:, [0, -1]], torch.ones(len(params), 2, dtype=torch.float64))
+    if spline.tails == "identity":
+        ones = torch.ones(len(params), 2, dtype=torch.float64)
+        assert torch.equal(derivatives[:, [0, -1]], ones)
     assert (x_knots.diff() > 0).all() and (y_knots.diff() > 0).all() and (derivatives > 0).all()
     z, log_det = spline.forward(x_knots.T, params)
     torch.testing.assert_close(z, y_knots.T, atol=1e-12, rtol=0)
@@ -97,14 +101,15 @@ def test_interpolates_knots_with_their_derivatives(case):
 @FAST
 @given(cases())
 def test_continuous_at_the_knots_and_the_bound(case):
-    """Approaching every knot (and +-B, where the identity tails start) from the left gives
-    the knot's value and derivative: the bins join with C^1 continuity."""
+    """Approaching every knot (and +-B, where the tails start) from either side gives the
+    knot's value and derivative: the bins and the tails join with C^1 continuity."""
     spline, params, _ = case
     x_knots, y_knots, derivatives = spline.knots(params)
-    left = torch.nextafter(x_knots.T, torch.tensor(-math.inf, dtype=torch.float64))
-    z, log_det = spline.forward(left, params)
-    torch.testing.assert_close(z, y_knots.T, atol=1e-10, rtol=0)
-    torch.testing.assert_close(log_det, derivatives.T.log(), atol=1e-6, rtol=0)
+    for towards in (-math.inf, math.inf):
+        near = torch.nextafter(x_knots.T, torch.tensor(towards, dtype=torch.float64))
+        z, log_det = spline.forward(near, params)
+        torch.testing.assert_close(z, y_knots.T, atol=1e-10, rtol=0)
+        torch.testing.assert_close(log_det, derivatives.T.log(), atol=1e-6, rtol=0)
 
 
 @FAST
@@ -143,8 +148,26 @@ def test_zero_params_are_the_identity(bins, bound, shape):
         torch.testing.assert_close(log_det, torch.zeros_like(x), atol=1e-14, rtol=0)
 
 
+def test_linear_outside_the_bound():
+    """Linear tails: the line through (+-B, +-B) with the boundary knot's derivative."""
+    spline = RationalQuadraticSpline(bins=6, bound=2.0, tails="linear")
+    params = random_params(spline, (50, 3), seed=0, scale=3.0)
+    _, _, derivatives = spline.knots(params)
+    low, high = derivatives[..., 0], derivatives[..., -1]
+    assert not torch.allclose(low, torch.ones_like(low))  # learned, not fixed to 1
+    above, below = torch.full((50, 3), 7.0, dtype=torch.float64), torch.full((50, 3), -3.0,
+                                                                             dtype=torch.float64)
+    for x, slope, edge in ((above, high, 2.0), (below, low, -2.0)):
+        z, log_det = spline.forward(x, params)
+        torch.testing.assert_close(z, edge + slope * (x - edge), atol=1e-12, rtol=0)
+        torch.testing.assert_close(log_det, slope.log(), atol=1e-12, rtol=0)
+        back, log_det_inverse = spline.inverse(z, params)
+        torch.testing.assert_close(back, x, atol=1e-12, rtol=0)
+        torch.testing.assert_close(log_det_inverse, -slope.log(), atol=1e-12, rtol=0)
+
+
 def test_identity_outside_the_bound():
-    spline = RationalQuadraticSpline(bins=6, bound=2.0)
+    spline = RationalQuadraticSpline(bins=6, bound=2.0, tails="identity")
     params = random_params(spline, (100, 3), seed=0, scale=3.0)
     generator = torch.Generator().manual_seed(1)
     magnitude = 2.0 + 5.0 * (1 - torch.rand(100, 3, generator=generator, dtype=torch.float64))
@@ -169,7 +192,9 @@ def test_gradients_are_finite_everywhere():
     grad_params, grad_x = torch.autograd.grad(loss, (raw, x))
     assert grad_params.isfinite().all() and grad_x.isfinite().all()
 
-    # Params used only by points outside the bound get exactly zero gradient.
+    # With identity tails, params used only by points outside the bound get exactly zero
+    # gradient.
+    spline = RationalQuadraticSpline(bins=5, bound=1.0, tails="identity")
     far = torch.full((7, 3), 5.0, dtype=torch.float64, requires_grad=True)
     params = random_params(spline, (7, 3), seed=4, scale=10.0).requires_grad_()
     for direction in (spline.forward, spline.inverse):
@@ -191,12 +216,14 @@ def test_inverse_is_accurate_for_extreme_params():
     assert ((x_back - x).abs() * log_det.exp()).max() < 64 * eps * spline.bound
 
 
+@pytest.mark.parametrize("tails", ["identity", "linear"])
 @pytest.mark.parametrize("seed", range(3))
-def test_pushforward_density_integrates_to_one(seed):
+def test_pushforward_density_integrates_to_one(seed, tails):
     """``x = inverse(z)`` with ``z ~ N(0, 1)`` has density ``N(forward(x)) |dz/dx|``."""
-    spline = RationalQuadraticSpline(bins=8, bound=3.0)
+    spline = RationalQuadraticSpline(bins=8, bound=3.0, tails=tails)
     params = random_params(spline, (1,), seed=seed, scale=1.5)
-    x = torch.linspace(-12.0, 12.0, 48001, dtype=torch.float64)[:, None]
+    # wide enough for tails with slopes down to about 0.2 (softplus of the raw derivatives)
+    x = torch.linspace(-60.0, 60.0, 240001, dtype=torch.float64)[:, None]
     z, log_det = spline.forward(x, params)
     log_density = -0.5 * z**2 - 0.5 * math.log(2 * math.pi) + log_det
     total = torch.trapezoid(log_density.exp().squeeze(1), x.squeeze(1))
@@ -251,11 +278,12 @@ def test_creates_no_tensor_on_another_device():
 
 
 def test_repr_shows_every_option():
-    spline = RationalQuadraticSpline(bins=5, bound=2.5, min_derivative=1e-2)
-    assert spline.params_per_feature == 14
+    spline = RationalQuadraticSpline(bins=5, bound=2.5, min_derivative=1e-2, tails="linear")
+    assert spline.params_per_feature == 16
+    assert RationalQuadraticSpline(bins=5, tails="identity").params_per_feature == 14
     assert repr(spline) == (
         "RationalQuadraticSpline(bins=5, bound=2.5, min_bin_width=0.001, "
-        "min_bin_height=0.001, min_derivative=0.01)"
+        "min_bin_height=0.001, min_derivative=0.01, tails='linear')"
     )
 
 
@@ -269,6 +297,7 @@ def test_repr_shows_every_option():
         ({"bins": 10, "min_bin_width": 0.1}, r"'min_bin_width' should be in \(0, 1 / bins\)"),
         ({"min_bin_height": 0.0}, r"'min_bin_height' should be in \(0, 1 / bins\)"),
         ({"min_derivative": 1.0}, r"'min_derivative' should be in \(0, 1\)"),
+        ({"tails": "gaussian"}, "'tails' should be 'linear' or 'identity', got 'gaussian'"),
     ],
 )
 def test_invalid_arguments(kwargs, message):
@@ -277,6 +306,7 @@ def test_invalid_arguments(kwargs, message):
 
 
 def test_wrong_number_of_params():
-    spline = RationalQuadraticSpline(bins=4)
-    with pytest.raises(ValueError, match=r"'params' should have 3 \* bins - 1 = 11 values"):
+    spline = RationalQuadraticSpline(bins=4, tails="identity")
+    message = r"'params' should have 11 values .*bins=4, tails='identity'"
+    with pytest.raises(ValueError, match=message):
         spline.forward(torch.zeros(2, 3), torch.zeros(2, 3, 12))

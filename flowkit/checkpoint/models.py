@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .format import CheckpointError, check_file_path, first_line, read_file, write_file
-from .registry import check_buffers, check_config, constructor, stored_arguments
+from .registry import check_buffers, check_config, constructor, upgraded_config
 
 __all__ = ["Checkpoint", "load_checkpoint", "load_model", "save_checkpoint", "save_model"]
 
@@ -300,7 +300,7 @@ def load_model(
             "flowkit.checkpoint.load_checkpoint(path).restore(model)"
         )
     build = constructor(config["type"], f"'{path}'")
-    kwargs = dict(stored_arguments(config["type"], config["kwargs"]))
+    kwargs = upgraded_config(config, f"'{path}'")["kwargs"]
     if embedding is not None:
         stored = kwargs.get("embedding")
         if not (isinstance(stored, dict) and "custom" in stored):

@@ -6,7 +6,9 @@ stored buffers are checked when a file is read.
   ``{"type": name, "kwargs": {...}}`` recording the call's arguments (defaults included, numpy
   and tensor values as plain JSON), and :func:`flowkit.load_model` rebuilds a file's model by
   calling the registered constructor of that name with those arguments. Names that are not
-  registered are refused before anything is called.
+  registered are refused before anything is called. A constructor whose defaults changed
+  declares a ``version`` (recorded in the config from 2 on) and how to read the arguments of an
+  older file (:func:`upgraded_config`), so an old file still rebuilds the model it holds.
 * :func:`register_check` attaches a check to a module class: when weights are restored (by
   :func:`flowkit.load_model` or by resuming a run), every submodule of a registered class (or a
   subclass) is checked, and a buffer that its construction could not have produced (a MADE mask
@@ -33,7 +35,7 @@ from torch import nn
 
 from .format import CheckpointError
 
-__all__ = ["InvalidBuffer", "register_check", "register_model"]
+__all__ = ["InvalidBuffer", "register_check", "register_model", "upgraded_config"]
 
 C = TypeVar("C", bound=Callable[..., nn.Module])
 M = TypeVar("M", bound=nn.Module)
@@ -41,6 +43,8 @@ M = TypeVar("M", bound=nn.Module)
 _CONSTRUCTORS: dict[str, Callable[..., nn.Module]] = {}
 _CHECKS: dict[type[nn.Module], Callable[[Any], None]] = {}
 _ADDED: dict[str, dict[str, Any]] = {}
+Upgrade = Callable[[dict[str, Any], int], dict[str, Any]]
+_VERSIONS: dict[str, tuple[int, Upgrade | None]] = {}
 
 
 class InvalidBuffer(ValueError):
@@ -56,6 +60,8 @@ def register_model(
     name: str | None = None,
     store: Mapping[str, Callable[[Any], Any]] | None = None,
     added: Mapping[str, Any] | None = None,
+    version: int = 1,
+    upgrade: Upgrade | None = None,
 ) -> Callable[[C], C]:
     """Register a model constructor under ``name`` (default: its ``__name__``) so that
     :func:`flowkit.save_model` can save what it builds and :func:`flowkit.load_model` rebuild it.
@@ -67,7 +73,11 @@ def register_model(
     other values, one the constructor accepts back (e.g. a class by its name); a value with no
     JSON form is reported when the model is saved. ``added`` maps an argument the constructor
     gained after files were first written to the value that rebuilds what an older file (whose
-    config lacks it) holds; :func:`flowkit.load_model` passes it for such files.
+    config lacks it) holds; :func:`flowkit.load_model` passes it for such files. ``version``
+    counts the changes of the constructor's defaults that make the same stored arguments build
+    another model (configs record it from 2 on; files without one are version 1), and
+    ``upgrade(kwargs, file_version)`` returns the arguments that rebuild an older file's model
+    under today's defaults.
 
     Example:
         >>> from torch import nn
@@ -102,6 +112,8 @@ def register_model(
             for argument, plain in (store or {}).items():
                 arguments[argument] = plain(arguments[argument])
             model.config = model_config(key, **arguments)
+            if version > 1:
+                model.config["version"] = version
 
         if inspect.isclass(constructor):
             init = constructor.__init__
@@ -115,6 +127,7 @@ def register_model(
             constructor.__init__ = __init__  # type: ignore[misc]
             _CONSTRUCTORS[key] = constructor
             _ADDED[key] = dict(added or {})
+            _VERSIONS[key] = (version, upgrade)
             return constructor
 
         @functools.wraps(constructor)
@@ -125,6 +138,7 @@ def register_model(
 
         _CONSTRUCTORS[key] = build
         _ADDED[key] = dict(added or {})
+        _VERSIONS[key] = (version, upgrade)
         return build  # type: ignore[return-value]
 
     return decorate
@@ -171,10 +185,26 @@ def constructor(name: Any, where: str) -> Callable[..., nn.Module]:
     )
 
 
-def stored_arguments(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A file's stored ``kwargs`` for the constructor registered as ``name``, completed with the
-    values of arguments it gained since (its ``added``) that the file does not have."""
-    return {**_ADDED.get(name, {}), **kwargs}
+def upgraded_config(config: dict[str, Any], where: str = "the file") -> dict[str, Any]:
+    """A file's (checked) model ``config`` as its registered constructor reads it today: the
+    arguments the constructor gained since (its ``added``) filled in, and for a file of an older
+    ``version`` its ``upgrade`` applied; the config a model built now with the same meaning has.
+
+    Raises:
+        CheckpointError: the file records a newer version than this flowkit knows.
+    """
+    name = config["type"]
+    kwargs = {**_ADDED.get(name, {}), **config["kwargs"]}
+    saved = config.get("version", 1)
+    version, upgrade = _VERSIONS.get(name, (1, None))
+    if saved > version:
+        raise CheckpointError(
+            f"{where} holds a {name} of config version {saved}, written by a newer flowkit; this "
+            f"one reads versions up to {version}: upgrade flowkit to load it"
+        )
+    if saved < version and upgrade is not None:
+        kwargs = upgrade(kwargs, saved)
+    return {"type": name, "kwargs": kwargs, **({"version": version} if version > 1 else {})}
 
 
 def check_buffers(model: nn.Module) -> Iterator[tuple[str, InvalidBuffer]]:
@@ -210,14 +240,20 @@ def _plain(value: Any) -> Any:
 
 
 def check_config(config: Any, where: str) -> None:
-    """Refuse a ``config`` that is not ``{"type": str, "kwargs": dict}`` of JSON values."""
+    """Refuse a ``config`` that is not ``{"type": str, "kwargs": dict}`` (and an optional
+    ``"version"``, an integer >= 1) of JSON values."""
+    version = config.get("version", 1) if isinstance(config, dict) else None
     if (
         not isinstance(config, dict)
         or not isinstance(config.get("type"), str)
         or not isinstance(config.get("kwargs"), dict)
+        or set(config) - {"type", "kwargs", "version"}
+        or type(version) is not int
+        or version < 1
     ):
         raise CheckpointError(
-            f"{where} should be a dict {{'type': str, 'kwargs': dict}}, got {config!r}"
+            f"{where} should be a dict {{'type': str, 'kwargs': dict}} (and an integer "
+            f"'version' >= 1 if any), got {config!r}"
         )
     try:
         json.dumps(config)

@@ -195,7 +195,18 @@ def _builder(direction: Direction, name: str, doc: str) -> Callable[..., Flow]:
     return register_model(
         store={"activation": activation_name, "embedding": _stored_embedding},
         added={"standardize": False},  # files saved before it rebuild the unstandardized flow
+        version=2,
+        upgrade=_identity_tails,
     )(build)
+
+
+def _identity_tails(kwargs: dict[str, Any], version: int) -> dict[str, Any]:
+    """The arguments of a file of config version 1, when a spline's tails were the identity by
+    default (version 2 made them linear): rebuilds its splines with identity tails."""
+    if kwargs.get("transformer") != "spline":
+        return kwargs
+    return {**kwargs, "transformer_kwargs": {"tails": "identity",
+                                             **(kwargs.get("transformer_kwargs") or {})}}
 
 
 MAF = _builder(

@@ -34,6 +34,7 @@ from torch import nn
 
 from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, run_lock
 from ..checkpoint.models import model_entry
+from ..checkpoint.registry import upgraded_config
 from ..validation import ArgumentError, Mention
 from .data import derive_seed
 from .distributed import Dist, resolve_device, setup
@@ -162,7 +163,9 @@ def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: 
             "by another program, or edited): it cannot be resumed"
         )
     stored, current = ckpt.model.get("config"), model_entry(model)["config"]
-    if stored is not None and current is not None and stored != current:
+    if stored is not None and current is not None and (
+        upgraded_config(stored, f"'{path}'") != current
+    ):
         raise CheckpointError(
             f"'{path}' was written for a {stored['type']} with {stored['kwargs']}, not for this "
             f"{current['type']} with {current['kwargs']}: resume with the model it was written for"

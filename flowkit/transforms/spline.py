@@ -1,4 +1,4 @@
-r"""Monotonic rational-quadratic spline transformer with identity tails.
+r"""Monotonic rational-quadratic spline transformer with identity or linear tails.
 
 References:
     Durkan, Bekasov, Murray and Papamakarios, "Neural Spline Flows", NeurIPS 2019 (the
@@ -19,16 +19,18 @@ from flowkit.validation import check_float, check_int
 
 
 class RationalQuadraticSpline:
-    r"""Elementwise monotonic rational-quadratic (RQ) spline on ``[-B, B]``, identity outside.
+    r"""Elementwise monotonic rational-quadratic (RQ) spline on ``[-B, B]``, linear or the
+    identity outside.
 
     Same contract as :class:`flowkit.transforms.elementwise.Affine`: ``forward(x, params)``
     returns ``(z, log|dz/dx|)`` and ``inverse(z, params)`` returns ``(x, log|dx/dz|)``, all of
     shape ``(..., D)``, with ``params`` of shape ``(..., D, P)`` (leading shapes broadcast) and
-    ``P = params_per_feature = 3K - 1``.
+    ``P = params_per_feature``: ``3K + 1`` with linear tails, ``3K - 1`` with identity tails.
 
     **Parameters.** The last axis of ``params`` holds, in this order, ``K`` raw widths
-    :math:`\tilde w`, ``K`` raw heights :math:`\tilde h` and ``K - 1`` raw interior derivatives
-    :math:`\tilde\delta`. They become
+    :math:`\tilde w`, ``K`` raw heights :math:`\tilde h` and the raw derivatives
+    :math:`\tilde\delta` at the ``K + 1`` knots (linear tails) or at the ``K - 1`` interior
+    knots (identity tails). They become
 
     .. math::
 
@@ -41,11 +43,10 @@ class RationalQuadraticSpline:
     .. math::
 
         \delta_k = \delta_\min + \mathrm{softplus}(\tilde\delta_k + c), \quad
-        c = \log\left(e^{1 - \delta_\min} - 1\right), \qquad \delta_0 = \delta_K = 1,
+        c = \log\left(e^{1 - \delta_\min} - 1\right)
 
-    so raw zeros give uniform bins, :math:`s_k = h_k / w_k = 1` and :math:`\delta_k = 1`:
-    the identity map. The boundary derivatives are 1 so the spline joins the identity tails
-    with a continuous first derivative.
+    (with identity tails :math:`\delta_0 = \delta_K = 1`), so raw zeros give uniform bins,
+    :math:`s_k = h_k / w_k = 1` and :math:`\delta_k = 1`: the identity map.
 
     **Forward.** For :math:`x` in bin :math:`k`, with :math:`\xi = (x - x^{(k)}) / w_k \in
     [0, 1]` and :math:`s_k = h_k / w_k`,
@@ -72,18 +73,24 @@ class RationalQuadraticSpline:
     (2a)` when :math:`b < 0` (then :math:`a > 0`). Then :math:`x = x^{(k)} + \xi w_k` and
     :math:`\log|dx/dz| = -\log|dz/dx|` evaluated at :math:`x`.
 
-    **Tails.** Outside :math:`[-B, B]` the map is the identity with log-derivative 0. The spline
-    is evaluated on clamped inputs and then discarded there, so neither value nor gradient of
-    the unused branch can be NaN or infinite.
+    **Tails.** Outside :math:`[-B, B]` the map continues the spline with the derivative it has
+    at the boundary: :math:`z = B + \delta_K (x - B)` above, :math:`z = -B + \delta_0 (x + B)`
+    below, with log-derivative :math:`\log\delta_K` or :math:`\log\delta_0`, so the map is
+    continuously differentiable everywhere. Linear tails learn :math:`\delta_0, \delta_K` and
+    can stretch or compress data far out (heavy tails); identity tails fix them to 1. The
+    spline is evaluated on clamped inputs and then discarded outside, so neither value nor
+    gradient of the unused branch can be NaN or infinite.
 
     Args:
-        bins: number of bins ``K`` (at least 2). The defaults, 16 bins on ``[-5, 5]``, were
-            chosen on the defaults benchmark (``docs/defaults.md``): behind the builders'
-            standardization they leave almost no data in the identity tails.
+        bins: number of bins ``K`` (at least 2). The defaults, 16 bins on ``[-5, 5]`` with
+            linear tails, were chosen on the defaults benchmark (``docs/defaults.md``): behind
+            the builders' standardization few data fall outside the interval, and those that do
+            are still shaped (stretched or compressed) by the tails.
         bound: half-width ``B`` of the interval on which the spline acts.
         min_bin_width: smallest bin width as a fraction of ``2B``; ``bins * min_bin_width < 1``.
         min_bin_height: smallest bin height as a fraction of ``2B``; likewise.
         min_derivative: smallest knot derivative, in ``(0, 1)``.
+        tails: ``"linear"`` (default: learned slopes outside ``[-B, B]``) or ``"identity"``.
 
     Example:
         >>> spline = RationalQuadraticSpline(bins=4, bound=2.0)
@@ -101,6 +108,7 @@ class RationalQuadraticSpline:
         min_bin_width: float = 1e-3,
         min_bin_height: float = 1e-3,
         min_derivative: float = 1e-3,
+        tails: str = "linear",
     ):
         bins = check_int("bins", bins, 2)
         bound = check_float("bound", bound, 0, exclusive=True)
@@ -110,32 +118,39 @@ class RationalQuadraticSpline:
                     f"'{name}' should be in (0, 1 / bins) = (0, {1 / bins:g}), got {value}"
                 )
         check_float("min_derivative", min_derivative, 0, 1, exclusive=True)
+        if tails not in ("linear", "identity"):
+            raise ValueError(f"'tails' should be 'linear' or 'identity', got {tails!r}")
         self.bins = bins
         self.bound = float(bound)
         self.min_bin_width = float(min_bin_width)
         self.min_bin_height = float(min_bin_height)
         self.min_derivative = float(min_derivative)
-        self.params_per_feature = 3 * self.bins - 1
+        self.tails = tails
+        self.params_per_feature = 3 * self.bins + (1 if tails == "linear" else -1)
         # softplus(c) = 1 - min_derivative, so a raw derivative of 0 gives derivative 1.
         self._derivative_shift = math.log(math.expm1(1.0 - self.min_derivative))
 
     def knots(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Knot abscissas, ordinates and derivatives, each of shape ``(..., D, K + 1)``.
 
-        ``params``: ``(..., D, 3K - 1)`` raw values. The first and last abscissas and ordinates
-        are exactly ``-B`` and ``B``; the first and last derivatives are exactly 1.
+        ``params``: ``(..., D, P)`` raw values. The first and last abscissas and ordinates
+        are exactly ``-B`` and ``B``; with identity tails the first and last derivatives are
+        exactly 1.
         """
         if params.shape[-1] != self.params_per_feature:
             raise ValueError(
-                f"'params' should have 3 * bins - 1 = {self.params_per_feature} values in its "
-                f"last axis, got shape {tuple(params.shape)}"
+                f"'params' should have {self.params_per_feature} values in its last axis "
+                f"(bins={self.bins}, tails={self.tails!r}), got shape {tuple(params.shape)}"
             )
         k = self.bins
-        raw_widths, raw_heights, raw_derivatives = params.split([k, k, k - 1], dim=-1)
+        raw_widths, raw_heights, raw_derivatives = params.split(
+            [k, k, self.params_per_feature - 2 * k], dim=-1
+        )
         x_knots = self._cumulative_knots(raw_widths, self.min_bin_width)
         y_knots = self._cumulative_knots(raw_heights, self.min_bin_height)
-        interior = self.min_derivative + F.softplus(raw_derivatives + self._derivative_shift)
-        derivatives = F.pad(interior, (1, 1), value=1.0)
+        derivatives = self.min_derivative + F.softplus(raw_derivatives + self._derivative_shift)
+        if self.tails == "identity":
+            derivatives = F.pad(derivatives, (1, 1), value=1.0)
         return x_knots, y_knots, derivatives
 
     def _cumulative_knots(self, raw: Tensor, min_fraction: float) -> Tensor:
@@ -182,7 +197,7 @@ class RationalQuadraticSpline:
         return value, params.expand(*shape, params.shape[-1]), inside
 
     def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        """Data to noise. ``x``: ``(..., D)``, ``params``: ``(..., D, 3K - 1)``. Returns ``z``
+        """Data to noise. ``x``: ``(..., D)``, ``params``: ``(..., D, P)``. Returns ``z``
         and ``log|dz/dx|``, both ``(..., D)``."""
         x, params, inside = self._broadcast(x, params)
         clamped = x.clamp(-self.bound, self.bound)
@@ -193,10 +208,11 @@ class RationalQuadraticSpline:
         denominator = slope + (d_k1 + d_k - 2.0 * slope) * xi_1m_xi
         z = y_k + h * (slope * xi**2 + d_k * xi_1m_xi) / denominator
         log_det = self._log_derivative(xi, slope, d_k, d_k1, denominator)
-        return torch.where(inside, z, x), torch.where(inside, log_det, 0.0)
+        z_out, log_det_out = self._tail(x, clamped, d_k, d_k1, inverse=False)
+        return torch.where(inside, z, z_out), torch.where(inside, log_det, log_det_out)
 
     def inverse(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        """Noise to data. ``z``: ``(..., D)``, ``params``: ``(..., D, 3K - 1)``. Returns ``x``
+        """Noise to data. ``z``: ``(..., D)``, ``params``: ``(..., D, P)``. Returns ``x``
         and ``log|dx/dz|``, both ``(..., D)``."""
         z, params, inside = self._broadcast(z, params)
         clamped = z.clamp(-self.bound, self.bound)
@@ -217,11 +233,25 @@ class RationalQuadraticSpline:
         x = x_k + xi * w
         denominator = slope + theta * xi * (1.0 - xi)
         log_det = -self._log_derivative(xi, slope, d_k, d_k1, denominator)
-        return torch.where(inside, x, z), torch.where(inside, log_det, 0.0)
+        x_out, log_det_out = self._tail(z, clamped, d_k, d_k1, inverse=True)
+        return torch.where(inside, x, x_out), torch.where(inside, log_det, log_det_out)
+
+    def _tail(
+        self, value: Tensor, clamped: Tensor, d_k: Tensor, d_k1: Tensor, inverse: bool
+    ) -> tuple[Tensor, Tensor]:
+        """The map and its log-derivative outside ``[-B, B]`` (``clamped`` is the boundary
+        passed, where the bin gathered is the first or the last): the identity, or the line
+        through the boundary with the slope of the spline there."""
+        if self.tails == "identity":
+            return value, torch.zeros_like(value)
+        edge = torch.where(value > 0, d_k1, d_k)  # delta_K above, delta_0 below
+        if inverse:
+            return clamped + (value - clamped) / edge, -torch.log(edge)
+        return clamped + edge * (value - clamped), torch.log(edge)
 
     def __repr__(self) -> str:
         return (
             f"RationalQuadraticSpline(bins={self.bins}, bound={self.bound}, "
             f"min_bin_width={self.min_bin_width}, min_bin_height={self.min_bin_height}, "
-            f"min_derivative={self.min_derivative})"
+            f"min_derivative={self.min_derivative}, tails={self.tails!r})"
         )
