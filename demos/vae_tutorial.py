@@ -2,8 +2,9 @@
 =========================================================================================
 
 Only the public flowkit API: the posterior q(z | x) is one ``flowkit.IAF`` conditioned on the
-encoder's output h, with a conditional Gaussian base (z_0 = mu(h) + sigma(h) * eps) and two
-IAF layers; ``sample_and_log_prob`` gives the sample and its exact log-density in one pass.
+encoder's last hidden layer e, with a conditional Gaussian base (z_0 = mu(e) + sigma(e) * eps,
+a linear head on e) and two IAF layers that read h = W e + b (a linear embedding);
+``sample_and_log_prob`` gives the sample and its exact log-density in one pass.
 
     .venv/bin/python demos/vae_tutorial.py --root ../shared/data --epochs 5 --threads 1
     .venv/bin/python demos/vae_tutorial.py --quick      # seconds, synthetic images
@@ -40,21 +41,23 @@ def mlp(sizes: list[int]) -> nn.Sequential:
 class VAE(nn.Module):
     """Bernoulli decoder p(x | z), N(0, I) prior, IAF posterior q(z | x)."""
 
-    def __init__(self, pixels: int = 784, latent: int = 32, hidden: int = 300):
+    def __init__(self, pixels: int = 784, latent: int = 32, hidden: int = 300,
+                 context: int = 100):
         super().__init__()
         self.latent = latent
-        self.encoder = nn.Sequential(mlp([pixels, hidden, hidden]), nn.ELU())  # x -> h
-        self.posterior = flowkit.IAF(  # q(z | h): z_0 ~ N(mu(h), sigma(h)^2), 2 IAF layers
+        self.encoder = nn.Sequential(mlp([pixels, hidden, hidden]), nn.ELU())  # x -> e
+        self.posterior = flowkit.IAF(  # q(z | e): z_0 ~ N(mu(e), sigma(e)^2), 2 IAF layers
             latent, layers=2, hidden_features=(hidden, hidden), context_features=hidden,
-            conditional_base=True,
-            standardize=False,  # h is a learned feature, not data in its own units
+            conditional_base=True, base_context="raw",  # [mu(e), log sigma(e)] = linear(e)
+            embedding=flowkit.MLPEmbedding(hidden, context, hidden_features=()),  # h = W e + b
+            standardize=False,  # e is a learned feature, not data in its own units
         )
         self.decoder = mlp([latent, hidden, hidden, pixels])  # z -> Bernoulli logits
 
     def log_weights(self, x: Tensor, k: int = 1) -> Tensor:
         """log p(x, z_i) - log q(z_i | x) for k posterior samples per image: (k, B)."""
-        h = self.encoder(x)
-        z, log_q = self.posterior.sample_and_log_prob(k, h)  # (k, B, Z), (k, B)
+        e = self.encoder(x)
+        z, log_q = self.posterior.sample_and_log_prob(k, e)  # (k, B, Z), (k, B)
         logits = self.decoder(z)
         log_px_z = -F.binary_cross_entropy_with_logits(
             logits, x.expand(k, -1, -1), reduction="none"
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:  # random binary images, small networks
         x_train = (torch.rand(200, 784) < 0.3).to(torch.uint8)
         x_valid = (torch.rand(50, 784) < 0.3).to(torch.uint8)
-        vae = VAE(hidden=32, latent=4)
+        vae = VAE(hidden=32, latent=4, context=8)
         epochs, k, n_eval = 1, 5, 20
     else:
         x_train = binarized_mnist("train", root=args.root, download=False)

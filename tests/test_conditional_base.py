@@ -11,6 +11,7 @@ from torch import nn
 import flowkit
 from flowkit import IAF, MAF, ConditionalDiagonalGaussian, MLPEmbedding
 from flowkit.checkpoint import CheckpointError
+from flowkit.nn.made import MADE
 from flowkit.transforms.standardize import set_from_data
 
 BUILDERS = {"MAF": MAF, "IAF": IAF}
@@ -331,4 +332,84 @@ def test_flow_checks_widths_of_embedding_transform_and_base():
     flow = flowkit.Flow(made_flow.transform, made_flow.base, embedding=MLPEmbedding(6, 3),
                         context_features=6)
     assert flow.context_features == 6
+    assert flow.log_prob(torch.randn(2, 2), torch.randn(2, 6)).shape == (2,)
+
+
+# ----------------------------------------------------------------- a base that reads the context
+
+
+def raw_base_flow(builder="IAF", standardize=False):
+    """A flow whose MADEs read a linear embedding (5 -> 3) of the context and whose base head
+    reads the context itself (base_context="raw"), with random weights, in evaluation mode."""
+    flow = BUILDERS[builder](
+        2, layers=2, hidden_features=(16,), context_features=5, conditional_base=True,
+        embedding=MLPEmbedding(5, 3, hidden_features=()), base_context="raw",
+        standardize=standardize,
+    ).double()
+    return perturb(flow, scale=0.15).eval()
+
+
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_raw_base_reads_the_standardized_context_and_the_layers_its_embedding(builder):
+    """log p(x | c) = log N(T(x; e(s(c))); mu(s(c)), sigma(s(c))^2) + log|det dT/dx|: the
+    base's head reads the standardized context s(c), the MADEs its embedding e(s(c))."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 2, generator=g, dtype=torch.float64)
+    c = 10.0 * torch.randn(300, 5, generator=g, dtype=torch.float64) + 3.0
+    flow = raw_base_flow(builder, standardize=True)
+    set_from_data(flow, [(x, c)])
+    assert flow.base.context_features == 5
+    assert {m.context_features for m in flow.modules() if isinstance(m, MADE)} == {3}
+    s = (c - c.mean(0)) / c.std(0, correction=0)
+    z, log_det = flow.transform(x, flow.embedding(s))
+    torch.testing.assert_close(flow.log_prob(x, c), flow.base.log_prob(z, s) + log_det)
+    samples, log_p = flow.sample_and_log_prob(3, c[:4])
+    torch.testing.assert_close(
+        log_p.reshape(-1), flow.log_prob(samples.reshape(-1, 2), c[:4].repeat(3, 1)),
+        atol=1e-9, rtol=0,
+    )
+
+
+def test_raw_base_flow_integrates_to_one_for_a_fixed_context():
+    flow = raw_base_flow("IAF")
+    c = torch.randn(5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    total = grid_integral(lambda x: flow.log_prob(x, c), half_width=12.0, points=401)
+    assert abs(total - 1) < 2e-3, total
+
+
+def test_raw_base_gradients_and_one_embedding_per_context():
+    embedding = CountingEmbedding()
+    flow = perturb(IAF(2, layers=2, hidden_features=(8,), context_features=5,
+                       embedding=embedding, conditional_base=True, base_context="raw"))
+    embedding.rows.clear()
+    x, log_p = flow.sample_and_log_prob(10, torch.randn(4, 5))
+    assert embedding.rows == [4]
+    (x.sum() + log_p.sum()).backward()
+    assert embedding.linear.weight.grad.abs().sum() > 0
+    assert flow.base.head.net[0].weight.grad.abs().sum() > 0
+
+
+def test_raw_base_save_load_round_trip(tmp_path):
+    flow = raw_base_flow("MAF")
+    flowkit.save_model(flow, tmp_path / "flow.pt")
+    loaded = flowkit.load_model(tmp_path / "flow.pt")
+    assert loaded.base_context == "raw" and loaded.base.context_features == 5
+    x, c = torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64)
+    torch.testing.assert_close(loaded.log_prob(x, c), flow.log_prob(x, c), rtol=0, atol=0)
+
+
+def test_raw_base_errors():
+    with pytest.raises(ValueError, match="'base_context' is 'raw' but 'conditional_base' is"):
+        MAF(2, layers=1, context_features=3, base_context="raw")
+    with pytest.raises(ValueError, match="'base_context' should be 'embedded' or 'raw'"):
+        MAF(2, layers=1, context_features=3, conditional_base=True, base_context="context")
+    made_flow = MAF(2, layers=1, hidden_features=(4,), context_features=3)
+    with pytest.raises(ValueError, match="'base' reads a context of 4 features but"):
+        flowkit.Flow(made_flow.transform, ConditionalDiagonalGaussian(2, context_features=4),
+                     embedding=MLPEmbedding(6, 3), context_features=6, base_context="raw")
+    with pytest.raises(ValueError, match="'base_context' is 'raw' but 'base' reads no context"):
+        flowkit.Flow(made_flow.transform, made_flow.base, embedding=MLPEmbedding(6, 3),
+                     context_features=6, base_context="raw")
+    flow = flowkit.Flow(made_flow.transform, ConditionalDiagonalGaussian(2, context_features=6),
+                        embedding=MLPEmbedding(6, 3), context_features=6, base_context="raw")
     assert flow.log_prob(torch.randn(2, 2), torch.randn(2, 6)).shape == (2,)

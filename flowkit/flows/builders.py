@@ -101,6 +101,7 @@ def _autoregressive_flow(
     learnable_base: bool = False,
     conditional_base: bool = False,
     embedding: nn.Module | dict | None = None,
+    base_context: Literal["embedded", "raw"] = "embedded",
     standardize: bool = True,
     seed: int = 0,
 ) -> Flow:
@@ -121,11 +122,15 @@ def _autoregressive_flow(
             "'learnable_base' and 'conditional_base' are both True; pass one (a conditional "
             "base learns its mean and scale as functions of the context)"
         )
+    if base_context not in ("embedded", "raw"):
+        raise ValueError(f"'base_context' should be 'embedded' or 'raw', got {base_context!r}")
+    if base_context == "raw" and not conditional_base:
+        raise ValueError("'base_context' is 'raw' but 'conditional_base' is False")
     if context_features == 0 and (embedding is not None or conditional_base):
         given = "'embedding' was given" if embedding is not None else "'conditional_base' is True"
         raise ValueError(f"{given} but 'context_features' is 0; pass the width of the context")
     # The context path: raw (N, C) -> Standardize -> embedding -> (N, H), read by every MADE
-    # and by a conditional base.
+    # and by a conditional base (base_context="raw": the base reads the standardized (N, C)).
     standardize_context = None
     if standardize and context_features:
         standardize_context = Standardize(context_features)
@@ -155,7 +160,9 @@ def _autoregressive_flow(
             transforms.append(permutations[i])
     base: nn.Module
     if conditional_base:
-        base = ConditionalDiagonalGaussian(features, embedded)
+        base = ConditionalDiagonalGaussian(
+            features, context_features if base_context == "raw" else embedded
+        )
     else:
         base = DiagonalGaussian(features) if learnable_base else StandardNormal(features)
     return Flow(
@@ -164,6 +171,7 @@ def _autoregressive_flow(
         standardize_context=standardize_context,
         embedding=embedding,
         context_features=context_features,
+        base_context=base_context,
     )
 
 
@@ -245,6 +253,11 @@ MAF = _builder(
             found by calling the network once). A :class:`flowkit.nn.MLPEmbedding` is saved
             and loaded with the flow; any other network is loaded with
             ``flowkit.load_model(path, embedding=...)`` (see :mod:`flowkit.nn.embedding`).
+        base_context: what a conditional base's head reads: ``"embedded"``, the embedded
+            context, as the layers; or ``"raw"``, the (standardized) context before the
+            embedding, so that the embedding feeds only the layers (the IAF posterior of
+            Kingma et al. 2016: ``mu``, ``sigma`` and the layers' context are separate linear
+            outputs of the encoder's last hidden layer; see ``docs/vae_tutorial.md``).
         standardize: put a :class:`flowkit.transforms.Standardize` before the layers, and one
             on the raw context (before the embedding), each set from the training data: by
             :func:`flowkit.fit` from its whole training set before the first step, otherwise

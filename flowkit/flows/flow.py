@@ -58,9 +58,11 @@ class Flow(nn.Module):
     context ``c``, where ``s`` is ``standardize_context`` and ``e`` the ``embedding`` (each the
     identity when not given): ``p(x | c) = p_base(T(x; h) | h) |det dT/dx|``, where the base
     reads ``h`` only if it is conditional (it has ``context_features > 0``, e.g.
-    :class:`flowkit.distributions.ConditionalDiagonalGaussian`). ``context_features`` is the raw
-    width ``C`` that callers pass; ``h`` is computed once per distinct context row, before rows
-    are expanded.
+    :class:`flowkit.distributions.ConditionalDiagonalGaussian`). With ``base_context="raw"``
+    the base reads ``s(c)`` instead, and only the transform reads the embedding:
+    ``p(x | c) = p_base(T(x; h) | s(c)) |det dT/dx|``. ``context_features`` is the raw width
+    ``C`` that callers pass; ``h`` is computed once per distinct context row, before rows are
+    expanded.
 
     Args:
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
@@ -75,6 +77,11 @@ class Flow(nn.Module):
             :mod:`flowkit.nn.embedding`).
         context_features: ``C``, required with an ``embedding`` (without one it is the
             transform's and base's width and may be left out).
+        base_context: what a conditional base reads: ``"embedded"`` (default), the context
+            the transform reads, ``e(s(c))``; or ``"raw"``, the context before the embedding,
+            ``s(c)`` (the base's own head then maps the context beside the embedding, as an
+            encoder gives the mean, the scale and the IAF's context as separate outputs in
+            Kingma et al. 2016). Without an embedding the two are the same.
     """
 
     def __init__(
@@ -84,6 +91,7 @@ class Flow(nn.Module):
         standardize_context: Standardize | None = None,
         embedding: nn.Module | None = None,
         context_features: int | None = None,
+        base_context: str = "embedded",
     ):
         super().__init__()
         if transform.features is not None and transform.features != base.features:
@@ -91,14 +99,27 @@ class Flow(nn.Module):
                 f"'transform' acts on {transform.features} features but 'base' has "
                 f"{base.features}"
             )
+        if base_context not in ("embedded", "raw"):
+            raise ValueError(f"'base_context' should be 'embedded' or 'raw', got {base_context!r}")
         inner = transform.context_features
-        base_context = getattr(base, "context_features", 0)
-        if base_context and inner and base_context != inner:
+        base_width = getattr(base, "context_features", 0)
+        # The base reads the context before the embedding: its width is checked against C.
+        raw_base = base_context == "raw" and embedding is not None
+        if base_context == "raw" and not base_width:
+            raise ValueError("'base_context' is 'raw' but 'base' reads no context")
+        if raw_base and context_features is not None and base_width != context_features:
+            raise ValueError(
+                f"'base' reads a context of {base_width} features but 'context_features' is "
+                f"{context_features}; with base_context='raw' the base reads the context "
+                "before the embedding"
+            )
+        if base_width and inner and base_width != inner and not raw_base:
             raise ValueError(
                 f"'transform' reads a context of {inner} features but 'base' one of "
-                f"{base_context}; both read the same (embedded) context"
+                f"{base_width}; both read the same (embedded) context"
             )
-        inner = inner or base_context
+        if not raw_base:
+            inner = inner or base_width
         if embedding is None:
             if context_features is not None and context_features != inner:
                 raise ValueError(
@@ -109,6 +130,8 @@ class Flow(nn.Module):
         else:
             if inner == 0:
                 raise ValueError(
+                    "'embedding' was given but the transform reads no context"
+                    if raw_base else
                     "'embedding' was given but neither the transform nor the base reads a "
                     "context (their context_features are 0)"
                 )
@@ -120,9 +143,9 @@ class Flow(nn.Module):
             context_features = check_int("context_features", context_features, 1)
             out = embedded_features(embedding, context_features)
             if out != inner:
+                readers = "the transform reads" if raw_base else "the transform and base read"
                 raise ValueError(
-                    f"'embedding' maps the context to {out} features but the transform and "
-                    f"base read {inner}"
+                    f"'embedding' maps the context to {out} features but {readers} {inner}"
                 )
         if standardize_context is not None and (
             not isinstance(standardize_context, Standardize)
@@ -136,7 +159,9 @@ class Flow(nn.Module):
         self.base = base
         self.standardize_context = standardize_context
         self.embedding = embedding
-        self.conditional_base: bool = base_context > 0
+        self.conditional_base: bool = base_width > 0
+        self.base_context: str = base_context
+        self._raw_base = raw_base
         self.features: int = base.features
         self.context_features: int = context_features
         self.config: dict | None = None  # set by the builders, used by flowkit.save_model
@@ -151,26 +176,39 @@ class Flow(nn.Module):
 
     def _embed(self, context: Tensor) -> Tensor:
         """The context ``(R, C)`` as the transforms read it, ``(R, H)``: every path calls this
-        once per distinct context row, before the rows are expanded."""
+        once per distinct context row, before the rows are expanded. With
+        ``base_context="raw"`` the base's context ``s(c)`` follows, ``(R, H + C)`` (see
+        :meth:`_split`)."""
         if self.standardize_context is not None:
             context = self.standardize_context._forward(context, None)[0]
-        return context if self.embedding is None else self.embedding(context)
+        if self.embedding is None:
+            return context
+        h = self.embedding(context)
+        return torch.cat([h, context], dim=-1) if self._raw_base else h
+
+    def _split(self, h: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """The rows of :meth:`_embed` as the transform's and the base's contexts."""
+        if h is None or not self._raw_base:
+            return h, h
+        inner = h.shape[-1] - self.context_features
+        return h[..., :inner], h[..., inner:]
 
     def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
-        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the embedded context ``h``."""
+        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``."""
         return self.base.log_prob(z, h) if self.conditional_base else self.base.log_prob(z)
 
     def _base_rsample(self, rows: int, h: Tensor | None) -> Tensor:
-        """``rows`` reparameterized base draws ``(rows, D)`` given the embedded context ``h``
-        ``(rows, H)`` (or None)."""
+        """``rows`` reparameterized base draws ``(rows, D)`` given the base's context ``h``
+        (or None)."""
         return self.base.rsample(h) if self.conditional_base else self.base.rsample(rows)
 
     # ------------------------------------------------ unchecked implementations (checked input)
 
     def _log_prob(self, x: Tensor, h: Tensor | None) -> Tensor:
-        """``x`` ``(R, D)``, ``h`` ``(R, H)`` or None -> ``(R,)``."""
+        """``x`` ``(R, D)``, ``h`` ``(R, H)`` (from :meth:`_embed`) or None -> ``(R,)``."""
+        h, h_base = self._split(h)
         z, log_det = self.transform._forward(x, h)
-        return self._base_log_prob(z, h) + log_det
+        return self._base_log_prob(z, h_base) + log_det
 
     def _log_prob_batch(
         self, x: Tensor, context: Tensor | None, shape: torch.Size, outside: Tensor | None
@@ -208,9 +246,9 @@ class Flow(nn.Module):
             ref = self._reference()
             x = torch.empty(*shape, self.features, dtype=ref.dtype, device=ref.device)
             return x, x.new_empty(shape) if log_prob else None
-        h = None if context is None else self._embed_rows(context, shape)
-        z = self._base_rsample(rows, h)
-        log_pz = self._base_log_prob(z, h) if log_prob else None
+        h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
+        z = self._base_rsample(rows, h_base)
+        log_pz = self._base_log_prob(z, h_base) if log_prob else None
         x, log_det = self.transform._inverse(z, h)
         x = x.reshape(*shape, self.features)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)
