@@ -101,9 +101,9 @@ def _autoregressive_flow(
     learnable_base: bool = False,
     conditional_base: bool = False,
     embedding: nn.Module | dict | None = None,
-    base_context: Literal["embedded", "raw"] = "embedded",
     standardize: bool = True,
     seed: int = 0,
+    base_context: Literal["embedded", "raw"] = "embedded",
 ) -> Flow:
     """The stack both builders make, its layers in ``direction``: the one signature of
     :func:`MAF` and :func:`IAF` (see :func:`_builder`), documented in :func:`MAF`."""
@@ -253,11 +253,6 @@ MAF = _builder(
             found by calling the network once). A :class:`flowkit.nn.MLPEmbedding` is saved
             and loaded with the flow; any other network is loaded with
             ``flowkit.load_model(path, embedding=...)`` (see :mod:`flowkit.nn.embedding`).
-        base_context: what a conditional base's head reads: ``"embedded"``, the embedded
-            context, as the layers; or ``"raw"``, the (standardized) context before the
-            embedding, so that the embedding feeds only the layers (the IAF posterior of
-            Kingma et al. 2016: ``mu``, ``sigma`` and the layers' context are separate linear
-            outputs of the encoder's last hidden layer; see ``docs/vae_tutorial.md``).
         standardize: put a :class:`flowkit.transforms.Standardize` before the layers, and one
             on the raw context (before the embedding), each set from the training data: by
             :func:`flowkit.fit` from its whole training set before the first step, otherwise
@@ -267,6 +262,11 @@ MAF = _builder(
             ``log p(a x + b) = log p(x) - sum(log|a|)``. Until set, each is the identity.
             ``False`` builds the flow of flowkit 0.1 (which files saved by it rebuild).
         seed: seed of the MADE degrees and random permutations.
+        base_context: what a conditional base's head reads: ``"embedded"``, the embedded
+            context, as the layers; or ``"raw"``, the (standardized) context before the
+            embedding, so that the embedding feeds only the layers (the IAF posterior of
+            Kingma et al. 2016: ``mu``, ``sigma`` and the layers' context are separate linear
+            outputs of the encoder's last hidden layer; see ``docs/vae_tutorial.md``).
 
     Example:
         >>> import torch
