@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowkit.transforms.spline import RationalQuadraticSpline
+from flowkit.transforms.spline import MAX_TAIL_SLOPE, RationalQuadraticSpline
 
 FAST = settings(max_examples=15, deadline=None)
 
@@ -155,6 +155,8 @@ def test_linear_outside_the_bound():
     _, _, derivatives = spline.knots(params)
     low, high = derivatives[..., 0], derivatives[..., -1]
     assert not torch.allclose(low, torch.ones_like(low))  # learned, not fixed to 1
+    huge = spline.knots(100 * params)[2][..., [0, -1]]  # a tail stretches by at most the bound
+    assert huge.max() <= MAX_TAIL_SLOPE and huge.min() >= spline.min_derivative
     above, below = torch.full((50, 3), 7.0, dtype=torch.float64), torch.full((50, 3), -3.0,
                                                                              dtype=torch.float64)
     for x, slope, edge in ((above, high, 2.0), (below, low, -2.0)):

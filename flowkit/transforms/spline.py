@@ -17,6 +17,12 @@ from torch import Tensor
 
 from flowkit.validation import check_float, check_int
 
+MAX_TAIL_SLOPE = 1.1
+"""Upper bound of the slopes of linear tails: a tail compresses data as much as it needs to
+(down to ``min_derivative``) but stretches them by at most this factor per layer, so a test point far
+outside the training data is not pushed further out by every layer (unbounded slopes sent
+single rows of breast cancer to NLLs of 10^4; ``docs/defaults.md``)."""
+
 
 class RationalQuadraticSpline:
     r"""Elementwise monotonic rational-quadratic (RQ) spline on ``[-B, B]``, linear or the
@@ -45,7 +51,10 @@ class RationalQuadraticSpline:
         \delta_k = \delta_\min + \mathrm{softplus}(\tilde\delta_k + c), \quad
         c = \log\left(e^{1 - \delta_\min} - 1\right)
 
-    (with identity tails :math:`\delta_0 = \delta_K = 1`), so raw zeros give uniform bins,
+    at the interior knots; at the two boundary knots, with linear tails,
+    :math:`\delta = \delta_\min + (M - \delta_\min)\,\sigma(\tilde\delta + c')` with
+    :math:`M` = ``MAX_TAIL_SLOPE`` (1.1) and :math:`c'` such that a raw 0 gives 1 (with identity
+    tails :math:`\delta_0 = \delta_K = 1`). So raw zeros give uniform bins,
     :math:`s_k = h_k / w_k = 1` and :math:`\delta_k = 1`: the identity map.
 
     **Forward.** For :math:`x` in bin :math:`k`, with :math:`\xi = (x - x^{(k)}) / w_k \in
@@ -76,8 +85,9 @@ class RationalQuadraticSpline:
     **Tails.** Outside :math:`[-B, B]` the map continues the spline with the derivative it has
     at the boundary: :math:`z = B + \delta_K (x - B)` above, :math:`z = -B + \delta_0 (x + B)`
     below, with log-derivative :math:`\log\delta_K` or :math:`\log\delta_0`, so the map is
-    continuously differentiable everywhere. Linear tails learn :math:`\delta_0, \delta_K` and
-    can stretch or compress data far out (heavy tails); identity tails fix them to 1. The
+    continuously differentiable everywhere. Linear tails learn :math:`\delta_0, \delta_K`, so
+    they can compress data far out (heavy tails) and stretch them a little (at most by
+    ``MAX_TAIL_SLOPE`` (1.1)); identity tails fix them to 1. The
     spline is evaluated on clamped inputs and then discarded outside, so neither value nor
     gradient of the unused branch can be NaN or infinite.
 
@@ -90,7 +100,8 @@ class RationalQuadraticSpline:
         min_bin_width: smallest bin width as a fraction of ``2B``; ``bins * min_bin_width < 1``.
         min_bin_height: smallest bin height as a fraction of ``2B``; likewise.
         min_derivative: smallest knot derivative, in ``(0, 1)``.
-        tails: ``"linear"`` (default: learned slopes outside ``[-B, B]``) or ``"identity"``.
+        tails: ``"linear"`` (default: learned slopes outside ``[-B, B]``, at most
+            ``MAX_TAIL_SLOPE`` (1.1)) or ``"identity"``.
 
     Example:
         >>> spline = RationalQuadraticSpline(bins=4, bound=2.0)
@@ -129,6 +140,9 @@ class RationalQuadraticSpline:
         self.params_per_feature = 3 * self.bins + (1 if tails == "linear" else -1)
         # softplus(c) = 1 - min_derivative, so a raw derivative of 0 gives derivative 1.
         self._derivative_shift = math.log(math.expm1(1.0 - self.min_derivative))
+        # sigmoid(c) = (1 - min_derivative) / (MAX_TAIL_SLOPE - min_derivative): raw 0 gives 1
+        share = (1.0 - self.min_derivative) / (MAX_TAIL_SLOPE - self.min_derivative)
+        self._tail_shift = math.log(share / (1.0 - share))
 
     def knots(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Knot abscissas, ordinates and derivatives, each of shape ``(..., D, K + 1)``.
@@ -148,10 +162,18 @@ class RationalQuadraticSpline:
         )
         x_knots = self._cumulative_knots(raw_widths, self.min_bin_width)
         y_knots = self._cumulative_knots(raw_heights, self.min_bin_height)
-        derivatives = self.min_derivative + F.softplus(raw_derivatives + self._derivative_shift)
         if self.tails == "identity":
-            derivatives = F.pad(derivatives, (1, 1), value=1.0)
-        return x_knots, y_knots, derivatives
+            inner = raw_derivatives
+        else:
+            inner = raw_derivatives[..., 1:-1]
+            # the boundary slopes, bounded: in (min_derivative, MAX_TAIL_SLOPE), 1 at raw 0
+            ends = self.min_derivative + (MAX_TAIL_SLOPE - self.min_derivative) * torch.sigmoid(
+                raw_derivatives[..., [0, -1]] + self._tail_shift
+            )
+        derivatives = self.min_derivative + F.softplus(inner + self._derivative_shift)
+        if self.tails == "identity":
+            return x_knots, y_knots, F.pad(derivatives, (1, 1), value=1.0)
+        return x_knots, y_knots, torch.cat([ends[..., :1], derivatives, ends[..., 1:]], dim=-1)
 
     def _cumulative_knots(self, raw: Tensor, min_fraction: float) -> Tensor:
         fractions = min_fraction + (1.0 - self.bins * min_fraction) * torch.softmax(raw, dim=-1)
