@@ -43,9 +43,16 @@ MODELS: dict[str, dict[str, Any]] = {
     "flowkit-spline": {"library": "flowkit", "model": "maf", "layers": 5,
                        "hidden_features": [64, 64], "transformer": "spline",
                        "transformer_kwargs": {"bins": 8, "bound": 4.0}},
+    "flowkit-spline-res": {"library": "flowkit", "model": "maf", "layers": 5,
+                           "hidden_features": [50] * 5, "residual": True,
+                           "transformer": "spline",
+                           "transformer_kwargs": {"bins": 10, "bound": 3.0}},
 }
 """The density estimators compared: sbi's defaults (5 transforms, 50 hidden units) and flowkit
-MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline)."""
+MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline with 8
+bins on [-4, 4]; ``flowkit-spline-res`` has the sizes of sbi's NSF: splines with 10 bins on
+[-3, 3], and MADEs of width 50 with as many linear maps as sbi's residual network of 2 blocks
+of 2 layers, the first hidden layer followed by 4 residual blocks)."""
 
 
 def _sbibm() -> Any:
@@ -287,13 +294,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _reuse(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """A finished (task, seed, model) result, if it was run with this budget."""
+    """A finished (task, seed, model) result, if it was run with this budget and this
+    model's current settings."""
     r = json.loads(path.read_text())
     wanted = {"simulations": args.simulations, "samples": args.samples,
               "max_epochs": args.max_epochs,
-              "observations": [str(o) for o in args.observations]}
+              "observations": [str(o) for o in args.observations],
+              "spec": json.loads(json.dumps(MODELS[r["model"]]))}
     found = {"simulations": r["simulations"], "samples": r.get("samples"),
-             "max_epochs": r.get("max_epochs"), "observations": list(r["c2st"])}
+             "max_epochs": r.get("max_epochs"), "observations": list(r["c2st"]),
+             "spec": r.get("spec")}
     if found != wanted:
         raise ValueError(f"'{path}' was run with {found}, not {wanted}: pick another --out")
     return r
