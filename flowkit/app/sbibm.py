@@ -12,11 +12,12 @@ classifier two-sample test of sbibm (C2ST accuracy: 0.5 means indistinguishable,
 separable). Time per epoch is sbi's own record (training and validation pass).
 
 Every (task, seed, model) writes OUT/TASK/seedS/MODEL.json as soon as it is done and is skipped
-when that file exists, so an interrupted run continues where it stopped; the table
+when that file exists, so an interrupted run continues where it stopped (a file of another
+budget or of the model's earlier settings is an error: pick another --out); the table
 OUT/results.md and OUT/results.json are written after each model.
 
 Needs the packages sbi and sbibm: pip install "flowkit-made[sbi]", then
-pip install --no-deps sbibm==1.1.0 pandas pyro-ppl future autograd.
+pip install --no-deps sbibm==1.1.0 pandas pyro-ppl opt_einsum future autograd.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def _sbibm() -> Any:
     except ImportError as e:
         raise ImportError(
             "'flowkit sbibm' needs the package sbibm, installed without its declared "
-            "dependencies: pip install --no-deps sbibm==1.1.0 pandas pyro-ppl future autograd "
+            "dependencies: pip install --no-deps sbibm==1.1.0 pandas pyro-ppl opt_einsum future "
+            "autograd "
             f"(importing it failed with: {e})"
         ) from e
     return sbibm
