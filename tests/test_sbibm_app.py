@@ -7,10 +7,10 @@ import pytest
 pytest.importorskip("sbi")
 pytest.importorskip("sbibm")
 
-from flowkit.app import cli  # noqa: E402
+from flowkit.app import cli, sbibm  # noqa: E402
 
 
-def test_tiny_run_writes_results_and_reuses_them(tmp_path, capsys):
+def test_tiny_run_writes_results_and_reuses_them(tmp_path, capsys, monkeypatch):
     out = tmp_path / "sbibm"
     argv = ["sbibm", "--tasks", "two_moons", "--models", "flowkit-maf", "--simulations", "200",
             "--max-epochs", "1", "--samples", "50", "--observations", "1", "2", "--threads", "1",
@@ -25,6 +25,10 @@ def test_tiny_run_writes_results_and_reuses_them(tmp_path, capsys):
     changed = [a if a != "50" else "60" for a in argv]
     assert cli.main(changed) == 2
     assert "pick another --out" in capsys.readouterr().err
+    # A result of the model's earlier settings is not reused either.
+    monkeypatch.setitem(sbibm.MODELS, "flowkit-maf", {**sbibm.MODELS["flowkit-maf"], "layers": 2})
+    assert cli.main(argv) == 2
+    assert "'layers': 2" in capsys.readouterr().err
 
 
 def test_timing_mode_measures_every_model(tmp_path):

@@ -12,11 +12,12 @@ classifier two-sample test of sbibm (C2ST accuracy: 0.5 means indistinguishable,
 separable). Time per epoch is sbi's own record (training and validation pass).
 
 Every (task, seed, model) writes OUT/TASK/seedS/MODEL.json as soon as it is done and is skipped
-when that file exists, so an interrupted run continues where it stopped; the table
+when that file exists, so an interrupted run continues where it stopped (a file of another
+budget or of the model's earlier settings is an error: pick another --out); the table
 OUT/results.md and OUT/results.json are written after each model.
 
 Needs the packages sbi and sbibm: pip install "flowkit-made[sbi]", then
-pip install --no-deps sbibm==1.1.0 pandas pyro-ppl future autograd.
+pip install --no-deps sbibm==1.1.0 pandas pyro-ppl opt_einsum future autograd.
 """
 
 from __future__ import annotations
@@ -43,9 +44,16 @@ MODELS: dict[str, dict[str, Any]] = {
     "flowkit-spline": {"library": "flowkit", "model": "maf", "layers": 5,
                        "hidden_features": [64, 64], "transformer": "spline",
                        "transformer_kwargs": {"bins": 8, "bound": 4.0}},
+    "flowkit-spline-res": {"library": "flowkit", "model": "maf", "layers": 5,
+                           "hidden_features": [50] * 5, "residual": True,
+                           "transformer": "spline",
+                           "transformer_kwargs": {"bins": 10, "bound": 3.0}},
 }
 """The density estimators compared: sbi's defaults (5 transforms, 50 hidden units) and flowkit
-MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline)."""
+MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline with 8
+bins on [-4, 4]; ``flowkit-spline-res`` has the sizes of sbi's NSF: splines with 10 bins on
+[-3, 3], and MADEs of width 50 with as many linear maps as sbi's residual network of 2 blocks
+of 2 layers, the first hidden layer followed by 4 residual blocks)."""
 
 
 def _sbibm() -> Any:
@@ -57,7 +65,8 @@ def _sbibm() -> Any:
     except ImportError as e:
         raise ImportError(
             "'flowkit sbibm' needs the package sbibm, installed without its declared "
-            "dependencies: pip install --no-deps sbibm==1.1.0 pandas pyro-ppl future autograd "
+            "dependencies: pip install --no-deps sbibm==1.1.0 pandas pyro-ppl opt_einsum future "
+            "autograd "
             f"(importing it failed with: {e})"
         ) from e
     return sbibm
@@ -287,13 +296,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _reuse(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """A finished (task, seed, model) result, if it was run with this budget."""
+    """A finished (task, seed, model) result, if it was run with this budget and this
+    model's current settings."""
     r = json.loads(path.read_text())
     wanted = {"simulations": args.simulations, "samples": args.samples,
               "max_epochs": args.max_epochs,
-              "observations": [str(o) for o in args.observations]}
+              "observations": [str(o) for o in args.observations],
+              "spec": json.loads(json.dumps(MODELS[r["model"]]))}
     found = {"simulations": r["simulations"], "samples": r.get("samples"),
-             "max_epochs": r.get("max_epochs"), "observations": list(r["c2st"])}
+             "max_epochs": r.get("max_epochs"), "observations": list(r["c2st"]),
+             "spec": r.get("spec")}
     if found != wanted:
         raise ValueError(f"'{path}' was run with {found}, not {wanted}: pick another --out")
     return r
