@@ -19,9 +19,9 @@ from flowkit.validation import check_float, check_int
 
 MAX_TAIL_SLOPE = 1.1
 """Upper bound of the slopes of linear tails: a tail compresses data as much as it needs to
-(down to ``min_derivative``) but stretches them by at most this factor per layer, so a test point far
-outside the training data is not pushed further out by every layer (unbounded slopes sent
-single rows of breast cancer to NLLs of 10^4; ``docs/defaults.md``)."""
+(down to ``min_derivative``) but stretches them by at most this factor per layer, so a test
+point far outside the training data is not pushed further out by every layer (unbounded slopes
+sent single rows of breast cancer to NLLs of 10^4; ``docs/defaults.md``)."""
 
 
 class RationalQuadraticSpline:
