@@ -8,6 +8,7 @@ import math
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -1103,3 +1104,22 @@ def test_cli_spells_a_divergence_with_its_options(tmp_path, capsys):
     code = cli.main(["fit", "--data", "moons", "--steps", "0", "--quiet", "--device", "cpu",
                      "--out", str(tmp_path / "p")])
     assert code == 2 and "'--steps' should be >= 1, got 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ precision of the cast
+
+
+def test_fit_warns_when_the_cast_rounds_a_column_away():
+    """float64 data at 1e4 with a spread of 1e-3: float32 keeps less than one step of it."""
+    generator = np.random.default_rng(0)
+    x = np.c_[1e4 + generator.normal(0, 1e-3, 300), generator.normal(size=300)]
+    options = dict(steps=1, batch_size=100, progress=False, seed=0)
+    with pytest.warns(flowkit.train.PrecisionWarning, match=r"'data', column 0, .*torch.float32"):
+        fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x, **options)
+    with pytest.warns(flowkit.train.PrecisionWarning, match="the context of 'data', column 0"):
+        conditional = flowkit.MAF(1, layers=1, hidden_features=(8,), context_features=2)
+        fit(conditional, (x[:, 1:], x), **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", flowkit.train.PrecisionWarning)
+        fit(flowkit.MAF(2, layers=1, hidden_features=(8,)).double(), x, **options)  # no cast
+        fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x - x.mean(0), **options)  # centred

@@ -4,6 +4,7 @@ options (:class:`TrainOptions`), callbacks, checkpoints, resume and ``torchrun``
 
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
+from .data import PrecisionWarning
 from .distributed import is_main_process, resolve_device
 from .history import History
 from .likelihood import fit
@@ -18,6 +19,7 @@ __all__ = [
     "DivergenceError",
     "History",
     "NonFiniteLossError",
+    "PrecisionWarning",
     "Progress",
     "TrainOptions",
     "fit",

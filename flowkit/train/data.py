@@ -18,6 +18,7 @@ position, so that a resumed run sees exactly the batches an uninterrupted run wo
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -97,8 +98,16 @@ def split_pair(name: str, value: Any) -> tuple[Any, Any]:
 
 
 def load_arrays(name: str, value: Any, device: torch.device, dtype: torch.dtype) -> Batch:
-    """Validate and move an in-memory dataset ``x`` or ``(x, context)`` to ``device`` once."""
-    x, c = as_batch(name, *split_pair(name, value), device, dtype)
+    """Validate and move an in-memory dataset ``x`` or ``(x, context)`` to ``device`` once.
+
+    Warns (:class:`PrecisionWarning`) when casting to ``dtype`` leaves a column with fewer than
+    :data:`MIN_LEVELS` representable steps per standard deviation (data far from zero compared
+    with their spread, such as timestamps in seconds or a measurement with a large offset):
+    the model would see them coarsely rounded, before its standardization could help."""
+    raw = split_pair(name, value)
+    for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
+        _warn_if_rounded(label, t, dtype)
+    x, c = as_batch(name, *raw, device, dtype)
     if x.dim() < 2:
         raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
     if x.shape[0] == 0:
@@ -114,6 +123,42 @@ def load_arrays(name: str, value: Any, device: torch.device, dtype: torch.dtype)
             bad = int((~torch.isfinite(t)).any(dim=1).nonzero()[0])
             raise ValueError(f"'{name}' {what} contains NaN or Inf values (first at row {bad})")
     return x, c
+
+
+MIN_LEVELS = 1000
+"""Fewest representable steps per standard deviation of a column that :func:`load_arrays`
+accepts without a :class:`PrecisionWarning` (about 10 bits of the spread)."""
+
+
+class PrecisionWarning(UserWarning):
+    """Casting the data to the model's dtype rounds a column to a few steps of its spread."""
+
+
+def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:
+    """Warn if casting the floating array ``t`` ``(N, D)`` to ``dtype`` keeps fewer than
+    :data:`MIN_LEVELS` steps per standard deviation in some column: the step near ``v`` is about
+    ``eps(dtype) |v|``."""
+    if isinstance(t, np.ndarray) and t.dtype.kind == "f":
+        t = torch.from_numpy(t)
+    if not (isinstance(t, Tensor) and t.is_floating_point() and t.dim() == 2 and len(t) > 1):
+        return
+    if torch.finfo(t.dtype).eps >= torch.finfo(dtype).eps:
+        return  # not a cast to a coarser type
+    t = t.detach().double()
+    spread, size = t.std(dim=0), t.abs().amax(dim=0)
+    levels = spread / (torch.finfo(dtype).eps * size).clamp_min(torch.finfo(dtype).tiny)
+    coarse = ((levels < MIN_LEVELS) & (spread > 0)).nonzero().flatten().tolist()
+    if coarse:
+        j = coarse[0]
+        warnings.warn(
+            f"{label}, column {j}, has a standard deviation of {spread[j].item():.3g} at values "
+            f"up to {size[j].item():.3g}: cast to {dtype} it keeps about "
+            f"{levels[j].item():.3g} steps per standard deviation ({len(coarse)} column(s) "
+            "like it). Subtract a typical value first (e.g. x - x.mean(0), in float64), or "
+            "train a float64 model (model.double())",
+            PrecisionWarning,
+            stacklevel=4,
+        )
 
 
 class TensorSource:

@@ -69,7 +69,9 @@ def fit(
 
             Floating ``x`` and every context are cast to the model's floating dtype; integer and
             bool ``x`` (class indices for a :class:`~flowkit.CategoricalMADE`) keep their dtype.
-            Complex values are refused.
+            Complex values are refused. Array data that the cast rounds to fewer than 1000 steps
+            per standard deviation in some column raise a
+            :class:`~flowkit.train.PrecisionWarning`.
 
             Before the first step, the model's uninitialised
             :class:`~flowkit.transforms.Standardize` modules (the builders' default
