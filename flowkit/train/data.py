@@ -157,7 +157,7 @@ def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:
             "like it). Subtract a typical value first (e.g. x - x.mean(0), in float64), or "
             "train a float64 model (model.double())",
             PrecisionWarning,
-            stacklevel=4,
+            stacklevel=5,  # the caller of fit (fit -> _make_source or _make_validation -> here)
         )
 
 

@@ -87,9 +87,9 @@ class RationalQuadraticSpline:
     below, with log-derivative :math:`\log\delta_K` or :math:`\log\delta_0`, so the map is
     continuously differentiable everywhere. Linear tails learn :math:`\delta_0, \delta_K`, so
     they can compress data far out (heavy tails) and stretch them a little (at most by
-    ``MAX_TAIL_SLOPE`` (1.1)); identity tails fix them to 1. The
-    spline is evaluated on clamped inputs and then discarded outside, so neither value nor
-    gradient of the unused branch can be NaN or infinite.
+    ``MAX_TAIL_SLOPE``, 1.1); identity tails fix them to 1. The spline is evaluated on clamped
+    inputs and then discarded outside, so neither value nor gradient of the unused branch can be
+    NaN or infinite.
 
     Args:
         bins: number of bins ``K`` (at least 2). The defaults, 16 bins on ``[-5, 5]`` with
@@ -163,17 +163,19 @@ class RationalQuadraticSpline:
         x_knots = self._cumulative_knots(raw_widths, self.min_bin_width)
         y_knots = self._cumulative_knots(raw_heights, self.min_bin_height)
         if self.tails == "identity":
-            inner = raw_derivatives
-        else:
-            inner = raw_derivatives[..., 1:-1]
-            # the boundary slopes, bounded: in (min_derivative, MAX_TAIL_SLOPE), 1 at raw 0
-            ends = self.min_derivative + (MAX_TAIL_SLOPE - self.min_derivative) * torch.sigmoid(
-                raw_derivatives[..., [0, -1]] + self._tail_shift
-            )
-        derivatives = self.min_derivative + F.softplus(inner + self._derivative_shift)
-        if self.tails == "identity":
-            return x_knots, y_knots, F.pad(derivatives, (1, 1), value=1.0)
-        return x_knots, y_knots, torch.cat([ends[..., :1], derivatives, ends[..., 1:]], dim=-1)
+            return x_knots, y_knots, F.pad(self._interior(raw_derivatives), (1, 1), value=1.0)
+        # the boundary slopes, bounded: in (min_derivative, MAX_TAIL_SLOPE), 1 at raw 0
+        low, high = (
+            self.min_derivative
+            + (MAX_TAIL_SLOPE - self.min_derivative) * torch.sigmoid(raw + self._tail_shift)
+            for raw in (raw_derivatives[..., :1], raw_derivatives[..., -1:])
+        )
+        interior = self._interior(raw_derivatives[..., 1:-1])
+        return x_knots, y_knots, torch.cat([low, interior, high], dim=-1)
+
+    def _interior(self, raw: Tensor) -> Tensor:
+        """Interior knot derivatives from their raw values (1 at raw 0)."""
+        return self.min_derivative + F.softplus(raw + self._derivative_shift)
 
     def _cumulative_knots(self, raw: Tensor, min_fraction: float) -> Tensor:
         fractions = min_fraction + (1.0 - self.bins * min_fraction) * torch.softmax(raw, dim=-1)
