@@ -101,6 +101,8 @@ def register_model(
             raise TypeError(f"{key}: a registered constructor cannot take *args")
         if key in _CONSTRUCTORS and _origin(_CONSTRUCTORS[key]) != _origin(constructor):
             raise ValueError(f"a model constructor named {key!r} is already registered")
+        _ADDED[key] = dict(added or {})
+        _VERSIONS[key] = (version, upgrade)
 
         def record(model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
             bound = signature.bind(*args, **kwargs)
@@ -126,8 +128,6 @@ def register_model(
 
             constructor.__init__ = __init__  # type: ignore[misc]
             _CONSTRUCTORS[key] = constructor
-            _ADDED[key] = dict(added or {})
-            _VERSIONS[key] = (version, upgrade)
             return constructor
 
         @functools.wraps(constructor)
@@ -137,8 +137,6 @@ def register_model(
             return model
 
         _CONSTRUCTORS[key] = build
-        _ADDED[key] = dict(added or {})
-        _VERSIONS[key] = (version, upgrade)
         return build  # type: ignore[return-value]
 
     return decorate

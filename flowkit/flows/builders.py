@@ -122,9 +122,7 @@ def _autoregressive_flow(
             "'learnable_base' and 'conditional_base' are both True; pass one (a conditional "
             "base learns its mean and scale as functions of the context)"
         )
-    if base_context not in ("embedded", "raw"):
-        raise ValueError(f"'base_context' should be 'embedded' or 'raw', got {base_context!r}")
-    if base_context == "raw" and not conditional_base:
+    if base_context == "raw" and not conditional_base:  # Flow checks the value itself
         raise ValueError("'base_context' is 'raw' but 'conditional_base' is False")
     if context_features == 0 and (embedding is not None or conditional_base):
         given = "'embedding' was given" if embedding is not None else "'conditional_base' is True"
