@@ -519,6 +519,11 @@ BAD_CALLS = {
         ValueError,
         r"'batch_size' \(256\) exceeds the number of training rows \(100\)",
     ),
+    "integer-data-for-a-flow": (
+        lambda m: fit(m, torch.ones(100, 2, dtype=torch.long), steps=1, **QUIET),
+        TypeError,
+        r"'data' holds torch.int64 values, which Flow.log_prob refuses .*dequantization",
+    ),
     "nan-in-data": (
         lambda m: fit(
             m, torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), steps=1, batch_size=1, **QUIET
@@ -1104,6 +1109,31 @@ def test_cli_spells_a_divergence_with_its_options(tmp_path, capsys):
     code = cli.main(["fit", "--data", "moons", "--steps", "0", "--quiet", "--device", "cpu",
                      "--out", str(tmp_path / "p")])
     assert code == 2 and "'--steps' should be >= 1, got 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ defaults for small data
+
+
+def test_default_batch_size_is_256_capped_by_the_rows():
+    """Without ``batch_size``: 256 rows per step, or all of them when there are fewer."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    assert len(fit(flow, gaussian(50), epochs=3, seed=0, **QUIET).train_loss) == 3
+    assert len(fit(flow, gaussian(600), epochs=3, seed=0, **QUIET).train_loss) == 6
+
+
+def test_fit_warns_about_a_constant_column():
+    x = gaussian(200)
+    x[:, 1] = 3.0
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    with pytest.warns(flowkit.train.DataWarning, match=r"'data', column 1, holds a single value "
+                      r"\(3\) in all 200 rows"):
+        fit(flow, x, steps=1, seed=0, **QUIET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", flowkit.train.DataWarning)
+        fit(flow, gaussian(200), steps=1, seed=0, **QUIET)
+        context = torch.ones(200, 1)  # a constant context is no point mass: no warning
+        fit(flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1),
+            (gaussian(200), context), steps=1, seed=0, **QUIET)
 
 
 # ------------------------------------------------------------------ precision of the cast

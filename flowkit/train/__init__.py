@@ -4,7 +4,7 @@ options (:class:`TrainOptions`), callbacks, checkpoints, resume and ``torchrun``
 
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
-from .data import PrecisionWarning
+from .data import DataWarning, PrecisionWarning
 from .distributed import is_main_process, resolve_device
 from .history import History
 from .likelihood import fit
@@ -16,6 +16,7 @@ __all__ = [
     "CHECKPOINT_NAME",
     "DEFAULTS",
     "Callbacks",
+    "DataWarning",
     "DivergenceError",
     "History",
     "NonFiniteLossError",

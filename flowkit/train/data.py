@@ -97,17 +97,23 @@ def split_pair(name: str, value: Any) -> tuple[Any, Any]:
     return value, None
 
 
-def load_arrays(name: str, value: Any, device: torch.device, dtype: torch.dtype) -> Batch:
+def load_arrays(
+    name: str, value: Any, device: torch.device, dtype: torch.dtype, training: bool = False
+) -> Batch:
     """Validate and move an in-memory dataset ``x`` or ``(x, context)`` to ``device`` once.
 
     Warns (:class:`PrecisionWarning`) when casting to ``dtype`` leaves a column with fewer than
     :data:`MIN_LEVELS` representable steps per standard deviation (data far from zero compared
     with their spread, such as timestamps in seconds or a measurement with a large offset):
-    the model would see them coarsely rounded, before its standardization could help."""
+    the model would see them coarsely rounded, before its standardization could help. With
+    ``training=True``, also warns (:class:`DataWarning`) when a floating column of ``x`` is
+    constant."""
     raw = split_pair(name, value)
     for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
         _warn_if_rounded(label, t, dtype)
     x, c = as_batch(name, *raw, device, dtype)
+    if training:
+        _warn_if_constant(name, x)
     if x.dim() < 2:
         raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
     if x.shape[0] == 0:
@@ -130,8 +136,31 @@ MIN_LEVELS = 1000
 accepts without a :class:`PrecisionWarning` (about 10 bits of the spread)."""
 
 
-class PrecisionWarning(UserWarning):
+class DataWarning(UserWarning):
+    """Training data that a density model cannot fit as given (see :func:`load_arrays`)."""
+
+
+class PrecisionWarning(DataWarning):
     """Casting the data to the model's dtype rounds a column to a few steps of its spread."""
+
+
+def _warn_if_constant(name: str, x: Tensor) -> None:
+    """Warn if a floating column of ``x`` ``(N, D)``, ``N > 1``, holds one value: its density is
+    a point mass, which a flow approaches by contracting that column at every layer, so the
+    training NLL falls without bound while a test row with another value scores nonsense."""
+    if not x.is_floating_point() or x.dim() != 2 or x.shape[0] < 2:
+        return
+    constant = (x == x[:1]).all(dim=0).nonzero().flatten().tolist()
+    if constant:
+        j = constant[0]
+        warnings.warn(
+            f"'{name}', column {j}, holds a single value ({x[0, j].item():.6g}) in all "
+            f"{x.shape[0]} rows ({len(constant)} constant column(s): {constant[:10]}): a density "
+            "over it is a point mass, so the training NLL falls without bound while the model "
+            "contracts that column; drop constant columns before fitting",
+            DataWarning,
+            stacklevel=5,  # the caller of fit (fit -> _make_source -> load_arrays -> this -> warn)
+        )
 
 
 def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:

@@ -42,7 +42,7 @@ def fit(
     valid: Any = None,
     steps: int | None = None,
     epochs: int | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     valid_every: int | None = None,
     early_stopping_patience: int | None = None,
     restore_best: bool | None = None,
@@ -86,8 +86,10 @@ def fit(
         epochs: number of passes over finite ``data`` (``len(data) // batch_size`` steps each for
             arrays, ``len(loader)`` for DataLoaders).
         batch_size: global batch size (split evenly over ``torchrun`` processes, so results do
-            not depend on the number of processes). Ignored for DataLoaders, which batch
-            themselves.
+            not depend on the number of processes). Default ``None``: 256 rows, or all of them
+            when array ``data`` has fewer (then every step is a full-batch step); a
+            ``batch_size`` you pass that exceeds the rows is an error. Ignored for DataLoaders,
+            which batch themselves.
         valid_every: steps between validations; default once per epoch for arrays and
             DataLoaders with a length, else every 100 steps.
         early_stopping_patience: stop after this many validations without a new best validation
@@ -135,7 +137,8 @@ def fit(
                         ("early_stopping_patience", early_stopping_patience)):
         if value is not None:
             check_int(name, value, minimum=1)
-    check_int("batch_size", batch_size, minimum=1)
+    if batch_size is not None:
+        check_int("batch_size", batch_size, minimum=1)
     if restore_best is not None:
         check_bool("restore_best", restore_best)
     if early_stopping_patience is not None and valid is None:
@@ -146,7 +149,7 @@ def fit(
                             " needs validation data: pass ", Mention("valid"))
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
         dtype = _float_dtype(model)
-        source = _make_source(data, int(batch_size), s, dtype)
+        source = _make_source(data, batch_size, s, dtype)
         if epochs is not None:
             if source.batches_per_epoch is None:
                 raise ArgumentError(
@@ -157,7 +160,7 @@ def fit(
         assert steps is not None
         validate = None
         if valid is not None:
-            validate = _make_validation(model, valid, int(batch_size), s, dtype)
+            validate = _make_validation(model, valid, batch_size or DEFAULT_BATCH_SIZE, s, dtype)
             valid_every = valid_every or source.batches_per_epoch or 100
         keep_best = valid is not None if restore_best is None else restore_best
         plan = Plan(int(steps), valid_every, early_stopping_patience, keep_best)
@@ -172,15 +175,23 @@ def _float_dtype(model: nn.Module) -> torch.dtype:
     return torch.get_default_dtype()
 
 
+DEFAULT_BATCH_SIZE = 256
+""":func:`fit`'s batch size when none is passed (capped by the rows of array data)."""
+
+
 def _make_source(
-    data: Any, batch_size: int, s: Session, dtype: torch.dtype
+    data: Any, batch_size: int | None, s: Session, dtype: torch.dtype
 ) -> TensorSource | LoaderSource | SamplerSource:
     if isinstance(data, DataLoader):
         return LoaderSource(data, s.dist, s.device, dtype)
     if callable(data) and not isinstance(data, Tensor | np.ndarray):
-        return SamplerSource(data, batch_size, s.seed, s.dist, s.device, dtype)
+        return SamplerSource(data, batch_size or DEFAULT_BATCH_SIZE, s.seed, s.dist, s.device,
+                             dtype)
     if isinstance(data, Tensor | np.ndarray | tuple):
-        return TensorSource(load_arrays("data", data, s.device, dtype), batch_size, s.seed, s.dist)
+        arrays = load_arrays("data", data, s.device, dtype, training=True)
+        if batch_size is None:
+            batch_size = min(DEFAULT_BATCH_SIZE, arrays[0].shape[0])
+        return TensorSource(arrays, batch_size, s.seed, s.dist)
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
         f"function sample(n, generator); got {type(data).__name__}"
@@ -217,6 +228,15 @@ def _check_first_batch(
     try:
         with torch.no_grad():
             out = log_prob(model, x[:2], None if context is None else context[:2])
+    except TypeError as e:
+        if x.is_floating_point():
+            raise
+        raise TypeError(
+            f"'{name}' holds {x.dtype} values, which {type(model).__name__}.log_prob refuses "
+            f"({e}). A flow is a density over real values: pass floating data (x.float()); "
+            "for integer-valued data, add uniform noise in [0, 1) to each value "
+            "(dequantization), or a density on them grows without bound"
+        ) from e
     finally:
         model.train(was_training)
     if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
