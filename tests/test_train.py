@@ -1121,6 +1121,43 @@ def test_default_batch_size_is_256_capped_by_the_rows():
     assert len(fit(flow, gaussian(600), epochs=3, seed=0, **QUIET).train_loss) == 6
 
 
+class _RowRecorder(nn.Module):
+    """A Gaussian with a learnable mean that records the rows (their first coordinate, a row
+    id) of every batch it scores with gradients (training) and without (validation)."""
+
+    features = 2
+
+    def __init__(self):
+        super().__init__()
+        self.loc = nn.Parameter(torch.zeros(2))
+        self.trained: set[int] = set()
+        self.validated: set[int] = set()
+
+    def log_prob(self, x):
+        ids = {int(i) for i in x[:, 0]}
+        (self.trained if torch.is_grad_enabled() else self.validated).update(ids)
+        return -0.5 * ((x - self.loc) ** 2).sum(-1)
+
+
+def test_valid_as_a_fraction_holds_out_rows_of_the_data():
+    x = torch.stack([torch.arange(200.0), torch.randn(200)], 1)
+    model = _RowRecorder()
+    history = fit(model, x, valid=0.25, epochs=3, seed=0, **QUIET)
+    assert len(history.train_loss) == 3  # 150 training rows, one full batch per epoch
+    validated = model.validated - model.trained  # the first-batch check also scores 2 rows
+    assert len(model.trained) == 150 and len(validated) == 50
+    assert model.trained | validated == set(range(200))
+    again = _RowRecorder()
+    fit(again, x, valid=0.25, epochs=1, seed=0, **QUIET)
+    assert again.trained == model.trained  # the seed draws the split
+    for bad, message in ((1.0, r"in \(0, 1\), got 1.0"), (0.001, "holds out 0")):
+        with pytest.raises(ValueError, match=message):
+            fit(_RowRecorder(), x, valid=bad, steps=1, **QUIET)
+    with pytest.raises(ValueError, match=r"valid=0.1 holds out a fraction of array data, but 'data' is a function"):
+        fit(_RowRecorder(), lambda n, g: torch.randn(n, 2, generator=g), valid=0.1, steps=1,
+            **QUIET)
+
+
 def test_fit_warns_about_a_constant_column():
     x = gaussian(200)
     x[:, 1] = 3.0

@@ -24,6 +24,7 @@ from .data import (
     SamplerSource,
     TensorSource,
     as_batch,
+    derive_seed,
     first_batch,
     load_arrays,
     split_pair,
@@ -78,7 +79,9 @@ def fit(
             ``standardize=True``) are set from the whole of array ``data`` (a pass that stops at
             them); with a DataLoader or a sampling function the first training batch sets them.
         valid: validation data as a tensor, array, pair or DataLoader, whose mean negative
-            log-likelihood is the validation loss; or a function ``valid(model) -> float``
+            log-likelihood is the validation loss; a fraction in (0, 1) of array ``data`` to
+            hold out for it (e.g. ``valid=0.1``: a random tenth of the rows, drawn from
+            ``seed``, validates and the rest trains); or a function ``valid(model) -> float``
             returning the validation loss itself (called in evaluation mode without gradients,
             e.g. to score a MADE with one fixed mask set). Computed every ``valid_every`` steps
             and at the end.
@@ -147,9 +150,12 @@ def fit(
     if restore_best and valid is None:
         raise ArgumentError("restore_best", Mention("restore_best", True),
                             " needs validation data: pass ", Mention("valid"))
+    holdout = _holdout_fraction(valid)
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
         dtype = _float_dtype(model)
-        source = _make_source(data, batch_size, s, dtype)
+        source, held_out = _make_source(data, batch_size, s, dtype, holdout)
+        if held_out is not None:
+            valid = held_out
         if epochs is not None:
             if source.batches_per_epoch is None:
                 raise ArgumentError(
@@ -179,19 +185,51 @@ DEFAULT_BATCH_SIZE = 256
 """:func:`fit`'s batch size when none is passed (capped by the rows of array data)."""
 
 
+def _holdout_fraction(valid: Any) -> float | None:
+    """``valid`` as the fraction of array data to hold out, or ``None`` if it is data."""
+    if not isinstance(valid, float):
+        return None
+    if not 0 < valid < 1:
+        raise ArgumentError("valid", "as a fraction of the data to hold out should be in "
+                            f"(0, 1), got {valid!r}")
+    return valid
+
+
+HOLDOUT_SEED_KEY = 7
+"""Mixed with the run's seed to draw the rows that ``valid=<fraction>`` holds out."""
+
+
 def _make_source(
-    data: Any, batch_size: int | None, s: Session, dtype: torch.dtype
-) -> TensorSource | LoaderSource | SamplerSource:
+    data: Any, batch_size: int | None, s: Session, dtype: torch.dtype, holdout: float | None
+) -> tuple[TensorSource | LoaderSource | SamplerSource, tuple[Tensor, Tensor | None] | None]:
+    """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
+    fraction) is given: a random subset of array data, drawn from the run's seed."""
+    if holdout is not None and not isinstance(data, Tensor | np.ndarray | tuple):
+        raise ArgumentError("valid", Mention("valid", holdout), " holds out a fraction of array "
+                            f"data, but 'data' is a {type(data).__name__}: pass validation data")
     if isinstance(data, DataLoader):
-        return LoaderSource(data, s.dist, s.device, dtype)
+        return LoaderSource(data, s.dist, s.device, dtype), None
     if callable(data) and not isinstance(data, Tensor | np.ndarray):
-        return SamplerSource(data, batch_size or DEFAULT_BATCH_SIZE, s.seed, s.dist, s.device,
-                             dtype)
+        source = SamplerSource(data, batch_size or DEFAULT_BATCH_SIZE, s.seed, s.dist,
+                               s.device, dtype)
+        return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
-        arrays = load_arrays("data", data, s.device, dtype, training=True)
+        x, c = load_arrays("data", data, s.device, dtype, training=True)
+        held_out = None
+        if holdout is not None:
+            n, k = x.shape[0], round(holdout * x.shape[0])
+            if not 1 <= k < n:
+                raise ArgumentError(
+                    "valid", Mention("valid", holdout), f" of {n} rows holds out {k}; "
+                    "at least one row should validate and one train",
+                )
+            g = torch.Generator().manual_seed(derive_seed(s.seed, HOLDOUT_SEED_KEY))
+            rows = torch.randperm(n, generator=g).to(x.device)
+            held_out = (x[rows[:k]], None if c is None else c[rows[:k]])
+            x, c = x[rows[k:]], None if c is None else c[rows[k:]]
         if batch_size is None:
-            batch_size = min(DEFAULT_BATCH_SIZE, arrays[0].shape[0])
-        return TensorSource(arrays, batch_size, s.seed, s.dist)
+            batch_size = min(DEFAULT_BATCH_SIZE, x.shape[0])
+        return TensorSource((x, c), batch_size, s.seed, s.dist), held_out
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
         f"function sample(n, generator); got {type(data).__name__}"
