@@ -60,6 +60,7 @@ OPTIONS = {
     "seed": "--seed",
     "device": "--device",
     "data": "--data",
+    "valid": "--valid-fraction",
 }
 """The option of this command that sets each argument of :func:`~flowkit.train.fit`: errors
 of ``fit`` are spelled with them (:func:`~flowkit.app.common.as_options`)."""
@@ -194,12 +195,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "has neither"
             )
         data, valid, features = load_toy(args.data, args.valid_size, args.seed)
+        shown = valid  # the rows the samples are plotted over
         context_features = 0
     else:
-        data, valid, features, context_features = load_file(
-            Path(args.data), args.valid_fraction, args.seed, args.key, args.context
-        )
+        if not 0.0 <= args.valid_fraction < 1.0:
+            raise ValueError(
+                f"'--valid-fraction' should be in [0, 1), got {args.valid_fraction}"
+            )
+        data, features, context_features = load_file(Path(args.data), args.key, args.context)
+        valid = args.valid_fraction or None  # fit holds out that share of the rows
+        shown = data
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
+        rows -= round(args.valid_fraction * rows)
         if args.batch_size > rows:
             print(
                 f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "
@@ -267,8 +274,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         write_bytes_atomic(args.out / "history.json", text.encode())
         title = f"{args.flow.upper()} on {args.data}"
         plot_losses(history, args.out / "loss.png", title, entropy=metrics.get("entropy"))
-        if features == 2 and valid is not None:
-            plot_samples(flow, valid, args.out / "samples.png", title)
+        if features == 2:
+            plot_samples(flow, shown, args.out / "samples.png", title)
     return metrics
 
 

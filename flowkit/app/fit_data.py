@@ -1,9 +1,10 @@
 """The data of ``flowkit fit``: a toy dataset's sampler, or the rows of a .npy/.npz file.
 
 :func:`load_toy` gives a sampling function, drawn afresh at every step, and a fixed validation
-set; :func:`load_file` reads an ``(N, D)`` array, splits off its ``--context`` (columns, or
-another array of the .npz) and holds out a random ``--valid-fraction`` of the rows. Both return
-data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, context)``.
+set; :func:`load_file` reads an ``(N, D)`` array and splits off its ``--context`` (columns, or
+another array of the .npz); ``fit(valid=<fraction>)`` then holds out ``--valid-fraction`` of its
+rows. Both return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or
+``(x, context)``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ def load_toy(name: str, valid_size: int, seed: int) -> tuple[Any, torch.Tensor, 
 
 
 def load_file(
-    path: Path, valid_fraction: float, seed: int, key: str | None, context: list[str] | None
-) -> tuple[Any, Any, int, int]:
-    """Training and validation data (``x`` or ``(x, context)``), ``D`` and ``C`` of a file."""
+    path: Path, key: str | None, context: list[str] | None
+) -> tuple[Any, int, int]:
+    """The data of a file (``x`` or ``(x, context)``), ``D`` and ``C``."""
     if path.suffix not in (".npy", ".npz") or not path.is_file():
         from flowkit.data import TOY_DATASETS
 
@@ -39,8 +40,6 @@ def load_file(
             f"'--data' should be a toy dataset ({', '.join(TOY_DATASETS)}) or an existing .npy "
             f"or .npz file, got '{path}'"
         )
-    if not 0.0 <= valid_fraction < 1.0:
-        raise ValueError(f"'--valid-fraction' should be in [0, 1), got {valid_fraction}")
     if path.suffix == ".npy":
         if key is not None:
             raise ValueError(f"'--key' names an array of a .npz file; '{path}' is a .npy file")
@@ -67,16 +66,8 @@ def load_file(
     c = None
     if context is not None:
         loaded, c = _split_context(loaded, arrays, context, key, path)
-    rows = np.random.default_rng(seed).permutation(loaded.shape[0])
-    n_valid = round(valid_fraction * loaded.shape[0])
-    if n_valid == loaded.shape[0]:
-        raise ValueError(f"'--valid-fraction' {valid_fraction} leaves no training rows")
-
-    def part(index: np.ndarray) -> Any:
-        return loaded[index] if c is None else (loaded[index], c[index])
-
-    valid = part(rows[:n_valid]) if n_valid else None
-    return part(rows[n_valid:]), valid, loaded.shape[1], 0 if c is None else c.shape[1]
+    data = loaded if c is None else (loaded, c)
+    return data, loaded.shape[1], 0 if c is None else c.shape[1]
 
 
 def _split_context(
