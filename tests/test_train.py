@@ -1153,7 +1153,8 @@ def test_valid_as_a_fraction_holds_out_rows_of_the_data():
     for bad, message in ((1.0, r"in \(0, 1\), got 1.0"), (0.001, "holds out 0")):
         with pytest.raises(ValueError, match=message):
             fit(_RowRecorder(), x, valid=bad, steps=1, **QUIET)
-    with pytest.raises(ValueError, match=r"valid=0.1 holds out a fraction of array data, but 'data' is a function"):
+    with pytest.raises(ValueError, match=r"valid=0.1 holds out a fraction of array data, but "
+                       r"'data' is a function"):
         fit(_RowRecorder(), lambda n, g: torch.randn(n, 2, generator=g), valid=0.1, steps=1,
             **QUIET)
 
