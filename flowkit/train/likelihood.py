@@ -214,26 +214,36 @@ def _make_source(
                                s.device, dtype)
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
-        x, c = load_arrays("data", data, s.device, dtype, training=True)
+        arrays = load_arrays("data", data, s.device, dtype, training=True)
         held_out = None
         if holdout is not None:
-            n, k = x.shape[0], round(holdout * x.shape[0])
-            if not 1 <= k < n:
-                raise ArgumentError(
-                    "valid", Mention("valid", holdout), f" of {n} rows holds out {k}; "
-                    "at least one row should validate and one train",
-                )
-            g = torch.Generator().manual_seed(derive_seed(s.seed, HOLDOUT_SEED_KEY))
-            rows = torch.randperm(n, generator=g).to(x.device)
-            held_out = (x[rows[:k]], None if c is None else c[rows[:k]])
-            x, c = x[rows[k:]], None if c is None else c[rows[k:]]
+            arrays, held_out = _hold_out(arrays, holdout, s.seed)
         if batch_size is None:
-            batch_size = min(DEFAULT_BATCH_SIZE, x.shape[0])
-        return TensorSource((x, c), batch_size, s.seed, s.dist), held_out
+            batch_size = min(DEFAULT_BATCH_SIZE, arrays[0].shape[0])
+        return TensorSource(arrays, batch_size, s.seed, s.dist), held_out
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
         f"function sample(n, generator); got {type(data).__name__}"
     )
+
+
+def _hold_out(
+    arrays: tuple[Tensor, Tensor | None], fraction: float, seed: int
+) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
+    """``(training, held_out)``: a random ``fraction`` of the rows (drawn from ``seed``) held
+    out of ``arrays`` ``(x, context)``."""
+    x, c = arrays
+    n, k = x.shape[0], round(fraction * x.shape[0])
+    if not 1 <= k < n:
+        raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out {k}; "
+                            "at least one row should validate and one train")
+    g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
+    rows = torch.randperm(n, generator=g).to(x.device)
+
+    def take(r: Tensor) -> tuple[Tensor, Tensor | None]:
+        return x[r], None if c is None else c[r]
+
+    return take(rows[k:]), take(rows[:k])
 
 
 def _check_first_batch(
