@@ -39,3 +39,17 @@ def test_timing_mode_measures_every_model(tmp_path):
     timing = json.loads((out / "timing.json").read_text())
     assert set(timing["two_moons"]) == {"flowkit-maf", "sbi-maf"}
     assert all(t > 0 for t in timing["two_moons"].values())
+
+
+@pytest.mark.parametrize("name", sorted(sbibm.MODELS))
+def test_every_model_builds_a_density_estimator(name):
+    """Each model of the table, built as the command builds it, gives finite log-densities and
+    samples of sbi's shapes."""
+    import torch
+
+    torch.manual_seed(0)
+    theta, x = torch.randn(64, 2), torch.randn(64, 3)
+    estimator = sbibm._builder(name, seed=0)(theta, x)
+    log_prob = estimator.log_prob(theta[None], x)
+    assert log_prob.shape == (1, 64) and torch.isfinite(log_prob).all()
+    assert estimator.sample((5,), x[:2]).shape == (5, 2, 2)

@@ -49,13 +49,20 @@ MODELS: dict[str, dict[str, Any]] = {
                            "transformer": "spline",
                            "transformer_kwargs": {"bins": 10, "bound": 3.0,
                                                   "tails": "identity"}},
+    "flowkit-spline-res-cb": {"library": "flowkit", "model": "maf", "layers": 5,
+                              "hidden_features": [50] * 5, "residual": True,
+                              "transformer": "spline", "conditional_base": True,
+                              "transformer_kwargs": {"bins": 10, "bound": 3.0,
+                                                     "tails": "identity"}},
 }
 """The density estimators compared: sbi's defaults (5 transforms, 50 hidden units) and flowkit
 MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline with 8
 bins on [-4, 4]; ``flowkit-spline-res`` has the sizes of sbi's NSF: splines with 10 bins on
 [-3, 3], and MADEs of width 50 with as many linear maps as sbi's residual network of 2 blocks
-of 2 layers, the first hidden layer followed by 4 residual blocks). The splines keep the
-identity tails (as sbi's NSF) with which docs/sbi.md was measured."""
+of 2 layers, the first hidden layer followed by 4 residual blocks); ``flowkit-spline-res-cb``
+is that flow on a conditional Gaussian base (mean and scale linear in the standardized
+observation). The splines keep the identity tails (as sbi's NSF) with which docs/sbi.md was
+measured."""
 
 
 def _sbibm() -> Any:
