@@ -1172,6 +1172,25 @@ def test_fit_warns_about_a_constant_column():
         context = torch.ones(200, 1)  # a constant context is no point mass: no warning
         fit(flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1),
             (gaussian(200), context), steps=1, seed=0, **QUIET)
+        binary = (torch.rand(200, 3) < 0.3).float()  # a discrete model of discrete data
+        fit(flowkit.BernoulliMADE(3, hidden_features=(8,)), binary, steps=1, seed=0, **QUIET)
+
+
+def test_fit_warns_about_a_column_of_few_values():
+    """Rounded data: 9 distinct values in 400 rows (at most 5% of the rows) is a warning, 21 is
+    not."""
+    x = gaussian(400)
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    few = x.clone()
+    few[:, 0] = few[:, 0].round().clamp(-4, 4)
+    with pytest.warns(flowkit.train.DataWarning,
+                      match=r"'data', column 0, takes only \d distinct values in 400 rows"):
+        fit(flow, few, steps=1, seed=0, **QUIET)
+    enough = x.clone()
+    enough[:, 0] = torch.arange(400.0) % 21
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", flowkit.train.DataWarning)
+        fit(flow, enough, steps=1, seed=0, **QUIET)
 
 
 # ------------------------------------------------------------------ precision of the cast

@@ -98,7 +98,7 @@ def split_pair(name: str, value: Any) -> tuple[Any, Any]:
 
 
 def load_arrays(
-    name: str, value: Any, device: torch.device, dtype: torch.dtype, training: bool = False
+    name: str, value: Any, device: torch.device, dtype: torch.dtype, density: bool = False
 ) -> Batch:
     """Validate and move an in-memory dataset ``x`` or ``(x, context)`` to ``device`` once.
 
@@ -106,14 +106,13 @@ def load_arrays(
     :data:`MIN_LEVELS` representable steps per standard deviation (data far from zero compared
     with their spread, such as timestamps in seconds or a measurement with a large offset):
     the model would see them coarsely rounded, before its standardization could help. With
-    ``training=True``, also warns (:class:`DataWarning`) when a floating column of ``x`` is
-    constant."""
+    ``density=True`` (training data of a continuous density, a :class:`~flowkit.Flow`), also
+    warns (:class:`DataWarning`) when a column of ``x`` is constant or takes few distinct values
+    (:func:`_warn_if_degenerate`)."""
     raw = split_pair(name, value)
     for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
         _warn_if_rounded(label, t, dtype)
     x, c = as_batch(name, *raw, device, dtype)
-    if training:
-        _warn_if_constant(name, x)
     if x.dim() < 2:
         raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
     if x.shape[0] == 0:
@@ -128,6 +127,8 @@ def load_arrays(
         if t is not None and not torch.isfinite(t).all():
             bad = int((~torch.isfinite(t)).any(dim=1).nonzero()[0])
             raise ValueError(f"'{name}' {what} contains NaN or Inf values (first at row {bad})")
+    if density:
+        _warn_if_degenerate(name, x)
     return x, c
 
 
@@ -144,23 +145,46 @@ class PrecisionWarning(DataWarning):
     """Casting the data to the model's dtype rounds a column to a few steps of its spread."""
 
 
-def _warn_if_constant(name: str, x: Tensor) -> None:
-    """Warn if a floating column of ``x`` ``(N, D)``, ``N > 1``, holds one value: its density is
-    a point mass, which a flow approaches by contracting that column at every layer, so the
-    training NLL falls without bound while a test row with another value scores nonsense."""
+FEW_VALUES = 0.05
+"""A floating training column with at most this share of distinct values among its rows (and
+at least two) raises a :class:`DataWarning` (see :func:`_warn_if_degenerate`)."""
+
+
+def _warn_if_degenerate(name: str, x: Tensor) -> None:
+    """Warn if a floating column of ``x`` ``(N, D)`` holds one value, or at most
+    ``FEW_VALUES * N`` distinct values. A density over such a column concentrates on those
+    values (a point mass for a constant column), which a flow approaches by contracting the
+    column at every layer: the training NLL falls without bound and the log-density of a value
+    between or outside them means nothing."""
     if not x.is_floating_point() or x.dim() != 2 or x.shape[0] < 2:
         return
-    constant = (x == x[:1]).all(dim=0).nonzero().flatten().tolist()
+    ordered = x.sort(dim=0).values
+    distinct = 1 + (ordered[1:] != ordered[:-1]).sum(dim=0)
+    constant = (distinct == 1).nonzero().flatten().tolist()
     if constant:
         j = constant[0]
-        warnings.warn(
+        _data_warning(
             f"'{name}', column {j}, holds a single value ({x[0, j].item():.6g}) in all "
             f"{x.shape[0]} rows ({len(constant)} constant column(s): {constant[:10]}): a density "
             "over it is a point mass, so the training NLL falls without bound while the model "
-            "contracts that column; drop constant columns before fitting",
-            DataWarning,
-            stacklevel=5,  # the caller of fit (fit -> _make_source -> load_arrays -> this -> warn)
+            "contracts that column; drop constant columns before fitting"
         )
+    few = ((distinct > 1) & (distinct <= FEW_VALUES * x.shape[0])).nonzero().flatten().tolist()
+    if few:
+        j = few[0]
+        _data_warning(
+            f"'{name}', column {j}, takes only {int(distinct[j])} distinct values in "
+            f"{x.shape[0]} rows ({len(few)} column(s) like it: {few[:10]}): a continuous density "
+            "concentrates on such values as it trains, so its log-density there grows and "
+            "means little; add uniform noise of one quantization step to the column "
+            "(dequantization), or model it with a discrete distribution"
+        )
+
+
+def _data_warning(message: str) -> None:
+    """A :class:`DataWarning` pointing at the caller of ``fit`` (fit -> _make_source ->
+    load_arrays -> _warn_if_degenerate -> here -> warn)."""
+    warnings.warn(message, DataWarning, stacklevel=6)
 
 
 def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:

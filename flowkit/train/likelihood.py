@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ..flows import Flow
 from ..transforms.standardize import set_from_data, uninitialized
 from ..validation import ArgumentError, Mention, check_bool, check_int
 from .data import (
@@ -153,7 +154,8 @@ def fit(
     holdout = _holdout_fraction(valid)
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
         dtype = _float_dtype(model)
-        source, held_out = _make_source(data, batch_size, s, dtype, holdout)
+        source, held_out = _make_source(data, batch_size, s, dtype, holdout,
+                                        isinstance(model, Flow))
         if held_out is not None:
             valid = held_out
         if epochs is not None:
@@ -200,10 +202,16 @@ HOLDOUT_SEED_KEY = 7
 
 
 def _make_source(
-    data: Any, batch_size: int | None, s: Session, dtype: torch.dtype, holdout: float | None
+    data: Any,
+    batch_size: int | None,
+    s: Session,
+    dtype: torch.dtype,
+    holdout: float | None,
+    density: bool,
 ) -> tuple[TensorSource | LoaderSource | SamplerSource, tuple[Tensor, Tensor | None] | None]:
     """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
-    fraction) is given: a random subset of array data, drawn from the run's seed."""
+    fraction) is given: a random subset of array data, drawn from the run's seed. ``density``:
+    the model is a continuous density (array data is checked for degenerate columns)."""
     if holdout is not None and not isinstance(data, Tensor | np.ndarray | tuple):
         raise ArgumentError("valid", Mention("valid", holdout), " holds out a fraction of array "
                             f"data, but 'data' is a {type(data).__name__}: pass validation data")
@@ -214,7 +222,7 @@ def _make_source(
                                s.device, dtype)
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
-        arrays = load_arrays("data", data, s.device, dtype, training=True)
+        arrays = load_arrays("data", data, s.device, dtype, density=density)
         held_out = None
         if holdout is not None:
             arrays, held_out = _hold_out(arrays, holdout, s.seed)
