@@ -73,7 +73,9 @@ def fit(
             bool ``x`` (class indices for a :class:`~flowkit.CategoricalMADE`) keep their dtype.
             Complex values are refused. Array data that the cast rounds to fewer than 1000 steps
             per standard deviation in some column raise a
-            :class:`~flowkit.train.PrecisionWarning`.
+            :class:`~flowkit.train.PrecisionWarning`; for a :class:`~flowkit.Flow`, a constant
+            column, or one with at most 5% as many distinct values as rows (counts, pixels,
+            coarse rounding), raises a :class:`~flowkit.train.DataWarning`.
 
             Before the first step, the model's uninitialised
             :class:`~flowkit.transforms.Standardize` modules (the builders' default
