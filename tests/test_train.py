@@ -1201,7 +1201,10 @@ def test_fit_warns_when_the_cast_rounds_a_column_away():
     generator = np.random.default_rng(0)
     x = np.c_[1e4 + generator.normal(0, 1e-3, 300), generator.normal(size=300)]
     options = dict(steps=1, batch_size=100, progress=False, seed=0)
-    with pytest.warns(flowkit.train.PrecisionWarning, match=r"'data', column 0, .*torch.float32"):
+    with (
+        pytest.warns(flowkit.train.PrecisionWarning, match=r"'data', column 0, .*torch.float32"),
+        pytest.warns(flowkit.train.DataWarning, match="column 0, takes only 7 distinct values"),
+    ):  # what the cast left of the column: 7 values, a DataWarning of its own
         fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x, **options)
     with pytest.warns(flowkit.train.PrecisionWarning, match="the context of 'data', column 0"):
         conditional = flowkit.MAF(1, layers=1, hidden_features=(8,), context_features=2)
