@@ -1150,7 +1150,8 @@ def test_valid_as_a_fraction_holds_out_rows_of_the_data():
     again = _RowRecorder()
     fit(again, x, valid=0.25, epochs=1, seed=0, **QUIET)
     assert again.trained == model.trained  # the seed draws the split
-    for bad, message in ((1.0, r"in \(0, 1\), got 1.0"), (0.001, "holds out 0")):
+    for bad, message in ((1.0, r"in \(0, 1\), got 1.0"), (1, r"in \(0, 1\), got 1$"),
+                         (0.001, "holds out 0")):
         with pytest.raises(ValueError, match=message):
             fit(_RowRecorder(), x, valid=bad, steps=1, **QUIET)
     with pytest.raises(ValueError, match=r"valid=0.1 holds out a fraction of array data, but "

@@ -191,9 +191,9 @@ DEFAULT_BATCH_SIZE = 256
 
 def _holdout_fraction(valid: Any) -> float | None:
     """``valid`` as the fraction of array data to hold out, or ``None`` if it is data."""
-    if not isinstance(valid, float):
+    if isinstance(valid, bool) or not isinstance(valid, Real):
         return None
-    if not 0 < valid < 1:
+    if not (isinstance(valid, float) and 0 < valid < 1):
         raise ArgumentError("valid", "as a fraction of the data to hold out should be in "
                             f"(0, 1), got {valid!r}")
     return valid
