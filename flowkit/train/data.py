@@ -181,10 +181,10 @@ def _warn_if_degenerate(name: str, x: Tensor) -> None:
         )
 
 
-def _data_warning(message: str) -> None:
-    """A :class:`DataWarning` pointing at the caller of ``fit`` (fit -> _make_source ->
-    load_arrays -> _warn_if_degenerate -> here -> warn)."""
-    warnings.warn(message, DataWarning, stacklevel=6)
+def _data_warning(message: str, category: type[DataWarning] = DataWarning) -> None:
+    """A warning pointing at the caller of ``fit``, whose checks of array data all run at one
+    depth: fit -> _make_source (or _make_validation) -> load_arrays -> the check -> here."""
+    warnings.warn(message, category, stacklevel=6)
 
 
 def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:
@@ -203,14 +203,13 @@ def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:
     coarse = ((levels < MIN_LEVELS) & (spread > 0)).nonzero().flatten().tolist()
     if coarse:
         j = coarse[0]
-        warnings.warn(
+        _data_warning(
             f"{label}, column {j}, has a standard deviation of {spread[j].item():.3g} at values "
             f"up to {size[j].item():.3g}: cast to {dtype} it keeps about "
             f"{levels[j].item():.3g} steps per standard deviation ({len(coarse)} column(s) "
             "like it). Subtract a typical value first (e.g. x - x.mean(0), in float64), or "
             "train a float64 model (model.double())",
             PrecisionWarning,
-            stacklevel=5,  # the caller of fit (fit -> _make_source or _make_validation -> here)
         )
 
 
