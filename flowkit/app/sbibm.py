@@ -36,6 +36,12 @@ import torch
 
 __all__ = ["MODELS", "add_arguments", "epoch_times", "run", "train_and_score"]
 
+_SPLINE_RES: dict[str, Any] = {
+    "library": "flowkit", "model": "maf", "layers": 5, "hidden_features": [50] * 5,
+    "residual": True, "transformer": "spline",
+    "transformer_kwargs": {"bins": 10, "bound": 3.0, "tails": "identity"},
+}
+
 MODELS: dict[str, dict[str, Any]] = {
     "sbi-maf": {"library": "sbi", "model": "maf"},
     "sbi-nsf": {"library": "sbi", "model": "nsf"},
@@ -44,16 +50,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "flowkit-spline": {"library": "flowkit", "model": "maf", "layers": 5,
                        "hidden_features": [64, 64], "transformer": "spline",
                        "transformer_kwargs": {"bins": 8, "bound": 4.0, "tails": "identity"}},
-    "flowkit-spline-res": {"library": "flowkit", "model": "maf", "layers": 5,
-                           "hidden_features": [50] * 5, "residual": True,
-                           "transformer": "spline",
-                           "transformer_kwargs": {"bins": 10, "bound": 3.0,
-                                                  "tails": "identity"}},
-    "flowkit-spline-res-cb": {"library": "flowkit", "model": "maf", "layers": 5,
-                              "hidden_features": [50] * 5, "residual": True,
-                              "transformer": "spline", "conditional_base": True,
-                              "transformer_kwargs": {"bins": 10, "bound": 3.0,
-                                                     "tails": "identity"}},
+    "flowkit-spline-res": _SPLINE_RES,
+    "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
 }
 """The density estimators compared: sbi's defaults (5 transforms, 50 hidden units) and flowkit
 MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline with 8
