@@ -9,7 +9,7 @@ import torch
 from flowkit import MADE, Flow, StandardNormal
 from flowkit.flows.builders import make_transformer
 from flowkit.transforms import Compose, MaskedAutoregressive, Permutation, Standardize
-from flowkit.transforms.standardize import set_from_data, uninitialized
+from flowkit.transforms.standardize import set_from_data, unset
 
 
 def test_fixed_values_and_constant_log_det():
@@ -106,7 +106,7 @@ def test_statistics_far_from_zero_keep_their_precision():
     (t,) = set_from_data(model, [(chunk,) for chunk in x.split(300)], call=model)  # uneven
     assert torch.allclose(t.shift, x.mean(0), rtol=0, atol=1e-9)
     assert torch.allclose(t.scale, x.std(0, correction=0), rtol=1e-9)
-    assert not uninitialized(model)
+    assert not unset(model)
 
 
 class _Counting(Permutation):
@@ -135,7 +135,7 @@ def test_set_from_data_sets_both_standardizers_of_a_conditional_flow():
     flow = MAF(2, layers=2, hidden_features=(8,), context_features=3)
     x, c = torch.randn(100, 2) * 10.0, torch.randn(100, 3) + 50.0
     done = set_from_data(flow, [(x[:50], c[:50]), (x[50:], c[50:])])
-    assert len(done) == 2 and not uninitialized(flow)
+    assert len(done) == 2 and not unset(flow)
     assert torch.allclose(flow.standardize_context.shift, c.mean(0))
     assert torch.allclose(flow.transform.transforms[0].scale, x.std(0, correction=0))
 
@@ -207,9 +207,9 @@ def test_builders_standardize_data_and_context_by_default():
         assert isinstance(flow.standardize_context, Standardize)
         assert flow.standardize_context.features == 2
         assert flow.config["kwargs"]["standardize"] is True
-        assert len(uninitialized(flow)) == 2
+        assert len(unset(flow)) == 2
         plain = build(3, layers=2, hidden_features=(8,), context_features=2, standardize=False)
-        assert not uninitialized(plain) and plain.standardize_context is None
+        assert not unset(plain) and plain.standardize_context is None
         assert not any(isinstance(m, Standardize) for m in plain.modules())
     assert MAF(2, layers=1).standardize_context is None
     with pytest.raises(ValueError, match="'standardize'"):
@@ -282,12 +282,12 @@ def test_standardization_survives_save_and_load(tmp_path):
     flow.log_prob(x, c)  # training mode: sets both
     flowkit.save_model(flow, tmp_path / "flow.pt")
     loaded = flowkit.load_model(tmp_path / "flow.pt")
-    assert not uninitialized(loaded)
+    assert not unset(loaded)
     assert torch.equal(loaded.transform.transforms[0].shift, flow.transform.transforms[0].shift)
     assert torch.equal(loaded.log_prob(x, c), flow.eval().log_prob(x, c))
     fresh = flowkit.MAF(2, layers=2, hidden_features=(8,))
     flowkit.save_model(fresh, tmp_path / "fresh.pt")
-    assert len(uninitialized(flowkit.load_model(tmp_path / "fresh.pt"))) == 1  # still unset
+    assert len(unset(flowkit.load_model(tmp_path / "fresh.pt"))) == 1  # still unset
 
 
 def test_sampling_first_fixes_the_data_identity_and_sets_the_context():
@@ -299,6 +299,98 @@ def test_sampling_first_fixes_the_data_identity_and_sets_the_context():
     data_std = flow.transform.transforms[0]
     assert data_std.initialized and torch.equal(data_std.scale, torch.ones(2))
     assert torch.allclose(flow.standardize_context.shift, c.mean(0))
+
+
+@pytest.mark.parametrize("peek", ["sample", "lazy sample", "log_prob of one row",
+                                  "log_prob of a few rows under no_grad"])
+def test_a_look_before_fit_does_not_decide_the_standardization(peek):
+    """A new flow is in training mode: samples drawn, or a few rows scored, before fit set the
+    standardization only provisionally, and fit replaces it from its whole training set."""
+    import flowkit
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 2, generator=g) * torch.tensor([1e4, 1.0]) + torch.tensor([1e5, 0.0])
+    c = torch.randn(400, 1, generator=g) * 1e3 + 5e3
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
+    if peek == "sample":
+        flow.sample(5, c[:1])
+    elif peek == "lazy sample":
+        flow(c[:1]).sample((5,))
+    elif peek == "log_prob of one row":
+        flow.log_prob(x[:1], c[:1])
+    else:
+        with torch.no_grad():
+            flow.log_prob(x[:3], c[:3])
+    assert len(unset(flow)) == 2  # provisional
+    flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False)
+    data_std, context_std = flow.transform.transforms[0], flow.standardize_context
+    assert not unset(flow)
+    assert torch.allclose(data_std.shift, x.double().mean(0).float())
+    assert torch.allclose(data_std.scale, x.double().std(0, correction=0).float())
+    assert torch.allclose(context_std.shift, c.double().mean(0).float())
+
+
+def test_fit_on_fresh_samples_replaces_a_provisional_standardization():
+    import flowkit
+
+    def sample(n, generator):
+        return torch.randn(n, 2, generator=generator) * 30.0 + 500.0
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    flow.sample(3)  # provisional identity
+    flowkit.fit(flow, sample, steps=1, batch_size=512, seed=0, progress=False)
+    std = flow.transform.transforms[0]
+    assert not std.provisional and (std.shift - 500.0).abs().max() < 5.0
+
+
+def test_a_provisional_value_is_not_re_estimated_by_later_calls():
+    """In your own loop the first training batch sets the standardization; later batches
+    (another scale, here) leave it as it is, so the layers train against one fixed map."""
+    t = Standardize(2)
+    first = torch.randn(64, 2) * 3.0 + 1.0
+    t(first)
+    assert t.provisional
+    shift, scale = t.shift.clone(), t.scale.clone()
+    t(torch.randn(64, 2) * 100.0)
+    assert torch.equal(t.shift, shift) and torch.equal(t.scale, scale)
+    t.inverse(torch.randn(4, 2))
+    assert torch.equal(t.shift, shift) and t.provisional
+
+
+def test_training_by_reverse_kl_fixes_the_identity_and_fit_keeps_it():
+    """Reparameterized samples in training mode (gradients on) are training by reverse KL: the
+    identity the samples were drawn with is fixed, and a later fit does not replace it."""
+    import flowkit
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    flow.rsample(16)
+    std = flow.transform.transforms[0]
+    assert std.initialized and not std.provisional and not unset(flow)
+    flowkit.fit(flow, torch.randn(200, 2) * 50.0 + 7.0, steps=1, seed=0, progress=False)
+    assert torch.equal(std.shift, torch.zeros(2)) and torch.equal(std.scale, torch.ones(2))
+
+
+def test_a_loaded_or_set_value_is_not_provisional(tmp_path):
+    import flowkit
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    flow.log_prob(torch.randn(10, 2) * 5.0)
+    flowkit.save_model(flow, tmp_path / "flow.pt")
+    again = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    again.sample(2)  # provisional before the load
+    again.load_state_dict(flowkit.load_model(tmp_path / "flow.pt").state_dict())
+    assert not unset(again) and not unset(flowkit.load_model(tmp_path / "flow.pt"))
+    t = Standardize(2)
+    t(torch.randn(5, 2))
+    t.set([0.0, 0.0], [2.0, 2.0])
+    assert not t.provisional and "provisional" not in repr(t)
+    lazy = Standardize(2)
+    lazy(torch.randn(5, 2))
+    assert "provisional" in repr(lazy)
+    done = set_from_data(lazy, [(torch.full((4, 2), 3.0) + torch.arange(4.0)[:, None],)],
+                         call=lambda x: lazy(x))
+    assert done == [lazy] and not lazy.provisional
+    assert torch.allclose(lazy.shift, 4.5 * torch.ones(2))
 
 
 def test_a_file_saved_before_standardize_existed_loads_as_it_was(tmp_path):

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..flows import Flow
-from ..transforms.standardize import set_from_data, uninitialized
+from ..transforms.standardize import set_from_data, unset
 from ..validation import ArgumentError, Mention, check_bool, check_int
 from .data import (
     LoaderSource,
@@ -77,10 +77,11 @@ def fit(
             column, or one with at most 5% as many distinct values as rows (counts, pixels,
             coarse rounding), raises a :class:`~flowkit.train.DataWarning`.
 
-            Before the first step, the model's uninitialised
-            :class:`~flowkit.transforms.Standardize` modules (the builders' default
-            ``standardize=True``) are set from the whole of array ``data`` (a pass that stops at
-            them); with a DataLoader or a sampling function the first training batch sets them.
+            Before the first step, the model's :class:`~flowkit.transforms.Standardize`
+            modules (the builders' default ``standardize=True``) that are not set, or set only
+            provisionally by an earlier call such as a look at samples, are set from the whole
+            of array ``data`` (a pass that stops at them); with a DataLoader or a sampling
+            function, from the first batch. Loaded or resumed models keep theirs.
         valid: validation data as a tensor, array, pair or DataLoader, whose mean negative
             log-likelihood is the validation loss; a fraction in (0, 1) of array ``data`` to
             hold out for it (e.g. ``valid=0.1``: a random tenth of the rows, drawn from
@@ -306,16 +307,20 @@ def _check_first_batch_and_standardize(
     model: nn.Module, source: Any, x: Tensor, context: Tensor | None
 ) -> None:
     """Before the first step (after every setting was checked, so a refused call leaves the
-    model as it was): check the first batch, then set the model's uninitialised
-    :class:`~flowkit.transforms.Standardize` modules (the builders' ``standardize=True``) from
-    the whole training set when it is an array (other sources: the first step's batch sets
-    them). A resumed model has them set already."""
+    model as it was): check the first batch, then set the model's
+    :class:`~flowkit.transforms.Standardize` modules that are not set yet, or only
+    provisionally by an earlier call (a look at samples), from the whole training set when it
+    is an array, else from the first batch. A resumed model has them set already."""
     _check_first_batch(model, x, context)
-    if not isinstance(source, TensorSource) or not uninitialized(model):
+    if not unset(model):
         return
-    chunks = source.x.split(_CHUNK)
-    contexts = source.c.split(_CHUNK) if source.c is not None else [None] * len(chunks)
-    set_from_data(model, zip(chunks, contexts, strict=True), lambda x, c: log_prob(model, x, c))
+    if isinstance(source, TensorSource):
+        chunks = source.x.split(_CHUNK)
+        contexts = source.c.split(_CHUNK) if source.c is not None else [None] * len(chunks)
+        batches: Any = zip(chunks, contexts, strict=True)
+    else:
+        batches = [(x, context)]
+    set_from_data(model, batches, lambda x, c: log_prob(model, x, c))
 
 
 _CHUNK = 8192

@@ -13,12 +13,19 @@ as ActNorm (Kingma and Dhariwal, "Glow", 2018) initialises itself:
 
 * the first call of ``forward`` in training mode sets ``shift`` to the mean and ``scale`` to the
   standard deviation of that batch (per feature);
+* the first call of ``inverse`` in training mode (sampling before any data was seen) sets the
+  identity, ``shift = 0`` and ``scale = 1``;
 * :func:`set_from_data` sets it from many batches at once (:func:`flowkit.fit` does this with
   its whole training set before the first step);
-* the first call of ``inverse`` in training mode (sampling before any data was seen, as in
-  training by reverse KL) fixes the identity, ``shift = 0`` and ``scale = 1``: a transform that
-  has produced samples never changes afterwards;
 * until then (and in evaluation mode) an uninitialised ``Standardize`` is the identity.
+
+A value set by a call is **provisional** (:attr:`Standardize.provisional`):
+:func:`set_from_data`, and so :func:`flowkit.fit`, replace it, so that a look at a new flow's
+samples (``flow.sample``) or a ``log_prob`` on a few rows before ``fit`` does not decide the
+standardization. Later calls never re-estimate it, so a transform being trained in your own
+loop stays the same. A training-mode ``inverse`` with gradients enabled (training by reverse
+KL, where the flow's samples are the data) fixes the identity for good. Values given, set by
+:func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file are fixed.
 
 Code compiled with :func:`torch.compile` skips the initialisation (it reads a flag on the host):
 initialise before compiling.
@@ -47,6 +54,10 @@ class Standardize(Transform):
         scale: ``(D,)`` positive finite values; given together with ``shift``.
 
     Buffers: ``shift`` and ``scale`` ``(D,)``, ``initialized`` (a bool scalar).
+
+    Attributes:
+        provisional: the values were set by a call (not given, set from data or loaded), and
+            :func:`set_from_data` (so :func:`flowkit.fit`) replaces them; see the module notes.
 
     Example:
         >>> import torch
@@ -77,6 +88,7 @@ class Standardize(Transform):
         self.register_buffer("scale", torch.ones(self.features))
         self.register_buffer("initialized", torch.tensor(False))
         self._collector: _Collector | None = None
+        self.provisional = False
         if shift is not None:
             self.set(shift, scale)
 
@@ -94,7 +106,8 @@ class Standardize(Transform):
 
     def set(self, shift: Tensor | Sequence[float], scale: Tensor | Sequence[float]) -> None:
         """Fix ``shift`` and ``scale`` (each ``(D,)``; ``scale`` positive and finite) and mark
-        the transform initialised. Values are copied into the buffers (their dtype and device).
+        the transform initialised (not provisional). Values are copied into the buffers (their
+        dtype and device).
 
         Raises:
             ValueError: a shape other than ``(D,)``, a non-finite ``shift``, a non-finite or
@@ -124,6 +137,11 @@ class Standardize(Transform):
             self.shift.copy_(values["shift"])
             self.scale.copy_(values["scale"])
             self.initialized.fill_(True)
+        self.provisional = False
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(*args, **kwargs)
+        self.provisional = False  # a loaded value is the model's
 
     def _see(self, x: Tensor) -> None:
         """Data-dependent initialisation: the part of ``forward`` that reads the data."""
@@ -131,9 +149,12 @@ class Standardize(Transform):
             self._collector.add(self, x.detach())
         elif self.training:
             self.set(*_Moments.of(x.detach()).shift_and_scale(x.dtype))
+            self.provisional = True
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        if not torch.compiler.is_compiling() and not self.initialized:
+        if not torch.compiler.is_compiling() and (
+            self._collector is not None or not self.initialized
+        ):
             self._see(x)
         return (x - self.shift) / self.scale, self._log_det(x, -1.0)
 
@@ -145,7 +166,8 @@ class Standardize(Transform):
             and self._collector is None
         ):
             with torch.no_grad():
-                self.initialized.fill_(True)  # sampled from as the identity: stays so
+                self.initialized.fill_(True)  # the identity
+            self.provisional = not torch.is_grad_enabled()
         return z * self.scale + self.shift, self._log_det(z, 1.0)
 
     def _log_det(self, like: Tensor, sign: float) -> Tensor:
@@ -154,7 +176,7 @@ class Standardize(Transform):
     def extra_repr(self) -> str:
         if not self.initialized:
             return f"features={self.features}, uninitialized"
-        return f"features={self.features}"
+        return f"features={self.features}" + (", provisional" if self.provisional else "")
 
 
 class _Moments:
@@ -199,9 +221,11 @@ class _Moments:
         return self.mean, torch.where(constant, torch.ones_like(std), std)
 
 
-def uninitialized(model: nn.Module) -> list[Standardize]:
-    """The :class:`Standardize` modules of ``model`` that are not yet initialised."""
-    return [m for m in model.modules() if isinstance(m, Standardize) and not m.initialized]
+def unset(model: nn.Module) -> list[Standardize]:
+    """The :class:`Standardize` modules of ``model`` that data should set: not initialised, or
+    set provisionally by a call."""
+    return [m for m in model.modules()
+            if isinstance(m, Standardize) and (m.provisional or not m.initialized)]
 
 
 def set_from_data(
@@ -209,15 +233,16 @@ def set_from_data(
     batches: Iterable[Sequence[Tensor]],
     call: Callable[..., object] | None = None,
 ) -> list[Standardize]:
-    """Set every uninitialised :class:`Standardize` of ``model`` from many batches at once.
+    """Set every :class:`Standardize` of ``model`` that is not initialised, or only
+    provisionally (see the module notes), from many batches at once.
 
     ``call(*batch)`` (default ``model.log_prob``) runs for each batch, in evaluation mode and
-    without gradients; meanwhile each of those modules passes its input through unchanged and
-    records its per-feature count, mean and squared deviations (merged in float64), and at the
-    end each is set to the mean and standard deviation of all it saw. A pass stops as soon as
-    every one of them has seen its batch (the layers behind are not run), so this costs little
-    more than reading the data. A module behind another uninitialised one would see
-    unstandardised input: the builders put one at the data's entry and one on the context.
+    without gradients; meanwhile each of those modules records its per-feature count, mean
+    and squared deviations (merged in float64), and at the end each is set to the mean and
+    standard deviation of all it saw. A pass stops as soon as every one of them has seen its
+    batch (the layers behind are not run), so this costs little more than reading the data.
+    A module behind another one being set would see its input standardised by the old
+    values: the builders put one at the data's entry and one on the context.
 
     Args:
         model: any module holding :class:`Standardize` modules (e.g. a :class:`flowkit.Flow`).
@@ -225,7 +250,7 @@ def set_from_data(
         call: what runs a batch through the model.
 
     Returns:
-        The modules that were set (those that saw no data stay uninitialised).
+        The modules that were set (those that saw no data stay as they were).
 
     Example:
         >>> import torch, flowkit
@@ -235,7 +260,7 @@ def set_from_data(
         >>> len(done), bool(torch.allclose(done[0].shift, x.mean(0)))
         (1, True)
     """
-    pending = uninitialized(model)
+    pending = unset(model)
     if not pending:
         return []
     call = model.log_prob if call is None else call
