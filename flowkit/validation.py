@@ -136,10 +136,11 @@ def check_tensor(
     if like is None:
         return value
     if floating and value.dtype != like.dtype:
+        model_too = (f", or the model with .to({value.dtype})"
+                     if value.is_floating_point() else "")
         raise TypeError(
             f"'{name}' should have dtype {like.dtype} (the model's), got {value.dtype}: inputs "
-            f"are not cast; convert them with .to({like.dtype}), or the model with "
-            f".to({value.dtype})"
+            f"are not cast; convert them with .to({like.dtype}){model_too}"
         )
     if value.device != like.device:
         raise ValueError(
@@ -346,6 +347,9 @@ def check_bool(name: str, value: object) -> bool:
 
 def check_n(n: object) -> int:
     """Check a number of samples ``n``: an integer >= 1 (Python or numpy, not bool)."""
-    if not is_int(n) or n < 1:
+    if not is_int(n):
+        raise ValueError(f"'n' should be an integer number of samples, got {n!r} "
+                         f"({type(n).__name__})")
+    if n < 1:
         raise ValueError(f"'n' should be a positive number of samples, got {n!r}")
     return int(n)

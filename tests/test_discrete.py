@@ -15,6 +15,7 @@ from flowkit.distributions import discrete
 from flowkit.distributions.discrete import BernoulliMADE, CategoricalMADE
 from flowkit.nn.inversion import solve_naive
 from flowkit.testing import check_autoregressive
+from flowkit.validation import is_int
 
 BERNOULLI = {
     "natural": dict(order="natural"),
@@ -289,9 +290,10 @@ def test_mask_ensemble_and_classes_accept_numpy_integers_as_sample_counts_do():
 
 @pytest.mark.parametrize("n", [0, -1, 2.5, True, None, torch.tensor(3)])
 def test_bad_sample_count(n):
-    with pytest.raises(ValueError, match="'n' should be a positive number"):
+    expected = "'n' should be a positive" if is_int(n) else "'n' should be an integer"
+    with pytest.raises(ValueError, match=expected):
         BernoulliMADE(4, hidden_features=(8,)).sample(n)
-    with pytest.raises(ValueError, match="'n' should be a positive number"):
+    with pytest.raises(ValueError, match=expected):
         CategoricalMADE(2, classes=3, hidden_features=(8,)).sample(n)
 
 
@@ -334,3 +336,30 @@ def test_ensemble_of_mnist_sized_model_is_finite():
     x = torch.rand(3, 784) < 0.2
     log_p = model.log_prob(x, mask_ensemble=4)
     assert torch.isfinite(log_p).all() and (log_p < 0).all()
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+@pytest.mark.parametrize("where", ["data", "valid"])
+def test_fit_refuses_a_bad_value_anywhere_in_array_data_before_the_first_step(kind, where):
+    """A bad value in the last row is found before any weight changes (it used to stop the run
+    at the step whose batch held it), named with its argument, row and column."""
+    import flowkit
+
+    g = torch.Generator().manual_seed(0)
+    if kind == "bernoulli":
+        model = BernoulliMADE(4, hidden_features=(16,))
+        x = (torch.rand(600, 4, generator=g) < 0.5).float()
+        x[-1, 2] = 2.0
+        expected = rf"'{where}' should hold binary values .*found 2.0 at row 599, column 2"
+    else:
+        model = CategoricalMADE(4, classes=3, hidden_features=(16,))
+        x = torch.randint(0, 3, (600, 4), generator=g)
+        x[-1, 2] = 3
+        expected = rf"'{where}' should hold class indices in 0..2, found 3 at row 599, column 2"
+    good = x[:-1].clone()
+    good[-1, 2] = 1
+    before = [p.detach().clone() for p in model.parameters()]
+    data, valid = (x, good) if where == "data" else (good, x)
+    with pytest.raises(ValueError, match=expected):
+        flowkit.fit(model, data, valid=valid, epochs=2, batch_size=100, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

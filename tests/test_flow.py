@@ -285,15 +285,20 @@ def test_bad_sample_arguments(conditional):
         conditional.sample(context=torch.randn(2, 2, 4))
 
 
-@pytest.mark.parametrize("n", [2.5, True, "3", 0, -1, torch.tensor(3)])
-def test_sample_count_must_be_a_positive_integer(conditional, n):
+@pytest.mark.parametrize(("n", "problem"), [(2.5, "an integer"), (2.0, "an integer"),
+                                          (True, "an integer"), ("3", "an integer"),
+                                          (torch.tensor(3), "an integer"), (0, "a positive"),
+                                          (-1, "a positive")])
+def test_sample_count_must_be_a_positive_integer(conditional, n, problem):
     """Checked by flowkit.validation.check_n, with the message of the discrete models (a float
-    used to reach torch and fail with a TypeError that did not name 'n')."""
-    with pytest.raises(ValueError, match=r"'n' should be a positive number of samples, got "):
+    used to reach torch and fail with a TypeError that did not name 'n'); the message says what
+    is wrong (2.0 is positive but not an integer)."""
+    expected = rf"'n' should be {problem} number of samples, got "
+    with pytest.raises(ValueError, match=expected):
         MAF(2, layers=1).sample(n)
-    with pytest.raises(ValueError, match=r"'n' should be a positive number of samples, got "):
+    with pytest.raises(ValueError, match=expected):
         conditional.sample(n, torch.randn(2, 3))
-    with pytest.raises(ValueError, match=r"'n' should be a positive number of samples, got "):
+    with pytest.raises(ValueError, match=expected):
         IAF(2, layers=1).sample_and_log_prob(n)
 
 

@@ -480,7 +480,7 @@ BAD_CALLS = {
     "wrong-feature-count": (
         lambda m: fit(m, torch.randn(100, 3), steps=5, batch_size=10, **QUIET),
         ValueError,
-        r"'data' should have 2 features to match the model.*\(10, 3\)",
+        r"'data' should have 2 features to match the model.*\(100, 3\)",  # the array, not a batch
     ),
     "wrong-valid-features": (
         lambda m: fit(m, gaussian(100), valid=torch.randn(10, 5), steps=5, batch_size=10, **QUIET),
@@ -1150,8 +1150,12 @@ def test_valid_as_a_fraction_holds_out_rows_of_the_data():
     again = _RowRecorder()
     fit(again, x, valid=0.25, epochs=1, seed=0, **QUIET)
     assert again.trained == model.trained  # the seed draws the split
-    for bad, message in ((1.0, r"in \(0, 1\), got 1.0"), (1, r"in \(0, 1\), got 1$"),
-                         (0.001, "holds out 0")):
+    for fraction in (np.float32(0.25), np.float16(0.25)):  # any real scalar, as lr accepts
+        same = _RowRecorder()
+        fit(same, x, valid=fraction, epochs=1, seed=0, **QUIET)
+        assert same.trained == model.trained
+    for bad, message in ((1.0, r"in \(0, 1\), got 1.0"), (1, r"a float in \(0, 1\), got the "
+                         "integer 1$"), (np.int64(0), "the integer"), (0.001, "holds out 0")):
         with pytest.raises(ValueError, match=message):
             fit(_RowRecorder(), x, valid=bad, steps=1, **QUIET)
     with pytest.raises(ValueError, match=r"valid=0.1 holds out a fraction of array data, but "

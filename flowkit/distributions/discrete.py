@@ -50,9 +50,17 @@ from flowkit.validation import check_features, check_int, check_n, is_int
 __all__ = ["BernoulliMADE", "CategoricalMADE"]
 
 
+def _first_bad(x: Tensor, good: Tensor) -> str:
+    """The first entry of ``x`` ``(N, D)`` where ``good`` is False, with its row and column."""
+    row, column = (~good).nonzero()[0].tolist()
+    return f"{x[row, column].item()} at row {row}, column {column}"
+
+
 class _DiscreteMADE(nn.Module):
     """What the Bernoulli and categorical models share: the MADE, its mask sets,
-    the mask ensemble and the checks. Subclasses define :meth:`_check` and :meth:`_log_prob`."""
+    the mask ensemble and the checks. Subclasses define :meth:`_check` and :meth:`_log_prob`;
+    :func:`flowkit.fit` calls ``_check(data, "data")`` on a whole training array before the
+    first step."""
 
     made: MADE
 
@@ -86,7 +94,8 @@ class _DiscreteMADE(nn.Module):
     def _reference(self) -> Tensor:
         return self.made.output.weight
 
-    def _check(self, x: object) -> Tensor:
+    def _check(self, x: object, name: str = "x") -> Tensor:
+        """``x`` checked (shape, dtype, values; errors name ``name``) and cast for the MADE."""
         raise NotImplementedError
 
     def _log_prob(self, x: Tensor) -> Tensor:
@@ -173,20 +182,18 @@ class BernoulliMADE(_DiscreteMADE):
         )
         super().__init__(made)
 
-    def _check(self, x: object) -> Tensor:
+    def _check(self, x: object, name: str = "x") -> Tensor:
         ref = self._reference()
-        x = check_features("x", x, self.features, ref, floating=False)
+        x = check_features(name, x, self.features, ref, floating=False)
         if x.is_complex():
             raise TypeError(
-                f"'x' should be a real (float, int or bool) tensor, got dtype {x.dtype}"
+                f"'{name}' should be a real (float, int or bool) tensor, got dtype {x.dtype}"
             )
         binary = (x == 0) | (x == 1)
         # torch.compile cannot trace a data-dependent branch: compiled code skips this check.
         if not torch.compiler.is_compiling() and not binary.all():
-            bad = x[~binary][0].item()
-            raise ValueError(
-                f"'x' should hold binary values (0 or 1, as float, int or bool), found {bad}"
-            )
+            raise ValueError(f"'{name}' should hold binary values (0 or 1, as float, int or "
+                             f"bool), found {_first_bad(x, binary)}")
         return x.to(ref.dtype)
 
     def logits(self, x: Tensor) -> Tensor:
@@ -269,19 +276,17 @@ class CategoricalMADE(_DiscreteMADE):
         super().__init__(made)
         self.classes = classes
 
-    def _check(self, x: object) -> Tensor:
-        x = check_features("x", x, self.features, self._reference(), floating=False)
+    def _check(self, x: object, name: str = "x") -> Tensor:
+        x = check_features(name, x, self.features, self._reference(), floating=False)
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             raise TypeError(
-                f"'x' should be an integer tensor of class indices in 0..{self.classes - 1}, "
-                f"got dtype {x.dtype}"
+                f"'{name}' should be an integer tensor of class indices in "
+                f"0..{self.classes - 1}, got dtype {x.dtype}"
             )
         inside = (x >= 0) & (x < self.classes)
         if not torch.compiler.is_compiling() and not inside.all():  # as in BernoulliMADE
-            bad = x[~inside][0].item()
-            raise ValueError(
-                f"'x' should hold class indices in 0..{self.classes - 1}, found {bad}"
-            )
+            raise ValueError(f"'{name}' should hold class indices in 0..{self.classes - 1}, "
+                             f"found {_first_bad(x, inside)}")
         return x.long()
 
     def _one_hot(self) -> OneHot:

@@ -17,9 +17,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ..distributions.discrete import _DiscreteMADE
 from ..flows import Flow
 from ..transforms.standardize import set_from_data, unset
-from ..validation import ArgumentError, Mention, check_bool, check_int
+from ..validation import ArgumentError, Mention, check_bool, check_int, is_int
 from .data import (
     LoaderSource,
     SamplerSource,
@@ -194,10 +195,13 @@ def _holdout_fraction(valid: Any) -> float | None:
     """``valid`` as the fraction of array data to hold out, or ``None`` if it is data."""
     if isinstance(valid, bool) or not isinstance(valid, Real):
         return None
-    if not (isinstance(valid, float) and 0 < valid < 1):
+    if is_int(valid):
+        raise ArgumentError("valid", "as a fraction of the data to hold out should be a float "
+                            f"in (0, 1), got the integer {valid!r}")
+    if not 0 < valid < 1:
         raise ArgumentError("valid", "as a fraction of the data to hold out should be in "
                             f"(0, 1), got {valid!r}")
-    return valid
+    return float(valid)
 
 
 HOLDOUT_SEED_KEY = 7
@@ -260,7 +264,9 @@ def _hold_out(
 def _check_first_batch(
     model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data"
 ) -> None:
-    """Fail before the first optimizer step if the data does not fit the model."""
+    """Fail before the first optimizer step if the data does not fit the model: ``x`` and
+    ``context`` are the first batch, or all of array data (whose every value a discrete model
+    then checks, rather than the step whose batch holds a bad one)."""
     if x.dim() < 2 or x.shape[0] == 0:
         raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
     features = getattr(model, "features", None)
@@ -282,6 +288,8 @@ def _check_first_batch(
             f"context batches should have shape ({x.shape[0]}, context_features), "
             f"got {tuple(context.shape)}"
         )
+    if isinstance(model, _DiscreteMADE):
+        model._check(x, name)
     was_training = model.training
     model.eval()
     try:
@@ -307,20 +315,19 @@ def _check_first_batch_and_standardize(
     model: nn.Module, source: Any, x: Tensor, context: Tensor | None
 ) -> None:
     """Before the first step (after every setting was checked, so a refused call leaves the
-    model as it was): check the first batch, then set the model's
+    model as it was): check the training array (other sources: the first batch), then set the
+    model's
     :class:`~flowkit.transforms.Standardize` modules that are not set yet, or only
     provisionally by an earlier call (a look at samples), from the whole training set when it
     is an array, else from the first batch. A resumed model has them set already."""
+    if isinstance(source, TensorSource):
+        x, context = source.x, source.c
     _check_first_batch(model, x, context)
     if not unset(model):
         return
-    if isinstance(source, TensorSource):
-        chunks = source.x.split(_CHUNK)
-        contexts = source.c.split(_CHUNK) if source.c is not None else [None] * len(chunks)
-        batches: Any = zip(chunks, contexts, strict=True)
-    else:
-        batches = [(x, context)]
-    set_from_data(model, batches, lambda x, c: log_prob(model, x, c))
+    chunks = x.split(_CHUNK)
+    contexts = context.split(_CHUNK) if context is not None else [None] * len(chunks)
+    set_from_data(model, zip(chunks, contexts, strict=True), lambda x, c: log_prob(model, x, c))
 
 
 _CHUNK = 8192
