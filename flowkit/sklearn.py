@@ -201,6 +201,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
                 transformer=self.transformer,
                 transformer_kwargs=self.transformer_kwargs,
                 batch_norm=self.batch_norm,
+                standardize=False,  # done above, in float64 (and not at all when not asked)
                 seed=seed,
             ).to(_DTYPES[self.dtype])
             self.history_ = fit_flow(

@@ -202,3 +202,17 @@ def test_compare_command(tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("| dataset | D | gmm | kde | maf | exact |")
     assert "| moons | 2 |" in table
+
+
+def test_standardize_false_builds_a_flow_without_standardization():
+    """The estimator standardizes in float64 itself; its flow has no Standardize of its own, so
+    standardize=False fits the raw rows (it used to change nothing: the builder's default
+    standardization stayed on)."""
+    from flowkit.transforms import Standardize
+
+    X = _data() * np.array([1000.0, 0.01]) + np.array([5e4, 3.0])
+    on, off = _small().fit(X), _small(standardize=False).fit(X)
+    for est in (on, off):
+        assert not any(isinstance(m, Standardize) for m in est.flow_.modules())
+    assert np.all(off.mean_ == 0) and np.all(off.scale_ == 1)
+    assert abs(on.score(X) - off.score(X)) > 1.0  # two different models
