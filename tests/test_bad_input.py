@@ -174,3 +174,39 @@ def test_bad_input_is_a_named_error(case):
     call, error, names = CASES[case]
     with pytest.raises(error, match=names):
         call()
+
+
+def _target_bad_at(call: int, rows: int, value: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A standard normal log-density whose ``call``-th evaluation (0 is fit_reverse_kl's check
+    before the first step) returns ``value`` for its first ``rows`` samples."""
+    calls = []
+
+    def target(x: torch.Tensor) -> torch.Tensor:
+        log_p = -0.5 * x.square().sum(-1)
+        if len(calls) == call:
+            log_p = torch.cat([torch.full_like(log_p[:rows], value), log_p[rows:]])
+        calls.append(None)
+        return log_p
+
+    return target
+
+
+@pytest.mark.parametrize(
+    ("call", "rows", "value", "message"),
+    [
+        (1, 64, NAN, "returned NaN for 64 of 64 samples at step 1"),
+        (3, 5, NAN, "returned NaN for 5 of 64 samples at step 3"),
+        (2, 1, -INF, "returned an infinite value for 1 of 64 samples at step 2"),
+    ],
+)
+def test_reverse_kl_blames_a_target_that_is_not_finite(call, rows, value, message):
+    from flowkit.train import NonFiniteLossError, fit_reverse_kl
+
+    flow = flowkit.IAF(2, layers=1, hidden_features=(8,))
+    with pytest.raises(NonFiniteLossError) as info:
+        fit_reverse_kl(flow, _target_bad_at(call, rows, value), steps=5, batch_size=64, seed=0,
+                       progress=False)
+    text = str(info.value)
+    assert text.startswith(f"'target_log_density' {message}")
+    assert "Usual fixes" not in text and "standardise the data" not in text
+    assert info.value.step == call

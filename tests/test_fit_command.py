@@ -107,3 +107,66 @@ def test_npz_with_several_arrays_needs_a_key(tmp_path, capsys):
     assert "name the one to model with --key" in capsys.readouterr().err
     assert cli.main(["fit", "--data", str(tmp_path / "two.npz"), "--key", "b", *FAST,
                      "--out", str(tmp_path / "b")]) == 0
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (np.arange(40).reshape(20, 2), r"holds integer values \(int64\): .*dequantize"),
+        (np.ones((20, 2), dtype=bool), r"holds boolean values \(bool\): .*dequantize"),
+        (np.where(np.arange(40).reshape(20, 2) == 7, np.nan, 1.5), r"holds NaN or Inf values "
+         r"\(first at row 3, column 1\)"),
+    ],
+    ids=["int", "bool", "nan"],
+)
+def test_file_values_a_flow_cannot_fit_are_one_line_errors(tmp_path, capsys, values, message):
+    path = tmp_path / "d.npy"
+    np.save(path, values)
+    code = cli.main(["fit", "--data", str(path), *FAST, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert re.search(f"^flowkit fit: error: '--data' '{re.escape(str(path))}' {message}", err)
+    assert "'valid'" not in err and "'data'" not in err
+
+
+@pytest.mark.parametrize(("extra", "option"), [(["--layers", "0"], "--layers"),
+                                               (["--hidden", "8", "0"], "--hidden")])
+def test_model_sizes_below_one_are_refused_by_option(tmp_path, capsys, extra, option):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["fit", "--data", "moons", *FAST, *extra, "--out", str(tmp_path / "o")])
+    assert info.value.code == 2
+    assert f"argument {option}: should be an integer >= 1" in capsys.readouterr().err
+
+
+def test_a_negative_seed_is_named_by_its_option(tmp_path, capsys):
+    np.save(tmp_path / "d.npy", np.random.default_rng(4).normal(size=(30, 2)))
+    code = cli.main(["fit", "--data", str(tmp_path / "d.npy"), *FAST, "--seed", "-1",
+                     "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert "flowkit fit: error: '--seed' should be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_validation_options_of_the_other_kind_of_data_are_refused(tmp_path, capsys):
+    np.save(tmp_path / "d.npy", np.random.default_rng(5).normal(size=(30, 2)))
+    assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--valid-size", "10", *FAST,
+                     "--out", str(tmp_path / "f")]) == 2
+    assert "'--valid-size' applies to toy datasets" in capsys.readouterr().err
+    assert cli.main(["fit", "--data", "moons", "--valid-fraction", "0.5", *FAST,
+                     "--out", str(tmp_path / "t")]) == 2
+    assert "'--valid-fraction' applies to file data" in capsys.readouterr().err
+    # without them, each kind of data gets its documented default, recorded in metrics.json
+    assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), *FAST,
+                     "--out", str(tmp_path / "f2")]) == 0
+    args = json.loads((tmp_path / "f2" / "metrics.json").read_text())["args"]
+    assert (args["valid_fraction"], args["valid_size"]) == (0.1, None)
+
+
+def test_resume_with_another_lr_schedule_names_the_option(tmp_path, capsys):
+    np.save(tmp_path / "d.npy", np.random.default_rng(6).normal(size=(30, 2)))
+    run = ["fit", "--data", str(tmp_path / "d.npy"), *FAST, "--out", str(tmp_path / "o")]
+    assert cli.main([*run, "--lr-schedule", "none"]) == 0
+    capsys.readouterr()
+    assert cli.main([*run, "--resume"]) == 2  # the default --lr-schedule is cosine
+    err = capsys.readouterr().err
+    assert "was written by a run with --lr-schedule none, not --lr-schedule cosine; pass " \
+           "--lr-schedule none to resume it" in err

@@ -1,9 +1,14 @@
-"""How `fit` builds its optimizer (flowkit.train.options.make_optimizer)."""
+"""How `fit` builds its optimizer (flowkit.train.options.make_optimizer), and what a resumed run
+must share with its checkpoint: the schedule, the model."""
+
+import re
 
 import pytest
 import torch
 
+import flowkit
 from flowkit.train.options import make_optimizer
+from flowkit.validation import ArgumentError
 
 
 @pytest.mark.parametrize("name", ["adam", "adamw"])
@@ -40,3 +45,48 @@ def test_weight_decay_reaches_the_named_optimizer(name: str) -> None:
     weight[0].grad = torch.zeros(3)
     opt.step()  # a zero gradient: only the decay moves the weights, towards zero
     assert (weight[0] < 1).all()
+
+
+def _interrupted_run(folder, lr_schedule) -> None:
+    """Four steps of a small MAF with ``lr_schedule``, checkpointed in ``folder``."""
+    flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), torch.randn(64, 2), steps=4,
+                batch_size=32, lr_schedule=lr_schedule, seed=0, checkpoint_dir=folder,
+                checkpoint_every=2, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("written", "resumed", "message"),
+    [
+        (None, "cosine", "lr_schedule=None, not lr_schedule='cosine'; pass lr_schedule=None"),
+        ("cosine", None, "lr_schedule='cosine', not lr_schedule=None; pass lr_schedule='cosine'"),
+        ("cosine", "linear", "lr_schedule='cosine', not lr_schedule='linear'"),
+    ],
+)
+def test_resuming_with_another_lr_schedule_is_refused(tmp_path, written, resumed, message):
+    _interrupted_run(tmp_path, written)
+    with pytest.raises(ArgumentError, match=re.escape(message)) as info:
+        flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), torch.randn(64, 2), steps=4,
+                    batch_size=32, lr_schedule=resumed, checkpoint_dir=tmp_path, resume=True,
+                    progress=False)
+    assert info.value.argument == "lr_schedule"
+    assert "was written by a run with" in str(info.value)
+
+
+def test_steps_hint_names_the_runs_that_can_be_extended(tmp_path):
+    _interrupted_run(tmp_path, "cosine")
+    with pytest.raises(ValueError, match=re.escape(
+            "(runs with no schedule, lr_schedule=None, can be extended)")):
+        flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), torch.randn(64, 2), steps=8,
+                    batch_size=32, lr_schedule="cosine", checkpoint_dir=tmp_path, resume=True,
+                    progress=False)
+
+
+def test_model_mismatch_names_only_the_arguments_that_differ(tmp_path):
+    _interrupted_run(tmp_path, None)
+    with pytest.raises(flowkit.CheckpointError) as info:
+        flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,), seed=5), torch.randn(64, 2),
+                    steps=4, batch_size=32, lr_schedule=None, checkpoint_dir=tmp_path,
+                    resume=True, progress=False)
+    message = str(info.value)
+    assert "was written for a MAF with {'seed': 0}, not for this MAF with {'seed': 5}" in message
+    assert "layers" not in message and "hidden_features" not in message

@@ -83,15 +83,20 @@ def refuse_to_replace(checkpoint: Path, resume: bool) -> None:
 
 
 @contextmanager
-def as_options(options: Mapping[str, str]) -> Iterator[None]:
+def as_options(
+    options: Mapping[str, str], nones: Mapping[str, str] | None = None
+) -> Iterator[None]:
     """Inside the block, errors of the library that name its arguments (a
     :class:`~flowkit.validation.WordedError`: bad arguments, non-finite or diverged training)
     name them as this command's options: ``'lr'`` as ``'--lr'``, ``lr=0.01`` as ``--lr 0.01``,
-    ``resume=True`` as ``--resume``. Arguments without an option keep their Python spelling.
+    ``resume=True`` as ``--resume``, ``lr_schedule=None`` as ``--lr-schedule none``. Arguments
+    without an option keep their Python spelling.
 
     Args:
         options: the option of each library argument the command sets, e.g.
             ``{"lr": "--lr", "checkpoint_dir": "--out"}``.
+        nones: for options that can pass ``None``, the value that does, e.g.
+            ``{"lr_schedule": "none"}``.
 
     Example:
         >>> from flowkit.validation import ArgumentError
@@ -109,6 +114,8 @@ def as_options(options: Mapping[str, str]) -> Iterator[None]:
             return python_spelling(mention)
         if not mention.has_value:
             return f"'{option}'"
+        if mention.value is None and nones and mention.name in nones:
+            return f"{option} {nones[mention.name]}"
         return option if mention.value is True else f"{option} {mention.value}"
 
     try:

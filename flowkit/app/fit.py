@@ -44,6 +44,13 @@ from flowkit.train import CHECKPOINT_NAME, DEFAULTS, History, fit, is_main_proce
 
 from .common import as_options
 from .fit_data import load_file, load_toy
+from .options import positive_int
+
+VALID_SIZE = 4096
+"""Validation points drawn from a toy dataset when --valid-size is not given."""
+
+VALID_FRACTION = 0.1
+"""Share of a file's rows held out for validation when --valid-fraction is not given."""
 
 OPTIONS = {
     "lr": "--lr",
@@ -65,6 +72,9 @@ OPTIONS = {
 """The option of this command that sets each argument of :func:`~flowkit.train.fit`: errors
 of ``fit`` are spelled with them (:func:`~flowkit.app.common.as_options`)."""
 
+NONES = {"lr_schedule": "none", "divergence_threshold": "off"}
+"""The values of this command's options that pass ``None`` to :func:`~flowkit.train.fit`."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from flowkit.data import TOY_DATASETS
@@ -78,13 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     data.add_argument(
-        "--valid-size", type=int, default=4096, help="toy validation points (default: %(default)s)"
+        "--valid-size",
+        type=int,
+        default=None,
+        help=f"validation points of a toy dataset (default: {VALID_SIZE})",
     )
     data.add_argument(
         "--valid-fraction",
         type=float,
-        default=0.1,
-        help="share of a file's rows held out for validation (default: %(default)s)",
+        default=None,
+        help=f"share of a file's rows held out for validation (default: {VALID_FRACTION})",
     )
     data.add_argument(
         "--key",
@@ -103,11 +116,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--flow", choices=("maf", "iaf"), default="maf", help="(default: maf)")
     model.add_argument(
-        "--layers", type=int, default=5, help="autoregressive layers (default: %(default)s)"
+        "--layers",
+        type=positive_int,
+        default=5,
+        help="autoregressive layers (default: %(default)s)",
     )
     model.add_argument(
         "--hidden",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=[64, 64],
         metavar="H",
@@ -194,10 +210,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"'--context' and '--key' are options of file data; toy dataset {args.data!r} "
                 "has neither"
             )
+        if args.valid_fraction is not None:
+            raise ValueError(
+                "'--valid-fraction' applies to file data; for toy dataset "
+                f"{args.data!r}, --valid-size sets the validation points (default: {VALID_SIZE})"
+            )
+        if args.valid_size is None:
+            args.valid_size = VALID_SIZE
         data, valid, features = load_toy(args.data, args.valid_size, args.seed)
         shown = valid  # the rows the samples are plotted over
         context_features = 0
     else:
+        if args.valid_size is not None:
+            raise ValueError(
+                "'--valid-size' applies to toy datasets; for a file, --valid-fraction sets the "
+                f"share of its rows held out for validation (default: {VALID_FRACTION})"
+            )
+        if args.valid_fraction is None:
+            args.valid_fraction = VALID_FRACTION
         if not 0.0 <= args.valid_fraction < 1.0:
             raise ValueError(
                 f"'--valid-fraction' should be in [0, 1), got {args.valid_fraction}"
@@ -215,18 +245,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             args.batch_size = rows
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
-    torch.manual_seed(args.seed)  # initial weights
-    flow = build(
-        features,
-        layers=args.layers,
-        hidden_features=tuple(args.hidden),
-        context_features=context_features,
-        transformer=args.transformer,
-        batch_norm=args.batch_norm,
-        standardize=not args.no_standardize,
-        seed=args.seed,
-    )
-    with as_options(OPTIONS):
+    with as_options(OPTIONS, NONES):
+        torch.manual_seed(args.seed)  # initial weights
+        flow = build(
+            features,
+            layers=args.layers,
+            hidden_features=tuple(args.hidden),
+            context_features=context_features,
+            transformer=args.transformer,
+            batch_norm=args.batch_norm,
+            standardize=not args.no_standardize,
+            seed=args.seed,
+        )
         history = fit(
             flow,
             data,

@@ -1,10 +1,10 @@
 """The data of ``flowkit fit``: a toy dataset's sampler, or the rows of a .npy/.npz file.
 
 :func:`load_toy` gives a sampling function, drawn afresh at every step, and a fixed validation
-set; :func:`load_file` reads an ``(N, D)`` array and splits off its ``--context`` (columns, or
-another array of the .npz); ``fit(valid=<fraction>)`` then holds out ``--valid-fraction`` of its
-rows. Both return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or
-``(x, context)``.
+set; :func:`load_file` reads an ``(N, D)`` array of finite real values and splits off its
+``--context`` (columns, or another array of the .npz); ``fit(valid=<fraction>)`` then holds out
+``--valid-fraction`` of its rows. Bad values are refused here, named by the options. Both
+return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, context)``.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def load_file(
         raise ValueError(
             f"'{path}' should hold an array of shape (N, D), got {loaded.shape} ({key!r})"
         )
+    named = f"'--data' '{path}'" + ("" if path.suffix == ".npy" else f" (array {key!r})")
+    _check_values(named, loaded, real=True)
     c = None
     if context is not None:
         loaded, c = _split_context(loaded, arrays, context, key, path)
@@ -91,6 +93,7 @@ def _split_context(
             f"'{path}' ({sorted(set(arrays) - {key})}), got {context}"
         )
     c = arrays[context[0]]
+    _check_values(f"the context array {context[0]!r} of '{path}'", c, real=False)
     if c.ndim == 1:
         c = c[:, None]
     if c.ndim != 2 or c.shape[0] != x.shape[0]:
@@ -99,3 +102,23 @@ def _split_context(
             f"({x.shape[0]},), one row per row of {key!r}, got {arrays[context[0]].shape}"
         )
     return x, c
+
+
+def _check_values(named: str, a: np.ndarray, real: bool) -> None:
+    """Fail unless ``a`` holds finite numbers: real (floating) ones when ``real`` (the data of a
+    density), else integers and booleans too (a context, cast to floating point)."""
+    if a.dtype.kind in "biu" and real:
+        kind = "boolean" if a.dtype.kind == "b" else "integer"
+        raise ValueError(
+            f"{named} holds {kind} values ({a.dtype}): a flow is a density over real values; "
+            "dequantize them first (add uniform noise in [0, 1) to each value), or a density on "
+            "them grows without bound"
+        )
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"{named} should hold real numbers, got values of dtype {a.dtype}")
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        bad = np.argwhere(~np.isfinite(a))[0]
+        raise ValueError(
+            f"{named} holds NaN or Inf values (first at row {bad[0]}"
+            + (f", column {bad[1]})" if a.ndim == 2 else ")")
+        )

@@ -37,6 +37,7 @@ from ..validation import ArgumentError, Mention, WordedError, validate_values
 from .callbacks import Progress
 from .checks import Divergence, DivergenceError, NonFiniteLossError, first_nonfinite
 from .history import History
+from .objectives import Objective
 from .options import TrainOptions, make_optimizer, make_schedule, rescale_lr
 from .session import TRAINING_KIND, Session, rng_state, set_rng_state
 
@@ -109,7 +110,8 @@ class Trainer:
     Args:
         s: the :func:`session` of the run.
         model: the model being trained (already on ``s.device``).
-        objective: the loss as a module (its ``forward`` computes the loss of a batch).
+        objective: the loss as a module (its ``forward`` computes the loss of a batch; it may
+            also tell why a loss was not finite, :meth:`~flowkit.train.objectives.Objective.cause`).
         source: the batch source (:mod:`flowkit.train.data`), with ``next_batch(step)``,
             ``batches_per_epoch``, ``state_dict()`` and ``load_state_dict(state, step)``.
         o: the resolved shared options.
@@ -121,7 +123,7 @@ class Trainer:
         self,
         s: Session,
         model: nn.Module,
-        objective: nn.Module,
+        objective: Objective,
         source: Any,
         o: TrainOptions,
         plan: Plan,
@@ -152,13 +154,14 @@ class Trainer:
     def _resume(self, c: dict[str, Any]) -> None:
         s, o = self.s, self.o  # the weights were restored by session()
         self.opt.load_state_dict(c["optimizer"])
+        self._check_schedule(c)
         if self.sched is not None:
             if c["total_steps"] != self.plan.steps:
                 raise ArgumentError(
                     "steps", Mention("steps"), f" is {self.plan.steps} but '{s.path}' belongs to "
                     f"a run of {c['total_steps']} steps, and its learning-rate schedule was built "
-                    "for that length; resume with the same ", Mention("steps"), " (runs without ",
-                    Mention("lr_schedule"), " can be extended)",
+                    "for that length; resume with the same ", Mention("steps"), " (runs with no "
+                    "schedule, ", Mention("lr_schedule", None), ", can be extended)",
                 )
             self.sched.load_state_dict(c["scheduler"])
         if o["lr"] != c["lr"]:
@@ -171,6 +174,22 @@ class Trainer:
         mine = c["processes"][s.dist.rank]
         self.source.load_state_dict(mine["data"], self.step)
         set_rng_state(mine["rng"], s.device)
+
+    def _check_schedule(self, c: dict[str, Any]) -> None:
+        """Refuse a checkpoint written with another ``lr_schedule``: its schedule state cannot
+        continue under this one."""
+        now = _schedule_name(self.o["lr_schedule"])
+        # files written before the name was recorded only tell whether they had a schedule
+        then = c.get("lr_schedule", None if c["scheduler"] is None else _UNRECORDED)
+        if then == now or (then == _UNRECORDED and now is not None):
+            return
+        raise ArgumentError(
+            "lr_schedule", f"'{self.s.path}' was written by a run with ", *_schedule_parts(then),
+            ", not ", *_schedule_parts(now), "; pass ",
+            *(("the same ", Mention("lr_schedule")) if then in (_CALLABLE, _UNRECORDED)
+              else _schedule_parts(then)),
+            " to resume it",
+        )
 
     def _save(self) -> None:
         """Write the checkpoint of this step (weights checked first), then ``on_checkpoint``."""
@@ -188,6 +207,7 @@ class Trainer:
                 extra={
                     "optimizer": self.opt.state_dict(),
                     "scheduler": None if self.sched is None else self.sched.state_dict(),
+                    "lr_schedule": _schedule_name(self.o["lr_schedule"]),
                     "step": self.step,
                     "total_steps": self.plan.steps,
                     "seed": s.seed,
@@ -297,6 +317,9 @@ class Trainer:
         first = len(self.history.train_loss) + 1
         for step, v in enumerate(values, start=first):
             if not math.isfinite(v):
+                cause = self.objective.cause(step - first, step, self.s.dist)
+                if cause is not None:
+                    self._fail(NonFiniteLossError, cause, step, v, fixes=False)
                 self._fail(NonFiniteLossError, f"the training loss is {v} at step {step}", step, v)
             if self.divergence.update(v):
                 d = self.divergence
@@ -308,6 +331,7 @@ class Trainer:
                      Mention("divergence_threshold"), ")"),
                     step, d.mean, best=d.best,
                 )
+        self.objective.recorded()
         self.history.train_loss.extend(values)
         _record_epochs(self.history, self.source.batches_per_epoch)
         self._check_weights()
@@ -329,12 +353,13 @@ class Trainer:
         self.good_step, self.good = self.step, _copy(self.model)
 
     def _fail(self, error: type[WordedError], problem: str | tuple[str | Mention, ...],
-              step: int, value: float, **extra: float) -> None:
+              step: int, value: float, fixes: bool = True, **extra: float) -> None:
         """Give the model back its best validation's weights (when the run keeps them, see
-        :class:`_Best`), else its last weights found finite, and raise ``error``."""
+        :class:`_Best`), else its last weights found finite, and raise ``error`` (with the usual
+        fixes unless ``fixes`` is False: ``problem`` then says what to do)."""
         self.model.load_state_dict(self.good if self.best.state is None else self.best.state)
         self.model.eval()
-        raise error(*_advice(problem, self), step=step, value=value, **extra)
+        raise error(*_advice(problem, self, fixes), step=step, value=value, **extra)
 
     def _clock(self) -> None:
         self.history.wall_time = self.wall_start + time.perf_counter() - self.t0
@@ -352,19 +377,25 @@ class Trainer:
         )
 
 
-def _advice(problem: str | tuple[str | Mention, ...], t: Trainer) -> tuple[str | Mention, ...]:
-    """The message of a failed run: ``problem``, the usual fixes, what became of the weights and
-    of the checkpoint, in parts that name :func:`~flowkit.train.fit`'s arguments (a command line
-    re-spells them as its options)."""
-    parts: list[str | Mention] = [
-        *((problem,) if isinstance(problem, str) else problem),
-        ". Usual fixes: lower the learning rate (", Mention("lr", t.o["lr"]),
-        " now), clip gradients (", Mention("clip_grad_norm", 1.0), "), standardise the data "
-        "(zero mean and unit variance per feature) and check it for extreme values or duplicates "
-        "(continuous densities on repeated points grow without bound). The model holds the "
+def _advice(
+    problem: str | tuple[str | Mention, ...], t: Trainer, fixes: bool = True
+) -> tuple[str | Mention, ...]:
+    """The message of a failed run: ``problem``, the usual fixes (when ``fixes``), what became of
+    the weights and of the checkpoint, in parts that name :func:`~flowkit.train.fit`'s arguments
+    (a command line re-spells them as its options)."""
+    parts: list[str | Mention] = [*((problem,) if isinstance(problem, str) else problem)]
+    if fixes:
+        parts += [
+            ". Usual fixes: lower the learning rate (", Mention("lr", t.o["lr"]),
+            " now), clip gradients (", Mention("clip_grad_norm", 1.0), "), standardise the data "
+            "(zero mean and unit variance per feature) and check it for extreme values or "
+            "duplicates (continuous densities on repeated points grow without bound).",
+        ]
+    parts.append(
+        " The model holds the "
         + (f"weights of step {t.good_step}, the last found finite." if t.best.state is None else
            f"weights of its best validation (step {t.history.best_step}).")
-    ]
+    )
     if t.saved_step is not None:
         parts += [f" The last good checkpoint, '{t.s.path}' (step {t.saved_step}), was kept: "
                   "continue from it with ", Mention("resume", True), " and a lower ",
@@ -376,6 +407,29 @@ def _advice(problem: str | tuple[str | Mention, ...], t: Trainer) -> tuple[str |
         parts += [" No checkpoint was written (pass ", Mention("checkpoint_dir"),
                   " to keep one)."]
     return tuple(parts)
+
+
+_CALLABLE = "callable"
+"""How a checkpoint records an ``lr_schedule`` given as a callable."""
+
+_UNRECORDED = "unrecorded"
+"""The ``lr_schedule`` of a checkpoint that had a schedule but did not record its name."""
+
+
+def _schedule_name(spec: Any) -> str | None:
+    """How a checkpoint records the (resolved) ``lr_schedule``: None, its name, or
+    :data:`_CALLABLE`."""
+    return spec if spec is None or isinstance(spec, str) else _CALLABLE
+
+
+def _schedule_parts(name: str | None) -> tuple[str | Mention, ...]:
+    """A recorded ``lr_schedule`` in a message: ``lr_schedule='cosine'``, a callable, or (not
+    recorded) a schedule."""
+    if name == _CALLABLE:
+        return ("a callable ", Mention("lr_schedule"))
+    if name == _UNRECORDED:
+        return ("a learning-rate schedule",)
+    return (Mention("lr_schedule", name),)
 
 
 def _copy(model: nn.Module) -> dict[str, Tensor]:

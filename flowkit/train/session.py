@@ -163,13 +163,13 @@ def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: 
             "by another program, or edited): it cannot be resumed"
         )
     stored, current = ckpt.model.get("config"), model_entry(model)["config"]
-    if stored is not None and current is not None and (
-        upgraded_config(stored, f"'{path}'") != current
-    ):
-        raise CheckpointError(
-            f"'{path}' was written for a {stored['type']} with {stored['kwargs']}, not for this "
-            f"{current['type']} with {current['kwargs']}: resume with the model it was written for"
-        )
+    if stored is not None and current is not None:
+        stored = upgraded_config(stored, f"'{path}'")
+        if stored != current:
+            raise CheckpointError(
+                f"'{path}' was written for {_config_difference(stored, current)}: resume with "
+                "the model it was written for"
+            )
     if extra["history"]["objective"] != objective:
         raise CheckpointError(
             f"'{path}' was written by a run minimising {extra['history']['objective']!r}, "
@@ -181,6 +181,19 @@ def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: 
             f"number (this run has {dist.world_size})"
         )
     ckpt.restore(model)
+
+
+def _config_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
+    """How two model configs differ, for a message: only the arguments that differ, e.g.
+    ``a MAF with {'seed': 0}, not for this MAF with {'seed': 5}``."""
+    then, now = stored["kwargs"], current["kwargs"]
+    keys = [k for k in {**then, **now} if then.get(k) != now.get(k)]
+
+    def model(config: dict[str, Any], kwargs: dict[str, Any]) -> str:
+        shown = {k: kwargs.get(k) for k in keys}
+        return config["type"] + (f" with {shown}" if shown else "")
+
+    return f"a {model(stored, then)}, not for this {model(current, now)}"
 
 
 def _choose_seed(
