@@ -72,7 +72,8 @@ class FlowDensity(DensityMixin, BaseEstimator):
         standardize: fit the flow to standardized columns and report densities of the raw
             rows (see the module notes).
         max_epochs: passes over the training rows.
-        batch_size: rows per step (capped at the number of training rows).
+        batch_size: rows per step (capped at the number of training rows); None: ``fit``'s
+            default, :func:`flowkit.train.default_batch_size` of the training rows.
         lr: Adam learning rate.
         weight_decay: decoupled weight decay (AdamW) when positive.
         validation_fraction: fraction of the rows held out to choose the epoch whose weights
@@ -112,7 +113,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
         batch_norm: bool = False,
         standardize: bool = True,
         max_epochs: int = 100,
-        batch_size: int = 256,
+        batch_size: int | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         validation_fraction: float = 0.1,
@@ -143,8 +144,9 @@ class FlowDensity(DensityMixin, BaseEstimator):
         """Check the hyper-parameters that the estimator itself uses (the MAF's own are
         checked by :func:`flowkit.MAF`, ``device`` by :func:`flowkit.train.fit`); errors name
         them."""
-        for name in ("max_epochs", "batch_size"):
-            check_int(name, getattr(self, name), minimum=1)
+        check_int("max_epochs", self.max_epochs, minimum=1)
+        if self.batch_size is not None:
+            check_int("batch_size", self.batch_size, minimum=1)
         if self.n_iter_no_change is not None:
             check_int("n_iter_no_change", self.n_iter_no_change, minimum=1)
         check_float("lr", self.lr, minimum=0, exclusive=True)
@@ -209,7 +211,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
                 u,
                 valid=valid,
                 epochs=self.max_epochs,
-                batch_size=min(self.batch_size, len(u)),
+                batch_size=None if self.batch_size is None else min(self.batch_size, len(u)),
                 lr=self.lr,
                 optimizer=optimizer,
                 early_stopping_patience=self.n_iter_no_change if valid is not None else None,

@@ -47,12 +47,15 @@ def test_context_columns_and_capped_batch_size(tmp_path, capsys):
     np.save(tmp_path / "d.npy", x)
     out = tmp_path / "cols"
     code = cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--context", "2", *FAST,
-                     "--out", str(out)])
+                     "--batch-size", "256", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "note: --batch-size 256 is more than the 45 training rows; using 45" in captured.out
     m = _metrics(out)
     assert (m["features"], m["context_features"], m["batch_size"]) == (2, 1, 45)
+    default = tmp_path / "default"  # fit's default for 45 training rows: 16
+    assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), *FAST, "--out", str(default)]) == 0
+    assert "note" not in capsys.readouterr().out and _metrics(default)["batch_size"] == 16
 
 
 def test_no_standardize_builds_the_plain_flow(tmp_path):

@@ -1114,11 +1114,21 @@ def test_cli_spells_a_divergence_with_its_options(tmp_path, capsys):
 # ------------------------------------------------------------------ defaults for small data
 
 
-def test_default_batch_size_is_256_capped_by_the_rows():
-    """Without ``batch_size``: 256 rows per step, or all of them when there are fewer."""
+def test_default_batch_size_gives_small_data_several_steps_per_epoch():
+    """Without ``batch_size``: N // 16 rows between 16 and 256, all rows below 16; 256 for a
+    sampling function."""
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
-    assert len(fit(flow, gaussian(50), epochs=3, seed=0, **QUIET).train_loss) == 3
-    assert len(fit(flow, gaussian(600), epochs=3, seed=0, **QUIET).train_loss) == 6
+    for rows, per_epoch in ((10, 1), (50, 3), (600, 16), (8192, 32)):
+        history = fit(flow, gaussian(rows), epochs=2, seed=0, **QUIET)
+        assert len(history.train_loss) == 2 * per_epoch, rows
+    seen = []
+
+    def sample(n, generator):
+        seen.append(n)
+        return torch.randn(n, 2, generator=generator)
+
+    fit(flow, sample, steps=2, seed=0, **QUIET)
+    assert seen == [256, 256]
 
 
 class _RowRecorder(nn.Module):
@@ -1142,17 +1152,17 @@ class _RowRecorder(nn.Module):
 def test_valid_as_a_fraction_holds_out_rows_of_the_data():
     x = torch.stack([torch.arange(200.0), torch.randn(200)], 1)
     model = _RowRecorder()
-    history = fit(model, x, valid=0.25, epochs=3, seed=0, **QUIET)
+    history = fit(model, x, valid=0.25, epochs=3, batch_size=150, seed=0, **QUIET)
     assert len(history.train_loss) == 3  # 150 training rows, one full batch per epoch
     validated = model.validated - model.trained  # the first-batch check also scores 2 rows
     assert len(model.trained) == 150 and len(validated) == 50
     assert model.trained | validated == set(range(200))
     again = _RowRecorder()
-    fit(again, x, valid=0.25, epochs=1, seed=0, **QUIET)
+    fit(again, x, valid=0.25, epochs=1, batch_size=150, seed=0, **QUIET)
     assert again.trained == model.trained  # the seed draws the split
     for fraction in (np.float32(0.25), np.float16(0.25)):  # any real scalar, as lr accepts
         same = _RowRecorder()
-        fit(same, x, valid=fraction, epochs=1, seed=0, **QUIET)
+        fit(same, x, valid=fraction, epochs=1, batch_size=150, seed=0, **QUIET)
         assert same.trained == model.trained
     for bad, message in ((1.0, r"in \(0, 1\), got 1.0"), (1, r"a float in \(0, 1\), got the "
                          "integer 1$"), (np.int64(0), "the integer"), (0.001, "holds out 0")):
@@ -1218,3 +1228,12 @@ def test_fit_warns_when_the_cast_rounds_a_column_away():
         warnings.simplefilter("error", flowkit.train.PrecisionWarning)
         fit(flowkit.MAF(2, layers=1, hidden_features=(8,)).double(), x, **options)  # no cast
         fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x - x.mean(0), **options)  # centred
+
+
+def test_a_sampling_function_that_ignores_n_is_refused():
+    """The batch size is what a sampling function is asked for; one that returns another
+    number of rows would silently train on other batches."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    with pytest.raises(ValueError, match=r"'data', a sampling function, should return 64 rows "
+                       r"when asked for n=64, got shape \(7, 2\)"):
+        fit(flow, lambda n, g: torch.randn(7, 2, generator=g), steps=3, batch_size=64, **QUIET)

@@ -5,8 +5,9 @@ validation set of --valid-size points is drawn once. A .npy file holds an (N, D)
 file an array named by --key (default 'x', or its only array); a random --valid-fraction of its
 rows is held out for validation. --context names what the flow is conditioned on: columns of the
 array (--context 2 3: the flow models the other columns given these), or another array of the
-.npz with one row per sample (--context y). A --batch-size above the number of training rows is
-lowered to it, with a note.
+.npz with one row per sample (--context y). The default --batch-size is fit's: 256 for toy
+datasets, and for a file N // 16 of its N training rows, between 16 and 256; a --batch-size above
+the number of training rows is lowered to it, with a note.
 
 The flow standardizes its data and context (flowkit.MAF's standardize=True, set from the training
 rows before the first step), so data in any units can be passed as they are; --no-standardize
@@ -40,7 +41,14 @@ import numpy as np
 import torch
 
 from flowkit.checkpoint import write_bytes_atomic
-from flowkit.train import CHECKPOINT_NAME, DEFAULTS, History, fit, is_main_process
+from flowkit.train import (
+    CHECKPOINT_NAME,
+    DEFAULTS,
+    History,
+    default_batch_size,
+    fit,
+    is_main_process,
+)
 
 from .common import as_options
 from .fit_data import load_file, load_toy
@@ -145,7 +153,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--steps", type=int, default=2000, help="optimizer steps (default: %(default)s)"
     )
-    train.add_argument("--batch-size", type=int, default=256, help="(default: %(default)s)")
+    train.add_argument("--batch-size", type=int, default=None,
+                       help="(default: 256 for a toy dataset; for a file, N // 16 of its N "
+                            "training rows, between 16 and 256)")
     train.add_argument("--lr", type=float, default=3e-3, help="(default: %(default)s)")
     train.add_argument(
         "--lr-schedule",
@@ -218,6 +228,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.valid_size is None:
             args.valid_size = VALID_SIZE
         data, valid, features = load_toy(args.data, args.valid_size, args.seed)
+        if args.batch_size is None:
+            args.batch_size = default_batch_size(None)  # fresh samples: fit's 256
         shown = valid  # the rows the samples are plotted over
         context_features = 0
     else:
@@ -237,7 +249,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shown = data
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
         rows -= round(args.valid_fraction * rows)
-        if args.batch_size > rows:
+        if args.batch_size is None:
+            args.batch_size = default_batch_size(rows)  # what fit would choose, recorded
+        elif args.batch_size > rows:
             print(
                 f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "
                 f"training rows; using {rows}",

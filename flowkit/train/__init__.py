@@ -7,7 +7,7 @@ from .checks import DivergenceError, NonFiniteLossError
 from .data import DataWarning, PrecisionWarning
 from .distributed import is_main_process, resolve_device
 from .history import History
-from .likelihood import fit
+from .likelihood import default_batch_size, fit
 from .options import DEFAULTS, TrainOptions
 from .reverse_kl import fit_reverse_kl
 from .session import CHECKPOINT_NAME
@@ -23,6 +23,7 @@ __all__ = [
     "PrecisionWarning",
     "Progress",
     "TrainOptions",
+    "default_batch_size",
     "fit",
     "fit_reverse_kl",
     "is_main_process",

@@ -265,8 +265,14 @@ class SamplerSource:
         self.generator = torch.Generator(device=device).manual_seed(derive_seed(seed, dist.rank))
 
     def next_batch(self, step: int) -> Batch:
-        x, c = split_pair("data", self.sample(self.local, self.generator))
-        return as_batch("data", x, c, self.device, self.dtype)
+        x, c = as_batch("data", *split_pair("data", self.sample(self.local, self.generator)),
+                        self.device, self.dtype)
+        if x.dim() == 0 or x.shape[0] != self.local:
+            raise ValueError(
+                f"'data', a sampling function, should return {self.local} rows when asked for "
+                f"n={self.local}, got shape {tuple(x.shape)}"
+            )
+        return x, c
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}

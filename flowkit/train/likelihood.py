@@ -94,10 +94,11 @@ def fit(
         epochs: number of passes over finite ``data`` (``len(data) // batch_size`` steps each for
             arrays, ``len(loader)`` for DataLoaders).
         batch_size: global batch size (split evenly over ``torchrun`` processes, so results do
-            not depend on the number of processes). Default ``None``: 256 rows, or all of them
-            when array ``data`` has fewer (then every step is a full-batch step); a
-            ``batch_size`` you pass that exceeds the rows is an error. Ignored for DataLoaders,
-            which batch themselves.
+            not depend on the number of processes). Default ``None``: for array ``data`` of
+            ``N`` rows, ``N // 16`` rows between 16 and 256 (all rows when there are fewer than
+            16; :func:`default_batch_size`), so a small data set gets several steps per epoch;
+            256 for a sampling function. A ``batch_size`` you pass that exceeds the rows is an
+            error. Ignored for DataLoaders, which batch themselves.
         valid_every: steps between validations; default once per epoch for arrays and
             DataLoaders with a length, else every 100 steps.
         early_stopping_patience: stop after this many validations without a new best validation
@@ -188,7 +189,28 @@ def _float_dtype(model: nn.Module) -> torch.dtype:
 
 
 DEFAULT_BATCH_SIZE = 256
-""":func:`fit`'s batch size when none is passed (capped by the rows of array data)."""
+""":func:`fit`'s batch size when none is passed, for large arrays and for sampling functions."""
+
+MIN_DEFAULT_BATCH_SIZE = 16
+"""The smallest batch :func:`default_batch_size` chooses (unless the data has fewer rows)."""
+
+
+def default_batch_size(rows: int | None) -> int:
+    """:func:`fit`'s batch size when none is passed: about 16 steps per epoch for array data of
+    ``rows`` rows, between :data:`MIN_DEFAULT_BATCH_SIZE` (16) and :data:`DEFAULT_BATCH_SIZE`
+    (256) rows, and never more than ``rows``; 256 for data without a length (``None``).
+
+    Small data sets overfit within a few dozen full-batch steps; smaller batches take more,
+    noisier steps per epoch before the validation loss turns, and reach better held-out
+    log-likelihoods (docs/defaults.md, "Batch size").
+
+    Example:
+        >>> [default_batch_size(n) for n in (10, 150, 1000, 4096, 10**6, None)]
+        [10, 16, 62, 256, 256, 256]
+    """
+    if rows is None:
+        return DEFAULT_BATCH_SIZE
+    return min(rows, max(MIN_DEFAULT_BATCH_SIZE, min(DEFAULT_BATCH_SIZE, rows // 16)))
 
 
 def _holdout_fraction(valid: Any) -> float | None:
@@ -234,7 +256,7 @@ def _make_source(
         if holdout is not None:
             arrays, held_out = _hold_out(arrays, holdout, s.seed)
         if batch_size is None:
-            batch_size = min(DEFAULT_BATCH_SIZE, arrays[0].shape[0])
+            batch_size = default_batch_size(arrays[0].shape[0])
         return TensorSource(arrays, batch_size, s.seed, s.dist), held_out
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "

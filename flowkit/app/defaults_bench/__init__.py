@@ -21,7 +21,9 @@ Models:
   kde             KernelDensity, bandwidth by 5-fold cross-validation (as flowkit
                   sklearn-compare); conditional tasks fit one GMM / KDE per label.
 Every flow gets the same budget and the same stopping rule: --steps (toys, moons|y) or
---real-steps optimizer steps of min(--batch-size, rows) rows, each epoch the training rows in a
+--real-steps optimizer steps of the batch size flowkit.fit chooses (flowkit.train.
+default_batch_size: N // 16 of the N training rows, between 16 and 256), or --batch-size (capped
+by the rows), each epoch the training rows in a
 fresh random order; the validation loss after every epoch (fit's default; --valid-every N: every
 N steps) and at the last step; a stop after --patience validations without a new best; the
 weights of the best validation at the end. scikit-learn fits
@@ -76,7 +78,8 @@ TARGET = "checkerboard-target"
 _BUDGET = (  # (option, default, what it counts)
     ("--steps", 3000, "optimizer steps of every flow on the toys and moons|y"),
     ("--real-steps", 3000, "optimizer steps of every flow on the real data sets"),
-    ("--batch-size", 256, "rows per step, capped by the training rows"),
+    ("--batch-size", None, "rows per step of every flow, capped by the training rows; None: "
+     "flowkit.fit's default for the training rows"),
     ("--n-train", 10000, "rows to fit per toy task, validation included"),
     ("--n-test", 10000, "rows to score per toy task"),
     ("--seeds", 1, "seeds per cell, from --seed on"),
@@ -116,7 +119,8 @@ def _settings(args: argparse.Namespace) -> argparse.Namespace:
         args.target_steps = 0
         args.n_train, args.n_test, args.valid_every = 600, 600, 10
     for option, _, _ in _BUDGET:
-        if getattr(args, option[2:].replace("-", "_")) < 1:
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is not None and value < 1:
             raise ValueError(f"'{option}' should be a positive integer")
     if args.valid_every is not None and args.valid_every < 1:
         raise ValueError("'--valid-every' should be a positive integer")

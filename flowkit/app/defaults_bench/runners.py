@@ -15,7 +15,7 @@ import torch
 
 import flowkit
 from flowkit.data import sample_toy, toy_entropy
-from flowkit.train import DivergenceError, NonFiniteLossError
+from flowkit.train import DivergenceError, NonFiniteLossError, default_batch_size
 
 from ..common import mean_se
 from ..sklearn_compare import fit_model as fit_sklearn
@@ -84,6 +84,12 @@ class _Scored:
         return max(shares)
 
 
+def _batch_size(rows: int, args: argparse.Namespace) -> int:
+    """Every flow's batch size: ``--batch-size`` capped by the training rows, or by default
+    the one :func:`flowkit.fit` chooses for them."""
+    return default_batch_size(rows) if args.batch_size is None else min(args.batch_size, rows)
+
+
 def _fit_flowkit(task: Task, transformer: str, steps: int, seed: int,
                  args: argparse.Namespace) -> _Scored:
     """``flowkit.MAF`` with its defaults (but ``transformer``), trained by ``flowkit.fit`` with
@@ -95,7 +101,7 @@ def _fit_flowkit(task: Task, transformer: str, steps: int, seed: int,
                        transformer=transformer)
     try:
         flowkit.fit(flow, _pair(x, c), valid=_pair(*_tensors(task, 1)), steps=steps,
-                    batch_size=min(args.batch_size, len(x)), valid_every=args.valid_every,
+                    batch_size=_batch_size(len(x), args), valid_every=args.valid_every,
                     early_stopping_patience=args.patience or None, restore_best=True,
                     seed=seed, device="cpu", progress=False)
     except (NonFiniteLossError, DivergenceError) as e:
@@ -123,7 +129,7 @@ def _fit_zuko(task: Task, kind: str, steps: int, seed: int, args: argparse.Names
 
     optimizer = torch.optim.Adam(flow.parameters(), lr=ZUKO_LR)
     generator = torch.Generator().manual_seed(seed)
-    batch = min(args.batch_size, len(x))
+    batch = _batch_size(len(x), args)
     per_epoch = len(x) // batch
     every = args.valid_every or per_epoch
     best, best_state, order = math.inf, None, torch.empty(0, dtype=torch.long)
