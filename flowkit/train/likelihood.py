@@ -338,8 +338,7 @@ def _check_first_batch_and_standardize(
 ) -> None:
     """Before the first step (after every setting was checked, so a refused call leaves the
     model as it was): check the training array (other sources: the first batch), then set the
-    model's
-    :class:`~flowkit.transforms.Standardize` modules that are not set yet, or only
+    model's :class:`~flowkit.transforms.Standardize` modules that are not set yet, or only
     provisionally by an earlier call (a look at samples), from the whole training set when it
     is an array, else from the first batch. A resumed model has them set already."""
     if isinstance(source, TensorSource):
