@@ -1191,6 +1191,12 @@ def test_fit_warns_about_a_constant_column():
         fit(flowkit.BernoulliMADE(3, hidden_features=(8,)), binary, steps=1, seed=0, **QUIET)
 
 
+def test_fit_warns_about_a_single_row():
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    with pytest.warns(flowkit.train.DataWarning, match=r"'data' has a single row"):
+        fit(flow, gaussian(1), steps=1, seed=0, **QUIET)
+
+
 def test_fit_warns_about_a_column_of_few_values():
     """Rounded data: 9 distinct values in 400 rows (at most 5% of the rows) is a warning, 21 is
     not."""

@@ -156,7 +156,13 @@ def _warn_if_degenerate(name: str, x: Tensor) -> None:
     values (a point mass for a constant column), which a flow approaches by contracting the
     column at every layer: the training NLL falls without bound and the log-density of a value
     between or outside them means nothing."""
-    if not x.is_floating_point() or x.dim() != 2 or x.shape[0] < 2:
+    if not x.is_floating_point() or x.dim() != 2:
+        return
+    if x.shape[0] == 1:
+        _data_warning(
+            f"'{name}' has a single row: a density fitted to one point is a point mass, so the "
+            "training NLL falls without bound; fit a density to many rows"
+        )
         return
     ordered = x.sort(dim=0).values
     distinct = 1 + (ordered[1:] != ordered[:-1]).sum(dim=0)

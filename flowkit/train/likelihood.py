@@ -74,9 +74,9 @@ def fit(
             bool ``x`` (class indices for a :class:`~flowkit.CategoricalMADE`) keep their dtype.
             Complex values are refused. Array data that the cast rounds to fewer than 1000 steps
             per standard deviation in some column raise a
-            :class:`~flowkit.train.PrecisionWarning`; for a :class:`~flowkit.Flow`, a constant
-            column, or one with at most 5% as many distinct values as rows (counts, pixels,
-            coarse rounding), raises a :class:`~flowkit.train.DataWarning`.
+            :class:`~flowkit.train.PrecisionWarning`; for a :class:`~flowkit.Flow`, a single
+            row, a constant column, or one with at most 5% as many distinct values as rows
+            (counts, pixels, coarse rounding), raises a :class:`~flowkit.train.DataWarning`.
 
             Before the first step, the model's :class:`~flowkit.transforms.Standardize`
             modules (the builders' default ``standardize=True``) that are not set, or set only
