@@ -353,8 +353,11 @@ def test_a_provisional_value_is_not_re_estimated_by_later_calls():
     shift, scale = t.shift.clone(), t.scale.clone()
     t(torch.randn(64, 2) * 100.0)
     assert torch.equal(t.shift, shift) and torch.equal(t.scale, scale)
-    t.inverse(torch.randn(4, 2))
+    with torch.no_grad():
+        t.inverse(torch.randn(4, 2))  # a look at samples
     assert torch.equal(t.shift, shift) and t.provisional
+    t.inverse(torch.randn(4, 2))  # samples to train through: the value is kept for good
+    assert torch.equal(t.shift, shift) and not t.provisional
 
 
 def test_training_by_reverse_kl_fixes_the_identity_and_fit_keeps_it():
@@ -368,6 +371,10 @@ def test_training_by_reverse_kl_fixes_the_identity_and_fit_keeps_it():
     assert std.initialized and not std.provisional and not unset(flow)
     flowkit.fit(flow, torch.randn(200, 2) * 50.0 + 7.0, steps=1, seed=0, progress=False)
     assert torch.equal(std.shift, torch.zeros(2)) and torch.equal(std.scale, torch.ones(2))
+    peeked = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    peeked.sample(4)  # a look first: provisional ...
+    peeked.rsample(16)  # ... then training by reverse KL fixes it
+    assert not unset(peeked)
 
 
 def test_a_loaded_or_set_value_is_not_provisional(tmp_path):

@@ -24,8 +24,9 @@ A value set by a call is **provisional** (:attr:`Standardize.provisional`):
 samples (``flow.sample``) or a ``log_prob`` on a few rows before ``fit`` does not decide the
 standardization. Later calls never re-estimate it, so a transform being trained in your own
 loop stays the same. A training-mode ``inverse`` with gradients enabled (training by reverse
-KL, where the flow's samples are the data) fixes the identity for good. Values given, set by
-:func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file are fixed.
+KL, where the flow's samples are the data) fixes the value it used (the identity, when it was
+unset) for good. Values given, set by :func:`set_from_data` or :meth:`Standardize.set`, or
+loaded from a file are fixed.
 
 Code compiled with :func:`torch.compile` skips the initialisation (it reads a flag on the host):
 initialise before compiling.
@@ -159,15 +160,13 @@ class Standardize(Transform):
         return (x - self.shift) / self.scale, self._log_det(x, -1.0)
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        if (
-            not torch.compiler.is_compiling()
-            and not self.initialized
-            and self.training
-            and self._collector is None
-        ):
-            with torch.no_grad():
-                self.initialized.fill_(True)  # the identity
-            self.provisional = not torch.is_grad_enabled()
+        if self.training and self._collector is None and not torch.compiler.is_compiling():
+            if not self.initialized:
+                with torch.no_grad():
+                    self.initialized.fill_(True)  # the identity
+                self.provisional = True
+            if torch.is_grad_enabled():
+                self.provisional = False  # trained through (reverse KL): the samples' map stays
         return z * self.scale + self.shift, self._log_det(z, 1.0)
 
     def _log_det(self, like: Tensor, sign: float) -> Tensor:
