@@ -19,6 +19,7 @@ from flowkit.nn.inversion import (
 )
 from flowkit.nn.inversion_program import build_program
 from flowkit.nn.layout import sorted_layout
+from flowkit.nn.linear import _spread
 from flowkit.transforms import autoregressive
 from flowkit.validation import validate_values
 
@@ -252,8 +253,12 @@ class TestMaskedLinearCache:
                 {k: v + 1 for k, v in layer.state_dict().items()}),
             lambda layer: torch.optim.SGD(layer.parameters(), lr=1.0).step(),
             lambda layer: torch.optim.Adam(layer.parameters(), fused=True).step(),
+            lambda layer: layer.weight.data.mul_(0.5).add_(0.5 * torch.randn_like(layer.weight)),
+            lambda layer: layer.weight.data.copy_(torch.randn_like(layer.weight)),
+            lambda layer: layer.weight.data.normal_(),
         ],
-        ids=["init", "set_mask", "load_state_dict", "sgd", "fused-adam"],
+        ids=["init", "set_mask", "load_state_dict", "sgd", "fused-adam", "soft-update-data",
+             "copy-into-data", "reinit-data"],
     )
     def test_any_change_invalidates_it(self, change):
         layer, x = self.layer()
@@ -274,13 +279,36 @@ class TestMaskedLinearCache:
             layer.double()
             assert layer(x.double()).dtype == torch.float64
 
-    def test_writes_through_data_need_clear_cache(self):
-        layer, x = self.layer()
+    def test_a_write_of_one_entry_through_data_needs_clear_cache(self):
+        """Writes through ``.data`` bump no version counter; a sample of entries catches updates
+        of the whole weight (above), ``clear_cache`` a write to one entry."""
+        made = MADE(16, (512,), params_per_feature=1)
+        layer, x = made.hidden[0], torch.randn(3, 16)
+        row, column = layer.mask.nonzero()[1].tolist()
+        assert row * 16 + column not in _spread(layer.mask).tolist()
         with torch.no_grad():
             layer(x)
-            layer.weight.data.mul_(2)
+            layer.weight.data[row, column] += 1.0
             layer.clear_cache()
             torch.testing.assert_close(layer(x), x @ (layer.weight * layer.mask).T + layer.bias)
+
+    def test_a_target_network_updated_through_data_samples_with_its_new_weights(self):
+        """The soft update of SAC code, through ``.data``, under no_grad: sampling and density
+        use the updated weights (the cached products used to keep the old ones)."""
+        torch.manual_seed(0)
+        policy = IAF(2, layers=2, hidden_features=(16,), context_features=3)
+        target = copy.deepcopy(policy)
+        obs = torch.randn(4, 3)
+        with torch.no_grad():
+            target.sample_and_log_prob(context=obs)  # caches the products
+            for p in policy.parameters():
+                p.add_(0.5 * torch.randn_like(p))
+        for tp, p in zip(target.parameters(), policy.parameters(), strict=True):
+            tp.data.copy_(0.5 * p.data + 0.5 * tp.data)
+        x = torch.randn(4, 2)
+        with torch.no_grad():
+            stale_or_not = target.log_prob(x, obs)
+        torch.testing.assert_close(stale_or_not, copy.deepcopy(target).log_prob(x, obs).detach())
 
     def test_inference_mode_product_is_not_used_under_autograd(self):
         layer, x = self.layer()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -24,7 +26,11 @@ class MaskedLinear(nn.Linear):
     ``nn.init``, optimizers) are seen through the tensors' version counters, fused optimizers
     (which write without bumping them) through a count of ``torch.optim`` steps, ``.to()`` and
     reassignment through the storage. A forward pass with autograd drops it too. Writes through
-    ``weight.data`` are invisible to all of these: call :meth:`clear_cache` after them.
+    ``weight.data`` (the soft target update of SAC code, ``tp.data.copy_(tau * p.data + ...)``,
+    an EMA, a re-initialisation) bump no counter: they are seen by comparing up to
+    :data:`FINGERPRINT` entries of the weight, spread over the unmasked ones, with their values
+    when the product was cached, which catches every update that moves the weights as a whole.
+    After writing only a few entries through ``weight.data``, call :meth:`clear_cache`.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
@@ -32,7 +38,7 @@ class MaskedLinear(nn.Linear):
         out_features = check_int("out_features", out_features, 1)
         super().__init__(in_features, out_features, check_bool("bias", bias))
         self.register_buffer("mask", torch.ones(out_features, in_features))
-        self._cache: tuple[tuple[int, ...], Tensor, tuple[Tensor, Tensor]] | None = None
+        self._cache: _Cache | None = None
 
     def set_mask(self, mask: Tensor) -> None:
         """Copy ``mask`` into the mask buffer (keeping its dtype and device).
@@ -74,18 +80,22 @@ class MaskedLinear(nn.Linear):
             self._cache = None
             return self.weight * self.mask
         state = self._state()
+        cache = self._cache
         if (
-            self._cache is not None
-            and self._cache[0] == state
-            and (torch.is_inference_mode_enabled() or not self._cache[1].is_inference())
+            cache is not None
+            and cache.state == state
+            and (torch.is_inference_mode_enabled() or not cache.product.is_inference())
+            and torch.equal(torch.take(self.weight.detach(), cache.where), cache.values)
         ):
-            return self._cache[1]
+            return cache.product
         with torch.no_grad():
             product = self.weight * self.mask
+            where = _spread(self.mask)
+            values = torch.take(self.weight.detach(), where)
         # The cache holds W and M themselves so that their storage cannot be freed and reused
         # at the same address while the cache lives.
         keep = (self.weight.detach(), self.mask)
-        self._cache = None if state is None else (state, product, keep)
+        self._cache = None if state is None else _Cache(state, product, keep, where, values)
         return product
 
     def forward(self, x: Tensor) -> Tensor:
@@ -99,6 +109,32 @@ class MaskedLinear(nn.Linear):
         state = self.__dict__.copy()
         state["_cache"] = None
         return state
+
+
+FINGERPRINT = 64
+"""Entries of the weight compared on each use of a cached product (see :class:`MaskedLinear`)."""
+
+
+class _Cache(NamedTuple):
+    """A cached ``W * M``: what identified ``W`` and ``M`` then (:meth:`MaskedLinear._state`),
+    the product, the tensors it was made from, and :data:`FINGERPRINT` entries of ``W``
+    (flat positions ``where``, their ``values`` then)."""
+
+    state: tuple[int, ...]
+    product: Tensor
+    keep: tuple[Tensor, Tensor]
+    where: Tensor
+    values: Tensor
+
+
+def _spread(mask: Tensor) -> Tensor:
+    """Flat positions of up to :data:`FINGERPRINT` unmasked entries, spread evenly (masked-out
+    entries get no gradient, so an update through ``.data`` may leave them as they were)."""
+    unmasked = mask.flatten().nonzero().squeeze(1)
+    if unmasked.numel() <= FINGERPRINT:
+        return unmasked
+    pick = torch.linspace(0, unmasked.numel() - 1, FINGERPRINT, device=mask.device)
+    return unmasked[pick.round().long()]
 
 
 _step_count = 0
