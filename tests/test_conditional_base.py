@@ -268,8 +268,16 @@ def test_custom_embedding_is_loaded_with_the_network_given(tmp_path):
     loaded = flowkit.load_model(path, embedding=MyEmbedding())  # fresh weights, then the file's
     x, c = torch.randn(5, 2), torch.randn(5, 5)
     torch.testing.assert_close(loaded.log_prob(x, c), flow.eval().log_prob(x, c), rtol=0, atol=0)
-    with pytest.raises(CheckpointError, match="do not fit"):
+    with pytest.raises(CheckpointError, match=r"'embedding' is a Sequential, but the model in "
+                       r".* was saved with a .*MyEmbedding"):
         flowkit.load_model(path, embedding=nn.Sequential(nn.Linear(5, 3)))
+
+    class MyEmbedding2(MyEmbedding):  # the same weights' names, another function
+        def forward(self, c):
+            return torch.tanh(self.linear(c))
+
+    with pytest.raises(CheckpointError, match="would load into another network"):
+        flowkit.load_model(path, embedding=MyEmbedding2())
 
 
 def test_embedding_argument_is_refused_for_other_files(tmp_path):

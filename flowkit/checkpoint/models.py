@@ -314,6 +314,14 @@ def load_model(
                 f"'embedding' should be an nn.Module (an instance of {stored['custom']}), got "
                 f"{type(embedding).__name__}"
             )
+        # the class, not its module: a class saved from __main__ may load from a package
+        name = type(embedding).__qualname__
+        if not (stored["custom"] == name or stored["custom"].endswith("." + name)):
+            raise CheckpointError(
+                f"'embedding' is a {name}, but the model in '{path}' was "
+                f"saved with a {stored['custom']}: its weights would load into another network "
+                "and give other densities; pass an instance of the saved class"
+            )
         kwargs["embedding"] = embedding
     try:
         model = build(**kwargs)
