@@ -341,3 +341,23 @@ def test_input_is_checked_once_per_call(builder, monkeypatch):
     flow.sample_and_log_prob(4, torch.randn(6, 3))
     flow(torch.randn(6, 3)).rsample((2,))
     assert checked == ["context", "context"]
+
+
+def test_kl_against_a_batch_of_distributions_has_the_broadcast_batch_shape():
+    """KL(p || q) with q of a larger batch shape (torch's closed forms broadcast too); an event
+    shape that differs, or batch shapes that do not broadcast, are errors naming p and q."""
+    torch.manual_seed(0)
+    p = flowkit.MAF(2, layers=2, hidden_features=(8,))()
+    q = Independent(Normal(torch.randn(5, 2), torch.ones(5, 2)), 1)
+    kl = kl_divergence(p, q)
+    assert kl.shape == (5,)
+    base = Independent(Normal(torch.zeros(2), torch.ones(2)), 1)  # the new flow is the identity
+    torch.testing.assert_close(kl, kl_divergence(base, q), atol=0.2, rtol=0)
+    conditional = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
+    wide = Independent(Normal(torch.zeros(4, 1, 2), torch.ones(4, 1, 2)), 1)
+    assert monte_carlo_kl(conditional(torch.randn(5, 1)), wide, n=10).shape == (4, 5)
+    with pytest.raises(ValueError, match=r"same event shape, got \(2,\) and \(\)"):
+        monte_carlo_kl(p, Normal(torch.zeros(2), torch.ones(2)), n=10)
+    with pytest.raises(ValueError, match=r"batch shapes of 'p' \(5,\) and 'q' \(4,\)"):
+        four = Independent(Normal(torch.zeros(4, 2), torch.ones(4, 2)), 1)
+        monte_carlo_kl(conditional(torch.randn(5, 1)), four, n=10)

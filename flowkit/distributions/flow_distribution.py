@@ -235,6 +235,21 @@ def monte_carlo_kl(p: Distribution, q: Distribution, n: int = KL_SAMPLES) -> Ten
         True
     """
     n = check_n(n)
+    if p.event_shape != q.event_shape:
+        raise ValueError(
+            f"'p' and 'q' should have the same event shape, got {tuple(p.event_shape)} and "
+            f"{tuple(q.event_shape)} (wrap a distribution over single coordinates in "
+            "torch.distributions.Independent(..., 1))"
+        )
+    try:
+        shape = torch.broadcast_shapes(p.batch_shape, q.batch_shape)
+    except RuntimeError as e:
+        raise ValueError(
+            f"the batch shapes of 'p' {tuple(p.batch_shape)} and 'q' {tuple(q.batch_shape)} "
+            "do not broadcast"
+        ) from e
+    if p.batch_shape != shape:  # draw a sample for every batch member of the result
+        p = p.expand(shape)
     if isinstance(p, FlowDistribution):
         x, log_p = p.rsample_and_log_prob((n,))
     else:
