@@ -166,11 +166,25 @@ def check_width(
     return value
 
 
+def _all_finite(name: str, value: Tensor) -> bool:
+    """Whether every entry of ``value`` is finite, read back to the host; True (not checked)
+    when value checks are switched off (:func:`validate_values`) or while compiling (a
+    data-dependent branch would break a ``torch.compile`` graph)."""
+    if not _check_values or torch.compiler.is_compiling():
+        return True
+    try:
+        return bool(torch.isfinite(value).all())
+    except RuntimeError as e:  # torch.func.vmap cannot read values back
+        raise RuntimeError(
+            f"flowkit checks '{name}' for NaN and Inf by reading its values, which this call "
+            "cannot do (inside torch.func.vmap, for example): make the call inside "
+            "`with flowkit.validation.validate_values(False):`"
+        ) from e
+
+
 def _check_finite(name: str, value: Tensor) -> Tensor:
-    """Fail on NaN/Inf in ``value`` (reads it back: skipped when switched off or compiling)."""
-    # A data-dependent branch would break a torch.compile graph: compiled code skips this one.
-    checking = _check_values and not torch.compiler.is_compiling()
-    if checking and not torch.isfinite(value).all():
+    """Fail on NaN/Inf in ``value`` (see :func:`_all_finite`)."""
+    if not _all_finite(name, value):
         raise ValueError(f"'{name}' contains NaN or Inf values")
     return value
 
@@ -279,7 +293,7 @@ def nonfinite_rows(name: str, value: Tensor) -> Tensor | None:
     read back to the host), else the mask ``(...,)`` of the points with an infinite entry,
     whose log-density is ``-inf``. NaN is a ValueError naming ``name``. Skipped (None) when
     value checks are switched off (:func:`validate_values`) or while compiling."""
-    if not _check_values or torch.compiler.is_compiling() or torch.isfinite(value).all():
+    if _all_finite(name, value):
         return None
     if torch.isnan(value).any():
         raise ValueError(f"'{name}' contains NaN values")

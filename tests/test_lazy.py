@@ -189,6 +189,17 @@ def test_infinite_values_have_log_density_minus_infinity(name):
     torch.testing.assert_close(flow(c).log_prob(x), log_p)
 
 
+def test_a_batch_of_only_infinite_rows_is_minus_infinity_in_training_mode_too():
+    """A new flow is in training mode; with no finite row there is nothing to score, nor to set
+    its standardization from (it raised "a Standardize cannot be set from an empty batch")."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
+    x = torch.tensor([[0.0, math.inf], [-math.inf, 1.0]])
+    log_p = flow.log_prob(x, torch.zeros(2, 1))
+    assert log_p.tolist() == [-math.inf, -math.inf]
+    assert flow(torch.zeros(1)).log_prob(x[0]).item() == -math.inf
+    assert not flow.transform.transforms[0].initialized  # the data's: it never saw a row
+
+
 def test_nan_is_an_error_naming_the_users_argument(name):
     flow = _flow(name)
     x = torch.randn(4, D, dtype=torch.float64)
@@ -361,3 +372,22 @@ def test_kl_against_a_batch_of_distributions_has_the_broadcast_batch_shape():
     with pytest.raises(ValueError, match=r"batch shapes of 'p' \(5,\) and 'q' \(4,\)"):
         four = Independent(Normal(torch.zeros(4, 2), torch.ones(4, 2)), 1)
         monte_carlo_kl(conditional(torch.randn(5, 1)), four, n=10)
+
+
+def test_per_sample_scores_with_vmap_need_the_value_checks_off():
+    """vmap cannot read values back: the NaN check says what to do, and with it off per-sample
+    scores match autograd."""
+    from torch.func import grad, vmap
+
+    from flowkit.validation import validate_values
+
+    flow = flowkit.MAF(2, layers=2, hidden_features=(16,), context_features=3).double().eval()
+    x, c = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 3, dtype=torch.float64)
+    score = vmap(grad(lambda xi, ci: flow.log_prob(xi, ci)))
+    with pytest.raises(RuntimeError, match=r"validate_values\(False\)"):
+        score(x, c)
+    with validate_values(False):
+        scores = score(x, c)
+    x.requires_grad_()
+    expected, = torch.autograd.grad(flow.log_prob(x, c).sum(), x)
+    torch.testing.assert_close(scores, expected)

@@ -225,7 +225,8 @@ class Flow(nn.Module):
             return self._log_prob(x, h).reshape(shape)
         inside = ~outside.expand(shape).reshape(-1)
         log_p = x.new_full((x.shape[0],), -math.inf)
-        log_p[inside] = self._log_prob(x[inside], None if h is None else h[inside])
+        if inside.any():  # no finite row: nothing to run (nor to set a standardization from)
+            log_p[inside] = self._log_prob(x[inside], None if h is None else h[inside])
         return log_p.reshape(shape)
 
     def _embed_rows(self, context: Tensor, shape: tuple[int, ...]) -> Tensor:
