@@ -337,3 +337,24 @@ def test_made_solver_naive_switches_to_the_reference():
     with pytest.raises(ValueError, match="'solver' should be 'fast' or 'naive'"):
         made.solver = "quick"
     assert made.solver == "naive"
+
+
+@pytest.mark.parametrize("call", ["maf_sample", "iaf_log_prob"])
+def test_the_solver_runs_under_autocast(call):
+    """Under torch.autocast the solver's in-place products met bfloat16 operands and failed;
+    it runs with autocast off and gives the float32 results."""
+    torch.manual_seed(0)
+    flow = (MAF if call == "maf_sample" else IAF)(2, layers=2, hidden_features=(16,)).eval()
+    x = torch.randn(8, 2)
+
+    def run():
+        if call == "maf_sample":
+            torch.manual_seed(1)
+            return flow.sample(4)
+        return flow.log_prob(x)
+
+    expected = run()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = run()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected)

@@ -38,6 +38,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import nullcontext
 from itertools import pairwise
@@ -169,6 +170,20 @@ def solve_with_params(
     return _solve_with_params(made, step, like, context, encode)
 
 
+def _without_autocast(solver: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``solver(made, step, like, ...)`` with ``torch.autocast`` off on ``like``'s device:
+    its products accumulate in place into buffers of the model's dtype, which must not meet
+    operands autocast has cast to another (the results are in the model's dtype anyway)."""
+
+    @functools.wraps(solver)
+    def run(made: MADE, step: Step, like: Tensor, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(like.device.type, enabled=False):
+            return solver(made, step, like, *args, **kwargs)
+
+    return run
+
+
+@_without_autocast
 def _solve_with_params(
     made: MADE, step: Step, like: Tensor, context: Tensor | None, encode: Encode | None = None
 ) -> tuple[Tensor, Tensor]:
