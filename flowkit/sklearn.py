@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -34,7 +35,9 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from flowkit.flows.builders import MAF
+from flowkit.train import DataWarning
 from flowkit.train import fit as fit_flow
+from flowkit.train.data import warn_if_degenerate
 from flowkit.validation import ArgumentError, check_bool, check_float, check_int, is_int
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -174,6 +177,8 @@ class FlowDensity(DensityMixin, BaseEstimator):
         X = validate_data(self, X, dtype=[np.float64, np.float32], ensure_min_samples=2)
         rng = check_random_state(self.random_state)
         seed = _seed(rng)
+        # the checks of fit's data, on the rows the user passed (fit sees standardized ones)
+        warn_if_degenerate("X", torch.tensor(X, dtype=torch.float64), stacklevel=4)
         if self.standardize:
             self.mean_ = X.mean(axis=0).astype(np.float64)
             scale = X.std(axis=0).astype(np.float64)
@@ -195,7 +200,8 @@ class FlowDensity(DensityMixin, BaseEstimator):
         optimizer = "adam"
         if self.weight_decay > 0:
             optimizer = functools.partial(torch.optim.AdamW, weight_decay=self.weight_decay)
-        with _torch_seed(seed):
+        with _torch_seed(seed), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DataWarning)  # said above, about X
             flow = MAF(
                 X.shape[1],
                 layers=self.layers,

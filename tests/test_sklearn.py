@@ -216,3 +216,14 @@ def test_standardize_false_builds_a_flow_without_standardization():
         assert not any(isinstance(m, Standardize) for m in est.flow_.modules())
     assert np.all(off.mean_ == 0) and np.all(off.scale_ == 1)
     assert abs(on.score(X) - off.score(X)) > 1.0  # two different models
+
+
+def test_data_warnings_name_X_and_its_values():
+    """The estimator fits standardized rows; its warnings are about the X the user passed."""
+    X = _data(300)
+    X[:, 1] = 7.0
+    with pytest.warns(DataWarning, match=r"'X', column 1, holds a single value \(7\) in all "
+                      r"300 rows") as caught:
+        _small().fit(X)
+    assert len([w for w in caught if issubclass(w.category, DataWarning)]) == 1
+    assert all(w.filename == __file__ for w in caught)

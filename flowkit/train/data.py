@@ -108,7 +108,7 @@ def load_arrays(
     the model would see them coarsely rounded, before its standardization could help. With
     ``density=True`` (training data of a continuous density, a :class:`~flowkit.Flow`), also
     warns (:class:`DataWarning`) when a column of ``x`` is constant or takes few distinct values
-    (:func:`_warn_if_degenerate`)."""
+    (:func:`warn_if_degenerate`)."""
     raw = split_pair(name, value)
     for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
         _warn_if_rounded(label, t, dtype)
@@ -128,7 +128,7 @@ def load_arrays(
             bad = int((~torch.isfinite(t)).any(dim=1).nonzero()[0])
             raise ValueError(f"'{name}' {what} contains NaN or Inf values (first at row {bad})")
     if density:
-        _warn_if_degenerate(name, x)
+        warn_if_degenerate(name, x)
     return x, c
 
 
@@ -147,21 +147,22 @@ class PrecisionWarning(DataWarning):
 
 FEW_VALUES = 0.05
 """A floating training column with at most this share of distinct values among its rows (and
-at least two) raises a :class:`DataWarning` (see :func:`_warn_if_degenerate`)."""
+at least two) raises a :class:`DataWarning` (see :func:`warn_if_degenerate`)."""
 
 
-def _warn_if_degenerate(name: str, x: Tensor) -> None:
+def warn_if_degenerate(name: str, x: Tensor, stacklevel: int = 6) -> None:
     """Warn if a floating column of ``x`` ``(N, D)`` holds one value, or at most
     ``FEW_VALUES * N`` distinct values. A density over such a column concentrates on those
     values (a point mass for a constant column), which a flow approaches by contracting the
     column at every layer: the training NLL falls without bound and the log-density of a value
-    between or outside them means nothing."""
+    between or outside them means nothing. ``stacklevel`` as :func:`warnings.warn` counts it
+    from the helper this calls (2: this function's caller; the default 6, fit's caller)."""
     if not x.is_floating_point() or x.dim() != 2:
         return
     if x.shape[0] == 1:
         _data_warning(
             f"'{name}' has a single row: a density fitted to one point is a point mass, so the "
-            "training NLL falls without bound; fit a density to many rows"
+            "training NLL falls without bound; fit a density to many rows", stacklevel=stacklevel
         )
         return
     ordered = x.sort(dim=0).values
@@ -173,7 +174,7 @@ def _warn_if_degenerate(name: str, x: Tensor) -> None:
             f"'{name}', column {j}, holds a single value ({x[0, j].item():.6g}) in all "
             f"{x.shape[0]} rows ({len(constant)} constant column(s): {constant[:10]}): a density "
             "over it is a point mass, so the training NLL falls without bound while the model "
-            "contracts that column; drop constant columns before fitting"
+            "contracts that column; drop constant columns before fitting", stacklevel=stacklevel
         )
     few = ((distinct > 1) & (distinct <= FEW_VALUES * x.shape[0])).nonzero().flatten().tolist()
     if few:
@@ -183,14 +184,17 @@ def _warn_if_degenerate(name: str, x: Tensor) -> None:
             f"{x.shape[0]} rows ({len(few)} column(s) like it: {few[:10]}): a continuous density "
             "concentrates on such values as it trains, so its log-density there grows and "
             "means little; add uniform noise of one quantization step to the column "
-            "(dequantization), or model it with a discrete distribution"
+            "(dequantization), or model it with a discrete distribution", stacklevel=stacklevel
         )
 
 
-def _data_warning(message: str, category: type[DataWarning] = DataWarning) -> None:
-    """A warning pointing at the caller of ``fit``, whose checks of array data all run at one
-    depth: fit -> _make_source (or _make_validation) -> load_arrays -> the check -> here."""
-    warnings.warn(message, category, stacklevel=6)
+def _data_warning(
+    message: str, category: type[DataWarning] = DataWarning, stacklevel: int = 6
+) -> None:
+    """A warning pointing at the caller of ``fit`` by default, whose checks of array data all
+    run at one depth: fit -> _make_source (or _make_validation) -> load_arrays -> the check ->
+    here."""
+    warnings.warn(message, category, stacklevel=stacklevel)
 
 
 def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:
