@@ -46,6 +46,18 @@ def test_quick_run_writes_cells_and_a_table_and_resumes(tmp_path, capsys):
     assert cli.main(args) == 0  # every cell is there: nothing is fitted again
     assert stamps == {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")}
     assert "flowkit-maf:" not in capsys.readouterr().out
+    # a cell computed with other settings is not taken for this run's: it is an error
+    assert cli.main([*args[:-2], "--patience", "7", "--out", str(out)]) == 2
+    assert "was computed with --patience 100 (now 7)" in capsys.readouterr().err
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")}
+    # the table of a run shows its seeds only; --table-only shows every seed found
+    assert cli.main([*args[:-2], "--seed", "1", "--out", str(out)]) == 0
+    run_table = capsys.readouterr().out
+    assert cli.main([*args, "--table-only"]) == 0
+    all_table = capsys.readouterr().out
+    one = json.loads((out / "cells" / "seed1" / "moons_given_y_own__gmm.json").read_text())
+    assert f"{one['nll']:.3f}" in run_table.split("moons\\|y:own")[1].split("\n")[0]
+    assert run_table != all_table
 
 
 def test_table_marks_the_lowest_nll_and_shows_failures():

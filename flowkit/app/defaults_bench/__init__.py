@@ -38,9 +38,10 @@ Reported: held-out NLL in nats per row (lower is better), the mean over --seeds 
 --seed, --seed + 1, ...; each seed its own split, initialisation and data order) +- its standard
 error over the seeds (one seed: over the test rows); on "x100+1000" rows the NLL minus log 100,
 i.e. in the data's original units, which a unit-invariant model leaves unchanged. Each finished
-(task, model, seed) cell is saved at once in OUT/cells/seed<S>/ (a rerun with the same --out
-skips the cells it finds, so an interrupted run resumes); OUT/table.md is rebuilt from all cells
-at the end (--table-only rebuilds it without fitting).
+(task, model, seed) cell is saved at once in OUT/cells/seed<S>/ with the settings it depends on
+(a rerun with the same --out skips the cells it finds, so an interrupted run resumes; a cell
+computed with other settings is an error, not a result); OUT/table.md is rebuilt at the end
+from the cells of the seeds run (--table-only: from every cell, without fitting).
 
 examples:
   flowkit bench-defaults --out runs/defaults
@@ -51,6 +52,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 from pathlib import Path
@@ -59,7 +61,7 @@ from typing import Any
 import torch
 from threadpoolctl import threadpool_limits
 
-from .runners import MODELS, cell, target
+from .runners import MODELS, cell, settings, target
 from .suite import Task, make_tasks
 from .table import (
     cell_path,
@@ -131,8 +133,8 @@ def _settings(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Fit every model on every task for every seed (skipping cells already in OUT/cells),
-    write the table."""
+    """Fit every model on every task for every seed (skipping cells already in OUT/cells with
+    the same settings), write the table."""
     args = _settings(args)
     seeds = list(range(args.seed, args.seed + args.seeds))
     names = [t.name for t in make_tasks(args.n_train, args.n_test, args.seed)]
@@ -160,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     _fit_target(seed, folder, args)
     finally:
         torch.set_num_threads(threads)
-    found = read_cells(folder)
+    found = read_cells(folder, None if args.table_only else seeds)
     cells = {t: {m: summarize(r) for m, r in row.items()} for t, row in found.items()}
     shown = [n for n in names if n in wanted]
     text = markdown_table(cells, shown, models) + "\n" + "\n".join(verdicts(cells, shown)) + "\n"
@@ -182,19 +184,42 @@ def _fit_all(tasks: list[Task], models: list[str], seed: int, folder: Path,
     for task in tasks:
         for model in models:
             path = cell_path(folder, task.name, model, seed)
-            if path.exists():
+            wanted = settings(task, model, args)
+            if _done(path, wanted):
                 continue
             record = cell(task, model, seed, args)
-            write_cell(path, {"task": task.name, "model": model, "seed": seed, **record})
+            write_cell(path, {"task": task.name, "model": model, "seed": seed,
+                              "settings": wanted, **record})
             print(f"seed {seed} {task.name:>22} {model:>15}: {format_cell(record):>18}  "
                   f"{record['seconds']:7.1f} s", flush=True)
+
+
+def _done(path: Path, wanted: dict[str, Any]) -> bool:
+    """Whether the cell at ``path`` exists and was computed with the settings ``wanted`` (a
+    cell written before settings were recorded is taken as it is); a cell of other settings is
+    an error, not a result to reuse or to overwrite."""
+    if not path.exists():
+        return False
+    recorded = json.loads(path.read_text()).get("settings")
+    if recorded is None or recorded == wanted:
+        return True
+    differ = ", ".join(
+        f"{'--' + k.replace('_', '-')} {recorded.get(k)} (now {wanted.get(k)})"
+        for k in sorted({*recorded, *wanted}) if recorded.get(k) != wanted.get(k)
+    )
+    raise ValueError(
+        f"'{path}' was computed with {differ}: run with the same settings, or write to "
+        "another --out"
+    )
 
 
 def _fit_target(seed: int, folder: Path, args: argparse.Namespace) -> None:
     for units in (False, True):
         name = "x100+1000" if units else "own"
         path = cell_path(folder, TARGET, name, seed)
-        if not path.exists():
+        wanted = settings(None, name, args)
+        if not _done(path, wanted):
             record = target(units, seed, args)
-            write_cell(path, {"task": TARGET, "model": name, "seed": seed, **record})
+            write_cell(path, {"task": TARGET, "model": name, "seed": seed, "settings": wanted,
+                              **record})
             print(f"seed {seed} {TARGET} {name}: KL {record['kl']:.3f}", flush=True)

@@ -21,7 +21,7 @@ from ..common import mean_se
 from ..sklearn_compare import fit_model as fit_sklearn
 from .suite import UNIT_SCALE, UNIT_SHIFT, Task
 
-__all__ = ["FLOWS", "MODELS", "cell", "target"]
+__all__ = ["FLOWS", "MODELS", "cell", "settings", "target"]
 
 FLOWS = ("flowkit-maf", "flowkit-spline", "zuko-maf", "zuko-nsf")
 MODELS = (*FLOWS, "gmm", "kde")
@@ -189,6 +189,21 @@ def _fit(task: Task, model: str, seed: int, args: argparse.Namespace) -> LogProb
     if model.startswith("zuko-"):
         return _fit_zuko(task, model.removeprefix("zuko-"), steps, seed, args)
     return _fit_sklearn(task, model, seed, args)
+
+
+def settings(task: Task | None, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The options a cell's result depends on, recorded with it so that a later run with other
+    settings does not take it for its own: the split's sizes (toys), and for flows the budget
+    and the stopping rule; for the checkerboard target (``task`` None), its steps and test
+    rows."""
+    if task is None:
+        return {"target_steps": args.target_steps, "n_test": args.n_test}
+    out: dict[str, Any] = {} if task.real else {"n_train": args.n_train, "n_test": args.n_test}
+    if model in FLOWS:
+        out |= {"steps": args.real_steps if task.real else args.steps,
+                "batch_size": args.batch_size, "patience": args.patience,
+                "valid_every": args.valid_every}
+    return out
 
 
 def cell(task: Task, model: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -33,11 +33,17 @@ def write_cell(path: Path, record: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read_cells(folder: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Every cell under ``folder``: ``[task][model]`` -> the records of its seeds."""
+def read_cells(
+    folder: Path, seeds: list[int] | None = None
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The cells under ``folder`` (of ``seeds``, or all): ``[task][model]`` -> the records of
+    its seeds."""
     cells: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for path in sorted(folder.glob("seed*/*.json")):
         record = json.loads(path.read_text())
+        if seeds is not None and record["seed"] not in seeds:
+            continue
+        record.pop("settings", None)
         cells.setdefault(record.pop("task"), {}).setdefault(record.pop("model"), []).append(record)
     return cells
 
