@@ -264,6 +264,20 @@ class TestMaskedLinearCache:
             change(layer)
             torch.testing.assert_close(layer(x), x @ (layer.weight * layer.mask).T + layer.bias)
 
+    @pytest.mark.parametrize("fused", [False, True])
+    def test_kept_across_steps_of_other_models(self, fused):
+        layer, x = self.layer()
+        other = copy.deepcopy(layer)
+        for p in [*layer.parameters(), *other.parameters()]:
+            p.grad = torch.ones_like(p)
+        with torch.no_grad():
+            first = layer.masked_weight()
+            torch.optim.Adam(other.parameters(), fused=fused).step()
+            assert layer.masked_weight() is first
+            torch.optim.Adam(layer.parameters(), fused=fused).step()
+            assert layer.masked_weight() is not first
+            torch.testing.assert_close(layer(x), x @ (layer.weight * layer.mask).T + layer.bias)
+
     def test_moves_with_dtype_and_stays_out_of_copies(self):
         layer, x = self.layer()
         with torch.no_grad():

@@ -43,14 +43,18 @@ if TYPE_CHECKING:
 Block = tuple[int, int, int]
 """``(r0, r1, L)``: rows ``[r0, r1)`` of a sorted weight read its first ``L`` columns."""
 
-# Estimated time of one block product, per batch row, in multiply-adds:
-#   (rows + PACK) * columns + WRITE * rows + CALL
-# PACK: reading the input prefix into the product's working memory (once per block); WRITE:
-# storing the outputs; CALL: a fixed cost per block (the choice of blocks at D=64, hidden 512,
-# was fastest with more, smaller blocks than a per-call overhead alone suggests). CALL_TIME:
-# the fixed cost of one product call (Python, dispatch, setup) in multiply-adds, which the
-# automatic choice weighs against the batch's saving.
-PACK, WRITE, CALL, CALL_TIME = 8, 16, 256, 1e6
+# Estimated time of a layer's products, per batch row, in multiply-adds. The product runs by
+# column chunks (see _product): chunk i adds the columns [L_{i-1}, L_i) into the rows from r0_i
+# on, each a product of its own:
+#   (rows - r0_i + PACK) * (L_i - L_{i-1}) + WRITE * (rows - r0_i) + CALL
+# PACK: reading the chunk's input columns into the product's working memory; WRITE: reading and
+# writing the rows it adds into (every chunk passes over them again, so many narrow chunks cost
+# more than their arithmetic: at D=64 the 64-input first layer was fastest with 2 chunks, not
+# 8); CALL: a fixed cost per product (constants fitted to the times of the D=64, hidden 512
+# layers for every number of blocks). CALL_TIME: the fixed cost of one product call (Python,
+# dispatch, setup) in multiply-adds, which the automatic choice weighs against the batch's
+# saving.
+PACK, WRITE, CALL, CALL_TIME = 32, 16, 256, 1e6
 # Under autograd, permuting a weight entry into sorted order (and its gradient back) costs
 # about SORT multiply-adds: a handful of passes over memory.
 SORT = 200
@@ -71,7 +75,7 @@ def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
         :data:`PACK`).
     """
     rows = len(prefix)
-    dense = _cost([(0, rows, width)])
+    dense = _cost([(0, rows, width)], rows)
     if rows == 0 or width == 0:
         return [(0, rows, width)], dense, dense
     align = 16 if rows < 512 else 32 if rows < 2048 else 64
@@ -81,14 +85,20 @@ def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
             break
         edges = [*range(0, rows, step), rows]
         candidate = _merge([(a, b, _round_up(prefix[b - 1], 8, width)) for a, b in pairwise(edges)])
-        cost = _cost(candidate)
+        cost = _cost(candidate, rows)
         if cost < best_cost:
             best, best_cost = candidate, cost
     return best, best_cost, dense
 
 
-def _cost(plan: list[Block]) -> float:
-    return sum((b - a + PACK) * n + WRITE * (b - a) + CALL for a, b, n in plan)
+def _cost(plan: list[Block], rows: int) -> float:
+    """The estimated time of ``plan``'s column chunks (see :data:`PACK`)."""
+    cost, done = 0.0, 0
+    for r0, _, n in plan:
+        if n > done:
+            cost += (rows - r0 + PACK) * (n - done) + WRITE * (rows - r0) + CALL
+            done = n
+    return cost
 
 
 def _round_up(n: int, multiple: int, limit: int) -> int:
