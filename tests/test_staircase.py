@@ -139,6 +139,29 @@ def test_blocks_cover_the_staircase_with_aligned_edges(prefix, width):
         assert n >= prefix[b - 1] and (n % 8 == 0 or n == width)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_reused_scratch_memory_leaves_earlier_outputs_alone(residual):
+    """Without autograd the hidden stages reuse memory between calls (and between MADEs); the
+    outputs of earlier calls keep their values, for any batch size, in inference mode too."""
+    config = dict(features=6, hidden_features=(48, 48, 48), params_per_feature=2,
+                  residual=residual, order="random")
+    made = _made(dict(config, direct_connection=True))
+    other = _made(dict(config, seed=1))
+    calls = [(made, 7), (other, 7), (made, 30), (other, 3), (made, 7), (made, 5)]
+    inputs = [_inputs(model, n, seed=i)[0] for i, (model, n) in enumerate(calls)]
+    got = []
+    with product(made, "staircase"), product(other, "staircase"), torch.no_grad():
+        for i, ((model, _), x) in enumerate(zip(calls, inputs, strict=True)):
+            if i == len(calls) - 2:
+                with torch.inference_mode():
+                    got.append(model(x))
+            else:
+                got.append(model(x))
+    with product(made, "dense"), product(other, "dense"), torch.no_grad():
+        for (model, _), x, value in zip(calls, inputs, got, strict=True):
+            torch.testing.assert_close(value, model(x), rtol=0, atol=1e-12)
+
+
 def test_automatic_choice_by_shape_and_batch():
     big = MADE(64, (512, 512), params_per_feature=2, order="reversed")
     small = MADE(2, (64, 64), params_per_feature=2)

@@ -191,8 +191,8 @@ def _solve_with_params(
     # acc[stage]: pre-activations, started at the bias plus the context's contribution (the
     # context reaches every unit), summed into by pushes; buf[source]: values pulled from.
     # Units x batch, so that a block of units is a block of rows and every product is
-    # (units x units) @ (units x batch), the shape BLAS does fast. The inputs are stored
-    # batch x units, as the user's step writes them, and read through a transposed view.
+    # (units x units) @ (units x batch), the shape BLAS does fast. The inputs too: the
+    # user's step gives a column (batch x 1), written as one contiguous row.
     last = len(program.stages) - 1  # the output stage
     acc = []
     for t, stage in enumerate(program.stages):
@@ -204,8 +204,7 @@ def _solve_with_params(
     # Every unit is written before anything reads it: the buffers need no initial value.
     buf = {s: acc[-1].new_empty(w, n) for s, w in program.sources}
     if not one_hot:
-        inputs = acc[-1].new_empty(n, features * m)
-        buf[-1] = inputs.t()
+        buf[-1] = acc[-1].new_empty(features * m, n)
     input_starts = list(range(0, features * m + 1, m))
 
     def hidden_units(k: int) -> None:
@@ -244,7 +243,7 @@ def _solve_with_params(
                     rows = weight.index_select(0, classes).t()
                     view.rows(acc[target], start, after=True).add_(rows)
             else:
-                view.block(inputs, input_starts, k - 1, dim=1).copy_(x)
+                view.block(buf[-1], input_starts, k - 1).copy_(x.t())
             hidden_units(k)
     y = torch.cat(values, dim=1).index_select(1, layout.position)
     return y, torch.cat(params, dim=1).index_select(1, layout.position)

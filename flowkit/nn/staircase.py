@@ -12,11 +12,11 @@ inputs (those seen by its last, highest-degree row), so
 does the arithmetic of the nonzero part of the mask plus the staircase's edge inside the blocks
 (about half of a dense product when degrees are spread evenly). The product is computed by
 column chunks: the columns ``[L_{i-1}, L_i)`` are added into the rows from ``r_0`` of block
-``i`` on, so that each input column is read once. The backward pass reads the same blocks: the
-input gradient adds each block's rows into the columns ``[0, L_i)`` it read (each gradient
-column read once), and the weight gradient is computed inside the blocks only (autograd
-through slices would write full-size gradients). Sums are the dense product's, added in
-another order: equal up to rounding, gradients included.
+``i`` on, so that each input column is read once. The backward pass reads the same blocks:
+the input gradient is computed by the same column chunks (each gradient column written once,
+as the sum over the rows that read it), and the weight gradient is computed inside the blocks
+only (autograd through slices would write full-size gradients). Sums are the dense product's,
+added in another order: equal up to rounding, gradients included.
 
 The number of blocks of each layer is chosen from its shape (more blocks cut closer to the
 staircase but make smaller matrix products); block edges are aligned so that every product has
@@ -27,6 +27,7 @@ friendly sizes. Small MADEs, small batches and ``torch.compile`` use the dense m
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, NamedTuple
@@ -218,13 +219,39 @@ def forward(made: MADE, x: Tensor) -> Tensor:
     context), computed in sorted form through the stages of :func:`flowkit.nn.layout.stages`."""
     p = plan(made)
     inputs = x if p.inputs is None else x.index_select(1, p.inputs)
-    out = run(made, inputs, lambda s, i, layer, v: linear(v, layer, p.reads[s][i]))
+    # Without autograd on the CPU the hidden stages write into memory this thread reuses.
+    scratch = not torch.is_grad_enabled() and x.device.type == "cpu"
+    last = len(p.reads) - 1
+
+    def read(s: int, i: int, layer: MaskedLinear, v: Tensor) -> Tensor:
+        out = _scratch(s % 2, v.shape[0], layer.out_features, v) if scratch and s < last else None
+        return linear(v, layer, p.reads[s][i], out)
+
+    out = run(made, inputs, read)
     return out if p.inverse_outputs is None else out.index_select(1, p.inverse_outputs)
 
 
-def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan) -> Tensor:
+_workspace = threading.local()
+
+
+def _scratch(slot: int, rows: int, cols: int, like: Tensor) -> Tensor:
+    """A ``(rows, cols)`` tensor of ``like``'s dtype and device that this thread reuses, one per
+    ``slot`` (hidden stages alternate between two: a stage reads the one below and writes the
+    other). Large fresh tensors are new memory from the system at every call, and the page
+    faults of writing it were about a fifth of a D=64 ``log_prob`` on this machine. Only the
+    hidden values use it, which nothing holds after the pass (the outputs are fresh)."""
+    pool = _workspace.__dict__.setdefault("pool", {})
+    key = (slot, like.dtype, like.device, torch.is_inference_mode_enabled())
+    flat = pool.get(key)
+    if flat is None or flat.numel() < rows * cols:
+        flat = pool[key] = torch.empty(rows * cols, dtype=like.dtype, device=like.device)
+    return flat[: rows * cols].view(rows, cols)
+
+
+def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan, out: Tensor | None = None) -> Tensor:
     r"""``x (W \odot M)^T + b`` in sorted form: ``x`` ``(N, in)`` has its columns in the order
-    ``lp.cols``, the result ``(N, out)`` its columns in the order ``lp.rows``."""
+    ``lp.cols``, the result ``(N, out)`` its columns in the order ``lp.rows``; without autograd
+    written into ``out`` if given."""
     bias = layer.bias if layer.bias is None or lp.rows is None else (
         layer.bias.index_select(0, lp.rows))
     if torch.is_grad_enabled() and (layer.weight.requires_grad or x.requires_grad):
@@ -233,7 +260,7 @@ def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan) -> Tensor:
     cached = _weights.get(layer)
     if cached is None or cached[0] is not lp or cached[1] is not product:
         cached = _weights[layer] = (lp, product, _chunks(_sorted(product, lp), lp.blocks))
-    return _product(x, cached[2], bias, layer.out_features)
+    return _product(x, cached[2], bias, layer.out_features, out)
 
 
 Chunk = tuple[int, int, int, Tensor]
@@ -259,15 +286,19 @@ def _chunks(weight: Tensor, plan: list[Block]) -> list[Chunk]:
     return chunks
 
 
-def _product(x: Tensor, chunks: list[Chunk], bias: Tensor | None, out: int) -> Tensor:
-    """``x weight^T + bias`` ``(N, out)`` from the column chunks of the sorted masked weight:
-    each input column is read once, each chunk adds into the rows that read it."""
-    r0, c0, c1, w = chunks[0] if chunks else (out, 0, 0, None)
+def _product(x: Tensor, chunks: list[Chunk], bias: Tensor | None, width: int,
+             out: Tensor | None = None) -> Tensor:
+    """``x weight^T + bias`` ``(N, width)`` from the column chunks of the sorted masked weight
+    (written into ``out`` if given): each input column is read once, each chunk adds into the
+    rows that read it."""
+    r0, c0, c1, w = chunks[0] if chunks else (width, 0, 0, None)
     if r0 == 0:  # the first chunk reaches every row: it writes them
-        y = torch.mm(x[:, c0:c1], w) if bias is None else torch.addmm(bias, x[:, c0:c1], w)
+        y = (torch.mm(x[:, c0:c1], w, out=out) if bias is None
+             else torch.addmm(bias, x[:, c0:c1], w, out=out))
         chunks = chunks[1:]
     else:
-        y = x.new_zeros(x.shape[0], out) if bias is None else bias.expand(x.shape[0], out).clone()
+        y = x.new_empty(x.shape[0], width) if out is None else out
+        y.zero_() if bias is None else y.copy_(bias.expand(x.shape[0], width))
     for r0, c0, c1, w in chunks:
         y[:, r0:].addmm_(x[:, c0:c1], w)
     return y
@@ -290,7 +321,7 @@ class _StaircaseLinear(torch.autograd.Function):
         lp: LayerPlan = ctx.lp
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _grad_input(grad, weight, lp.blocks)
+            grad_x = _grad_input(grad, _chunks(weight, lp.blocks), weight.shape[1])
         if ctx.needs_input_grad[1]:
             grad_sorted = grad.new_zeros(weight.shape)
             for r0, r1, n in lp.blocks:
@@ -307,18 +338,14 @@ class _StaircaseLinear(torch.autograd.Function):
         return grad_x, grad_w, None, grad_b, None
 
 
-def _grad_input(grad: Tensor, weight: Tensor, plan: list[Block]) -> Tensor:
-    """``grad weight`` ``(N, in)`` block by block: block ``i`` adds into the columns it read,
-    ``[0, L_i)``; each gradient column is read once. The last block, which reads the most,
-    writes first."""
-    width = weight.shape[1]
-    blocks = [b for b in plan if b[2]]
-    if not blocks:
-        return grad.new_zeros(grad.shape[0], width)
-    r0, r1, n = blocks[-1]
+def _grad_input(grad: Tensor, chunks: list[Chunk], width: int) -> Tensor:
+    """``grad weight`` ``(N, width)`` by the forward's column chunks: the columns ``[c0, c1)``
+    are the gradient of the rows from ``r0`` on, written once each (one product per chunk,
+    summing over all the rows that read them; the rows before ``r0`` do not)."""
     grad_x = grad.new_empty(grad.shape[0], width)
-    torch.mm(grad[:, r0:r1], weight[r0:r1, :n], out=grad_x[:, :n])
-    grad_x[:, n:].zero_()
-    for r0, r1, n in blocks[:-1]:
-        grad_x[:, :n].addmm_(grad[:, r0:r1], weight[r0:r1, :n])
+    done = 0
+    for r0, c0, c1, w in chunks:
+        torch.mm(grad[:, r0:], w.t(), out=grad_x[:, c0:c1])
+        done = c1
+    grad_x[:, done:].zero_()  # columns that no row reads
     return grad_x
