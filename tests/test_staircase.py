@@ -86,13 +86,16 @@ def test_equals_the_dense_product_for_random_shapes_orderings_and_mask_sets(conf
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 9), st.integers(1, 70), st.integers(1, 70), st.booleans(),
-       st.booleans(), st.data())
-def test_any_block_partition_is_exact(features, width, rows, strict, bias, data):
+       st.booleans(), st.booleans(), st.data())
+def test_any_block_partition_is_exact(features, width, rows, strict, bias, in_place, data):
     """One layer through its autograd function, for arbitrary block cuts (down to one row per
-    block) of random sorted degrees, against ``F.linear`` with the masked weight."""
+    block) of random sorted degrees, against ``F.linear`` with the masked weight; with units
+    stored in any order, or ``in_place`` (stored sorted: no permutations)."""
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
     in_degrees = torch.randint(0, features + 1, (width,), generator=g)
     out_degrees = torch.randint(1 if strict else 0, features + 1, (rows,), generator=g)
+    if in_place:
+        in_degrees, out_degrees = in_degrees.sort().values, out_degrees.sort().values
     layer = MaskedLinear(width, rows, bias=bias).double()
     with torch.no_grad():
         layer.weight.normal_(generator=g)
@@ -100,7 +103,8 @@ def test_any_block_partition_is_exact(features, width, rows, strict, bias, data)
             layer.bias.normal_(generator=g)
     mask = (out_degrees[:, None] > in_degrees) if strict else out_degrees[:, None] >= in_degrees
     layer.set_mask(mask)
-    rows_perm, cols_perm = torch.argsort(out_degrees), torch.argsort(in_degrees)
+    rows_perm = torch.argsort(out_degrees, stable=True)  # the identity when in_place
+    cols_perm = torch.argsort(in_degrees, stable=True)
     seen = (in_degrees[None, :] < out_degrees[rows_perm, None]) if strict else (
         in_degrees[None, :] <= out_degrees[rows_perm, None])
     prefix = seen.sum(1).tolist()
@@ -111,7 +115,7 @@ def test_any_block_partition_is_exact(features, width, rows, strict, bias, data)
     blocks = [(a, b, max(n for _, _, n in blocks[: i + 1])) for i, (a, b, _) in
               enumerate(blocks)]  # reads never shrink: later rows see at least as much
     lp = LayerPlan(rows_perm, cols_perm, torch.argsort(rows_perm), torch.argsort(cols_perm),
-                   blocks)
+                   blocks) if not in_place else LayerPlan(None, None, None, None, blocks)
     x = torch.randn(5, width, generator=g, **f64, requires_grad=True)
     expected = F.linear(x, layer.weight * layer.mask, layer.bias)
     got = staircase.linear(x[:, cols_perm], layer, lp)[:, torch.argsort(rows_perm)]

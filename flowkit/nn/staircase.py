@@ -219,33 +219,59 @@ def forward(made: MADE, x: Tensor) -> Tensor:
     context), computed in sorted form through the stages of :func:`flowkit.nn.layout.stages`."""
     p = plan(made)
     inputs = x if p.inputs is None else x.index_select(1, p.inputs)
-    # Without autograd on the CPU the hidden stages write into memory this thread reuses.
-    scratch = not torch.is_grad_enabled() and x.device.type == "cpu"
+    # Without autograd on the CPU the hidden stages write into memory this thread reuses
+    # (alternating between two slots: a stage reads the one below and writes the other).
+    scratch = Scratch.take("staircase") if Scratch.applies(x) else None
     last = len(p.reads) - 1
 
     def read(s: int, i: int, layer: MaskedLinear, v: Tensor) -> Tensor:
-        out = _scratch(s % 2, v.shape[0], layer.out_features, v) if scratch and s < last else None
+        out = None if scratch is None or s == last else (
+            scratch.tensor(s % 2, v.shape[0], layer.out_features, v))
         return linear(v, layer, p.reads[s][i], out)
 
     out = run(made, inputs, read)
+    if scratch is not None:
+        scratch.release("staircase")
     return out if p.inverse_outputs is None else out.index_select(1, p.inverse_outputs)
 
 
-_workspace = threading.local()
+class Scratch:
+    """Memory that one thread reuses between calls for values that nothing holds after the
+    call (hidden values of a forward pass, the solver's buffers). Large fresh tensors are new
+    memory from the system at every call, and the page faults of writing them were about a
+    fifth of a D=64 ``log_prob`` on this machine. :meth:`take` the scratch of a caller (a
+    nested call gets its own), then :meth:`release` it; used without autograd on the CPU only
+    (:meth:`applies`)."""
 
+    _threads = threading.local()
 
-def _scratch(slot: int, rows: int, cols: int, like: Tensor) -> Tensor:
-    """A ``(rows, cols)`` tensor of ``like``'s dtype and device that this thread reuses, one per
-    ``slot`` (hidden stages alternate between two: a stage reads the one below and writes the
-    other). Large fresh tensors are new memory from the system at every call, and the page
-    faults of writing it were about a fifth of a D=64 ``log_prob`` on this machine. Only the
-    hidden values use it, which nothing holds after the pass (the outputs are fresh)."""
-    pool = _workspace.__dict__.setdefault("pool", {})
-    key = (slot, like.dtype, like.device, torch.is_inference_mode_enabled())
-    flat = pool.get(key)
-    if flat is None or flat.numel() < rows * cols:
-        flat = pool[key] = torch.empty(rows * cols, dtype=like.dtype, device=like.device)
-    return flat[: rows * cols].view(rows, cols)
+    def __init__(self) -> None:
+        self.pool: dict[tuple, Tensor] = {}
+
+    @staticmethod
+    def applies(like: Tensor) -> bool:
+        """Whether a call on ``like`` uses scratch memory: no autograd, on the CPU."""
+        return not torch.is_grad_enabled() and like.device.type == "cpu"
+
+    @classmethod
+    def take(cls, owner: str) -> Scratch:
+        """This thread's scratch of ``owner``, which no one else uses until released."""
+        found = cls._threads.__dict__.setdefault("scratch", {}).pop(owner, None)
+        return cls() if found is None else found
+
+    def release(self, owner: str) -> None:
+        """Give it back for the next call (its tensors are then no longer ours)."""
+        self._threads.__dict__.setdefault("scratch", {})[owner] = self
+
+    def tensor(self, slot: object, rows: int, cols: int, like: Tensor) -> Tensor:
+        """A ``(rows, cols)`` tensor of ``like``'s dtype and device, one per ``slot``, with
+        any values."""
+        key = (slot, like.dtype, like.device, torch.is_inference_mode_enabled())
+        flat = self.pool.get(key)
+        if flat is None or flat.numel() < rows * cols:
+            flat = self.pool[key] = torch.empty(rows * cols, dtype=like.dtype,
+                                                device=like.device)
+        return flat[: rows * cols].view(rows, cols)
 
 
 def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan, out: Tensor | None = None) -> Tensor:
@@ -305,37 +331,70 @@ def _product(x: Tensor, chunks: list[Chunk], bias: Tensor | None, width: int,
 
 
 class _StaircaseLinear(torch.autograd.Function):
-    """:func:`linear` under autograd: the weight gradient is computed in its blocks only."""
+    """:func:`linear` under autograd: the weight gradient is computed in its blocks only.
+
+    Where the units are stored sorted (the default orderings), ``W * M`` is formed for the
+    column chunks only (about half the weight; the rest is neither computed nor stored) and the
+    weight gradient is written block by block, masked and zeroed where the blocks leave it, in
+    one pass over its memory."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, mask: Tensor, bias: Tensor | None,
                 lp: LayerPlan) -> Tensor:
-        sorted_weight = _sorted(weight * mask, lp)
-        ctx.save_for_backward(x, sorted_weight, mask)
-        ctx.lp = lp
-        return _product(x, _chunks(sorted_weight, lp.blocks), bias, weight.shape[0])
+        if lp.rows is None and lp.cols is None:
+            chunks = _masked_chunks(weight, mask, lp.blocks)
+        else:
+            chunks = _chunks(_sorted(weight * mask, lp), lp.blocks)
+        ctx.save_for_backward(x, mask, *(w for *_, w in chunks))
+        ctx.lp, ctx.edges = lp, [chunk[:3] for chunk in chunks]
+        return _product(x, chunks, bias, weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, mask = ctx.saved_tensors
+        x, mask, *weights = ctx.saved_tensors
         lp: LayerPlan = ctx.lp
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _grad_input(grad, _chunks(weight, lp.blocks), weight.shape[1])
+            chunks = [(*edges, w) for edges, w in zip(ctx.edges, weights, strict=True)]
+            grad_x = _grad_input(grad, chunks, x.shape[1])
         if ctx.needs_input_grad[1]:
-            grad_sorted = grad.new_zeros(weight.shape)
-            for r0, r1, n in lp.blocks:
-                if n:
-                    torch.mm(grad[:, r0:r1].t(), x[:, :n], out=grad_sorted[r0:r1, :n])
-            grad_w = grad_sorted
-            if lp.inverse_rows is not None:
-                grad_w = grad_w.index_select(0, lp.inverse_rows)
-            if lp.inverse_cols is not None:
-                grad_w = grad_w.index_select(1, lp.inverse_cols)
-            grad_w = grad_w.mul_(mask)
+            grad_w = _grad_weight(grad, x, mask, lp)
         if ctx.needs_input_grad[3]:
             grad_b = grad.sum(0)
         return grad_x, grad_w, None, grad_b, None
+
+
+def _masked_chunks(weight: Tensor, mask: Tensor, plan: list[Block]) -> list[Chunk]:
+    """:func:`_chunks` of ``weight * mask`` (stored sorted), each chunk a product of its own:
+    the entries outside the chunks are not computed."""
+    chunks, done = [], 0
+    for r0, _, n in plan:
+        if n > done:
+            chunks.append((r0, done, n, (weight[r0:, done:n] * mask[r0:, done:n]).t()))
+            done = n
+    return chunks
+
+
+def _grad_weight(grad: Tensor, x: Tensor, mask: Tensor, lp: LayerPlan) -> Tensor:
+    """The gradient of ``W`` ``(out, in)``: ``grad^T x`` inside the blocks (rows
+    ``[r0, r1)``, columns ``[0, L)``), times the mask; zero outside them."""
+    if lp.rows is None and lp.cols is None:  # sorted in place: write it block by block
+        grad_w = grad.new_empty(mask.shape)
+        for r0, r1, n in lp.blocks:
+            block = grad_w[r0:r1, :n]
+            if n:
+                torch.mm(grad[:, r0:r1].t(), x[:, :n], out=block).mul_(mask[r0:r1, :n])
+            grad_w[r0:r1, n:].zero_()
+        return grad_w
+    grad_w = grad.new_zeros(mask.shape)
+    for r0, r1, n in lp.blocks:
+        if n:
+            torch.mm(grad[:, r0:r1].t(), x[:, :n], out=grad_w[r0:r1, :n])
+    if lp.inverse_rows is not None:
+        grad_w = grad_w.index_select(0, lp.inverse_rows)
+    if lp.inverse_cols is not None:
+        grad_w = grad_w.index_select(1, lp.inverse_cols)
+    return grad_w.mul_(mask)
 
 
 def _grad_input(grad: Tensor, chunks: list[Chunk], width: int) -> Tensor:
