@@ -166,6 +166,17 @@ def test_reused_scratch_memory_leaves_earlier_outputs_alone(residual):
             torch.testing.assert_close(value, model(x), rtol=0, atol=1e-12)
 
 
+def test_vmap_without_autograd_uses_no_scratch_memory():
+    """``torch.func.vmap`` tensors have no storage and take no ``out=``: the staircase then
+    allocates as before (same values as a loop)."""
+    made = _made(dict(features=6, hidden_features=(48, 48), params_per_feature=2,
+                      order="random"))
+    x = _inputs(made, 15)[0].reshape(5, 3, 6)
+    with product(made, "staircase"), torch.no_grad():
+        torch.testing.assert_close(torch.func.vmap(made)(x), torch.stack([made(v) for v in x]),
+                                   rtol=0, atol=1e-12)
+
+
 def test_automatic_choice_by_shape_and_batch():
     big = MADE(64, (512, 512), params_per_feature=2, order="reversed")
     small = MADE(2, (64, 64), params_per_feature=2)

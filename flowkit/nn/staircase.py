@@ -250,8 +250,10 @@ class Scratch:
 
     @staticmethod
     def applies(like: Tensor) -> bool:
-        """Whether a call on ``like`` uses scratch memory: no autograd, on the CPU."""
-        return not torch.is_grad_enabled() and like.device.type == "cpu"
+        """Whether a call on ``like`` uses scratch memory: no autograd, on the CPU, outside
+        ``torch.func`` transforms (whose tensors have no storage and take no ``out=``)."""
+        return not torch.is_grad_enabled() and like.device.type == "cpu" and has_storage(like)
+
 
     @classmethod
     def take(cls, owner: str) -> Scratch:
@@ -272,6 +274,16 @@ class Scratch:
             flat = self.pool[key] = torch.empty(rows * cols, dtype=like.dtype,
                                                 device=like.device)
         return flat[: rows * cols].view(rows, cols)
+
+
+def has_storage(t: Tensor) -> bool:
+    """Whether ``t`` is a tensor with memory of its own, which ``out=`` arguments accept (not
+    a ``torch.func`` transform's wrapper)."""
+    try:
+        t.data_ptr()
+    except RuntimeError:
+        return False
+    return True
 
 
 def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan, out: Tensor | None = None) -> Tensor:
