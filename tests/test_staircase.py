@@ -143,10 +143,14 @@ def test_blocks_cover_the_staircase_with_aligned_edges(prefix, width):
         assert n >= prefix[b - 1] and (n % 8 == 0 or n == width)
 
 
+@pytest.mark.parametrize("limit", [None, 48 * 20], ids=["kept", "large-batches-fresh"])
 @pytest.mark.parametrize("residual", [False, True])
-def test_reused_scratch_memory_leaves_earlier_outputs_alone(residual):
+def test_reused_scratch_memory_leaves_earlier_outputs_alone(residual, limit, monkeypatch):
     """Without autograd the hidden stages reuse memory between calls (and between MADEs); the
-    outputs of earlier calls keep their values, for any batch size, in inference mode too."""
+    outputs of earlier calls keep their values, for any batch size, in inference mode too,
+    and batches above the size limit get fresh memory."""
+    if limit is not None:
+        monkeypatch.setattr(staircase.Scratch, "LIMIT", limit)
     config = dict(features=6, hidden_features=(48, 48, 48), params_per_feature=2,
                   residual=residual, order="random")
     made = _made(dict(config, direct_connection=True))

@@ -241,7 +241,7 @@ class Scratch:
     memory from the system at every call, and the page faults of writing them were about a
     fifth of a D=64 ``log_prob`` on this machine. :meth:`take` the scratch of a caller (a
     nested call gets its own), then :meth:`release` it; used without autograd on the CPU only
-    (:meth:`applies`)."""
+    (:meth:`applies`), for tensors of up to :attr:`LIMIT` elements (16 MB in float32)."""
 
     _threads = threading.local()
 
@@ -265,9 +265,15 @@ class Scratch:
         """Give it back for the next call (its tensors are then no longer ours)."""
         self._threads.__dict__.setdefault("scratch", {})[owner] = self
 
+    LIMIT = 1 << 22
+    """Larger tensors (elements) are allocated afresh and not kept, so that evaluating one huge
+    batch does not hold its memory for the rest of the thread's life."""
+
     def tensor(self, slot: object, rows: int, cols: int, like: Tensor) -> Tensor:
         """A ``(rows, cols)`` tensor of ``like``'s dtype and device, one per ``slot``, with
         any values."""
+        if rows * cols > self.LIMIT:
+            return like.new_empty(rows, cols)
         key = (slot, like.dtype, like.device, torch.is_inference_mode_enabled())
         flat = self.pool.get(key)
         if flat is None or flat.numel() < rows * cols:
