@@ -190,6 +190,34 @@ def test_maf_sample_round_trips_in_float32():
         torch.testing.assert_close(flow.transform.inverse(z)[0], x, rtol=1e-4, atol=1e-4)
 
 
+def test_scratch_memory_is_reused_safely_across_calls_and_nested_solves():
+    """Without autograd the solver's buffers are memory reused between calls: results of
+    earlier calls keep their values, other batch sizes work, and a step that itself solves
+    (a nested call) gets buffers of its own."""
+    made = MADE(5, (24, 24), params_per_feature=1, order="random", seed=2).double()
+    other = MADE(5, (32,), params_per_feature=1, order="random", seed=3).double()
+    z = torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def inner(v):
+        return lambda params, index: v.index_select(1, index) + params[..., 0]
+
+    def outer(params, index):
+        nested = solve(other, inner(z), z)
+        return 0.5 * z.index_select(1, index) + torch.tanh(params[..., 0]) + nested[:, index]
+
+    with torch.no_grad():
+        solve(made, outer, z)  # the scratch exists from here on
+        first = solve(made, outer, z)
+        kept = first.clone()
+        expected = solve_naive(made, outer, z)
+        for n in (3, 7):
+            torch.testing.assert_close(solve(other, inner(z[:n]), z[:n]),
+                                       solve_naive(other, inner(z[:n]), z[:n]), rtol=0,
+                                       atol=1e-12)
+    torch.testing.assert_close(first, expected, rtol=0, atol=1e-12)
+    assert torch.equal(first, kept)
+
+
 def test_cached_program_follows_optimizer_steps_and_mask_changes():
     made = MADE(5, (16, 16), params_per_feature=2, num_masks=2, order="random", seed=4)
     z = torch.randn(3, 5)
@@ -267,6 +295,20 @@ class TestMaskedLinearCache:
         with torch.no_grad():
             layer(x)
             change(layer)
+            torch.testing.assert_close(layer(x), x @ (layer.weight * layer.mask).T + layer.bias)
+
+    @pytest.mark.parametrize("fused", [False, True])
+    def test_kept_across_steps_of_other_models(self, fused):
+        layer, x = self.layer()
+        other = copy.deepcopy(layer)
+        for p in [*layer.parameters(), *other.parameters()]:
+            p.grad = torch.ones_like(p)
+        with torch.no_grad():
+            first = layer.masked_weight()
+            torch.optim.Adam(other.parameters(), fused=fused).step()
+            assert layer.masked_weight() is first
+            torch.optim.Adam(layer.parameters(), fused=fused).step()
+            assert layer.masked_weight() is not first
             torch.testing.assert_close(layer(x), x @ (layer.weight * layer.mask).T + layer.bias)
 
     def test_moves_with_dtype_and_stays_out_of_copies(self):

@@ -86,13 +86,16 @@ def test_equals_the_dense_product_for_random_shapes_orderings_and_mask_sets(conf
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 9), st.integers(1, 70), st.integers(1, 70), st.booleans(),
-       st.booleans(), st.data())
-def test_any_block_partition_is_exact(features, width, rows, strict, bias, data):
+       st.booleans(), st.booleans(), st.data())
+def test_any_block_partition_is_exact(features, width, rows, strict, bias, in_place, data):
     """One layer through its autograd function, for arbitrary block cuts (down to one row per
-    block) of random sorted degrees, against ``F.linear`` with the masked weight."""
+    block) of random sorted degrees, against ``F.linear`` with the masked weight; with units
+    stored in any order, or ``in_place`` (stored sorted: no permutations)."""
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
     in_degrees = torch.randint(0, features + 1, (width,), generator=g)
     out_degrees = torch.randint(1 if strict else 0, features + 1, (rows,), generator=g)
+    if in_place:
+        in_degrees, out_degrees = in_degrees.sort().values, out_degrees.sort().values
     layer = MaskedLinear(width, rows, bias=bias).double()
     with torch.no_grad():
         layer.weight.normal_(generator=g)
@@ -100,7 +103,8 @@ def test_any_block_partition_is_exact(features, width, rows, strict, bias, data)
             layer.bias.normal_(generator=g)
     mask = (out_degrees[:, None] > in_degrees) if strict else out_degrees[:, None] >= in_degrees
     layer.set_mask(mask)
-    rows_perm, cols_perm = torch.argsort(out_degrees), torch.argsort(in_degrees)
+    rows_perm = torch.argsort(out_degrees, stable=True)  # the identity when in_place
+    cols_perm = torch.argsort(in_degrees, stable=True)
     seen = (in_degrees[None, :] < out_degrees[rows_perm, None]) if strict else (
         in_degrees[None, :] <= out_degrees[rows_perm, None])
     prefix = seen.sum(1).tolist()
@@ -111,7 +115,7 @@ def test_any_block_partition_is_exact(features, width, rows, strict, bias, data)
     blocks = [(a, b, max(n for _, _, n in blocks[: i + 1])) for i, (a, b, _) in
               enumerate(blocks)]  # reads never shrink: later rows see at least as much
     lp = LayerPlan(rows_perm, cols_perm, torch.argsort(rows_perm), torch.argsort(cols_perm),
-                   blocks)
+                   blocks) if not in_place else LayerPlan(None, None, None, None, blocks)
     x = torch.randn(5, width, generator=g, **f64, requires_grad=True)
     expected = F.linear(x, layer.weight * layer.mask, layer.bias)
     got = staircase.linear(x[:, cols_perm], layer, lp)[:, torch.argsort(rows_perm)]
@@ -137,6 +141,44 @@ def test_blocks_cover_the_staircase_with_aligned_edges(prefix, width):
         assert a == b and n <= m and a % 16 == 0  # contiguous, reads grow, rows aligned
     for _, b, n in blocks:
         assert n >= prefix[b - 1] and (n % 8 == 0 or n == width)
+
+
+@pytest.mark.parametrize("limit", [None, 48 * 20], ids=["kept", "large-batches-fresh"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_reused_scratch_memory_leaves_earlier_outputs_alone(residual, limit, monkeypatch):
+    """Without autograd the hidden stages reuse memory between calls (and between MADEs); the
+    outputs of earlier calls keep their values, for any batch size, in inference mode too,
+    and batches above the size limit get fresh memory."""
+    if limit is not None:
+        monkeypatch.setattr(staircase.Scratch, "LIMIT", limit)
+    config = dict(features=6, hidden_features=(48, 48, 48), params_per_feature=2,
+                  residual=residual, order="random")
+    made = _made(dict(config, direct_connection=True))
+    other = _made(dict(config, seed=1))
+    calls = [(made, 7), (other, 7), (made, 30), (other, 3), (made, 7), (made, 5)]
+    inputs = [_inputs(model, n, seed=i)[0] for i, (model, n) in enumerate(calls)]
+    got = []
+    with product(made, "staircase"), product(other, "staircase"), torch.no_grad():
+        for i, ((model, _), x) in enumerate(zip(calls, inputs, strict=True)):
+            if i == len(calls) - 2:
+                with torch.inference_mode():
+                    got.append(model(x))
+            else:
+                got.append(model(x))
+    with product(made, "dense"), product(other, "dense"), torch.no_grad():
+        for (model, _), x, value in zip(calls, inputs, got, strict=True):
+            torch.testing.assert_close(value, model(x), rtol=0, atol=1e-12)
+
+
+def test_vmap_without_autograd_uses_no_scratch_memory():
+    """``torch.func.vmap`` tensors have no storage and take no ``out=``: the staircase then
+    allocates as before (same values as a loop)."""
+    made = _made(dict(features=6, hidden_features=(48, 48), params_per_feature=2,
+                      order="random"))
+    x = _inputs(made, 15)[0].reshape(5, 3, 6)
+    with product(made, "staircase"), torch.no_grad():
+        torch.testing.assert_close(torch.func.vmap(made)(x), torch.stack([made(v) for v in x]),
+                                   rtol=0, atol=1e-12)
 
 
 def test_automatic_choice_by_shape_and_batch():

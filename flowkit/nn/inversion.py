@@ -46,12 +46,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.autograd.graph import saved_tensors_hooks
 
 from flowkit.nn.inversion_program import build_program
 from flowkit.nn.layout import sorted_layout
 from flowkit.nn.made import MADE
+from flowkit.nn.staircase import Scratch
 from flowkit.validation import check_context
 
 Encode = Callable[[Tensor], Tensor]
@@ -206,8 +207,8 @@ def _solve_with_params(
     # acc[stage]: pre-activations, started at the bias plus the context's contribution (the
     # context reaches every unit), summed into by pushes; buf[source]: values pulled from.
     # Units x batch, so that a block of units is a block of rows and every product is
-    # (units x units) @ (units x batch), the shape BLAS does fast. The inputs are stored
-    # batch x units, as the user's step writes them, and read through a transposed view.
+    # (units x units) @ (units x batch), the shape BLAS does fast. The inputs too: the
+    # user's step gives a column (batch x 1), written as one contiguous row.
     last = len(program.stages) - 1  # the output stage
     acc = []
     for t, stage in enumerate(program.stages):
@@ -217,11 +218,22 @@ def _solve_with_params(
             a = torch.addmm(a, program.context[t], context.t())
         acc.append(a.expand(-1, n).contiguous() if t in program.accumulated else a)
     # Every unit is written before anything reads it: the buffers need no initial value.
-    buf = {s: acc[-1].new_empty(w, n) for s, w in program.sources}
+    # Without autograd on the CPU they are memory this thread reuses between calls.
+    scratch = Scratch.take("solver") if Scratch.applies(like) else None
+
+    def buffer(source: int, width: int) -> Tensor:
+        if scratch is None:
+            return acc[-1].new_empty(width, n)
+        return scratch.tensor(source, width, n, acc[-1])
+
+    buf = {s: buffer(s, w) for s, w in program.sources}
     if not one_hot:
-        inputs = acc[-1].new_empty(n, features * m)
-        buf[-1] = inputs.t()
+        buf[-1] = buffer(-1, features * m)
     input_starts = list(range(0, features * m + 1, m))
+
+    # Without autograd a ReLU writes the hidden values into their buffer (torch.relu is
+    # clamp_min(h, 0)), one operation instead of two at every step.
+    relu_in_place = not tracked and type(made.activation) is nn.ReLU
 
     def hidden_units(k: int) -> None:
         h = None
@@ -230,9 +242,14 @@ def _solve_with_params(
             for source, length, weight in block.pulls:
                 pre = torch.addmm(pre, weight, view.rows(buf[source], length))
             h = pre + h if block.residual else pre
-            value = made.activation(h) if block.activate else h
-            if block.stage in buf:
-                view.block(buf[block.stage], program.starts[block.stage], k).copy_(value)
+            kept = (view.block(buf[block.stage], program.starts[block.stage], k)
+                    if block.stage in buf else None)
+            if kept is not None and block.activate and relu_in_place:
+                value = torch.clamp_min(h, 0, out=kept)  # ReLU, written where it is kept
+            else:
+                value = made.activation(h) if block.activate else h
+                if kept is not None:
+                    kept.copy_(value)
             for target, start, weight in block.pushes:
                 view.rows(acc[target], start, after=True).addmm_(weight, value)
 
@@ -259,10 +276,13 @@ def _solve_with_params(
                     rows = weight.index_select(0, classes).t()
                     view.rows(acc[target], start, after=True).add_(rows)
             else:
-                view.block(inputs, input_starts, k - 1, dim=1).copy_(x)
+                view.block(buf[-1], input_starts, k - 1).copy_(x.t())
             hidden_units(k)
     y = torch.cat(values, dim=1).index_select(1, layout.position)
-    return y, torch.cat(params, dim=1).index_select(1, layout.position)
+    params = torch.cat(params, dim=1).index_select(1, layout.position)
+    if scratch is not None:
+        scratch.release("solver")
+    return y, params
 
 
 def _check_arguments(made: MADE, like: Tensor, context: Tensor | None) -> None:

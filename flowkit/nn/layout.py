@@ -74,7 +74,8 @@ def run(
     masked linear map ``layer`` (bias included), on the source values ``v``; the column orders
     are whatever ``read`` uses (natural for the dense products, sorted for the staircase).
 
-    Every read returns a fresh tensor that nothing else holds, so the reads are summed and a
+    Every read returns a tensor that nothing else holds (fresh, or scratch memory that the
+    staircase reuses between calls for the hidden stages), so the reads are summed and a
     ReLU (the default activation) is applied in place when no residual stage needs the
     pre-activation: each stage then allocates one output instead of three, which matters for
     large layers (fresh memory is the cost of an elementwise pass). Autograd allows both: a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -24,7 +25,8 @@ class MaskedLinear(nn.Linear):
     sampling do the arithmetic of a dense layer and nothing else. The cache is dropped when the
     weight or the mask changes: in-place writes (``set_mask``, ``load_state_dict``,
     ``nn.init``, optimizers) are seen through the tensors' version counters, fused optimizers
-    (which write without bumping them) through a count of ``torch.optim`` steps, ``.to()`` and
+    (which write without bumping them) through a count of the ``torch.optim`` steps whose
+    parameters include the weight (steps of other models' optimizers keep it), ``.to()`` and
     reassignment through the storage. A forward pass with autograd drops it too. Writes through
     ``weight.data`` (the soft target update of SAC code, ``tp.data.copy_(tau * p.data + ...)``,
     an EMA, a re-initialisation) bump no counter: they are seen by comparing up to
@@ -63,13 +65,14 @@ class MaskedLinear(nn.Linear):
 
     def _state(self) -> tuple[int, ...] | None:
         """What identifies the current ``W`` and ``M``: storage addresses, version counters and
-        the number of ``torch.optim`` steps so far; None for tensors without storage (inside
-        ``torch.func`` transforms), which are never cached."""
+        the number of ``torch.optim`` steps that updated ``W`` so far; None for tensors without
+        storage (inside ``torch.func`` transforms), which are never cached."""
         try:
             pointers = (self.weight.data_ptr(), self.mask.data_ptr())
         except RuntimeError:
             return None
-        return (*pointers, self.weight._version, self.mask._version, _optimizer_steps())
+        return (*pointers, self.weight._version, self.mask._version,
+                _optimizer_steps(self.weight))
 
     def masked_weight(self) -> Tensor:
         r"""``W \odot M``, shape ``(out_features, in_features)``; cached when no gradient is
@@ -137,18 +140,28 @@ def _spread(mask: Tensor) -> Tensor:
     return unmasked[pick.round().long()]
 
 
-_step_count = 0
+_steps: dict[int, int] = {}
+"""Per watched weight (by ``id``; the entry goes when the weight is freed), the number of
+``torch.optim`` steps whose parameters included it."""
 _step_hook: RemovableHandle | None = None
 
 
 def _count_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
-    global _step_count
-    _step_count += 1
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            key = id(p)
+            if key in _steps:
+                _steps[key] += 1
 
 
-def _optimizer_steps() -> int:
-    """Number of ``torch.optim`` optimizer steps taken since the first cached product."""
+def _optimizer_steps(weight: Tensor) -> int:
+    """Number of ``torch.optim`` steps that updated ``weight`` since it was first watched."""
     global _step_hook
     if _step_hook is None:
         _step_hook = register_optimizer_step_post_hook(_count_step)
-    return _step_count
+    key = id(weight)
+    count = _steps.get(key)
+    if count is None:
+        count = _steps[key] = 0
+        weakref.finalize(weight, _steps.pop, key, None)
+    return count

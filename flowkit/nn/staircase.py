@@ -12,11 +12,11 @@ inputs (those seen by its last, highest-degree row), so
 does the arithmetic of the nonzero part of the mask plus the staircase's edge inside the blocks
 (about half of a dense product when degrees are spread evenly). The product is computed by
 column chunks: the columns ``[L_{i-1}, L_i)`` are added into the rows from ``r_0`` of block
-``i`` on, so that each input column is read once. The backward pass reads the same blocks: the
-input gradient adds each block's rows into the columns ``[0, L_i)`` it read (each gradient
-column read once), and the weight gradient is computed inside the blocks only (autograd
-through slices would write full-size gradients). Sums are the dense product's, added in
-another order: equal up to rounding, gradients included.
+``i`` on, so that each input column is read once. The backward pass reads the same blocks:
+the input gradient is computed by the same column chunks (each gradient column written once,
+as the sum over the rows that read it), and the weight gradient is computed inside the blocks
+only (autograd through slices would write full-size gradients). Sums are the dense product's,
+added in another order: equal up to rounding, gradients included.
 
 The number of blocks of each layer is chosen from its shape (more blocks cut closer to the
 staircase but make smaller matrix products); block edges are aligned so that every product has
@@ -27,6 +27,7 @@ friendly sizes. Small MADEs, small batches and ``torch.compile`` use the dense m
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, NamedTuple
@@ -43,14 +44,18 @@ if TYPE_CHECKING:
 Block = tuple[int, int, int]
 """``(r0, r1, L)``: rows ``[r0, r1)`` of a sorted weight read its first ``L`` columns."""
 
-# Estimated time of one block product, per batch row, in multiply-adds:
-#   (rows + PACK) * columns + WRITE * rows + CALL
-# PACK: reading the input prefix into the product's working memory (once per block); WRITE:
-# storing the outputs; CALL: a fixed cost per block (the choice of blocks at D=64, hidden 512,
-# was fastest with more, smaller blocks than a per-call overhead alone suggests). CALL_TIME:
-# the fixed cost of one product call (Python, dispatch, setup) in multiply-adds, which the
-# automatic choice weighs against the batch's saving.
-PACK, WRITE, CALL, CALL_TIME = 8, 16, 256, 1e6
+# Estimated time of a layer's products, per batch row, in multiply-adds. The product runs by
+# column chunks (see _product): chunk i adds the columns [L_{i-1}, L_i) into the rows from r0_i
+# on, each a product of its own:
+#   (rows - r0_i + PACK) * (L_i - L_{i-1}) + WRITE * (rows - r0_i) + CALL
+# PACK: reading the chunk's input columns into the product's working memory; WRITE: reading and
+# writing the rows it adds into (every chunk passes over them again, so many narrow chunks cost
+# more than their arithmetic: at D=64 the 64-input first layer was fastest with 2 chunks, not
+# 8); CALL: a fixed cost per product (constants fitted to the times of the D=64, hidden 512
+# layers for every number of blocks). CALL_TIME: the fixed cost of one product call (Python,
+# dispatch, setup) in multiply-adds, which the automatic choice weighs against the batch's
+# saving.
+PACK, WRITE, CALL, CALL_TIME = 32, 16, 256, 1e6
 # Under autograd, permuting a weight entry into sorted order (and its gradient back) costs
 # about SORT multiply-adds: a handful of passes over memory.
 SORT = 200
@@ -71,7 +76,7 @@ def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
         :data:`PACK`).
     """
     rows = len(prefix)
-    dense = _cost([(0, rows, width)])
+    dense = _cost([(0, rows, width)], rows)
     if rows == 0 or width == 0:
         return [(0, rows, width)], dense, dense
     align = 16 if rows < 512 else 32 if rows < 2048 else 64
@@ -81,14 +86,20 @@ def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
             break
         edges = [*range(0, rows, step), rows]
         candidate = _merge([(a, b, _round_up(prefix[b - 1], 8, width)) for a, b in pairwise(edges)])
-        cost = _cost(candidate)
+        cost = _cost(candidate, rows)
         if cost < best_cost:
             best, best_cost = candidate, cost
     return best, best_cost, dense
 
 
-def _cost(plan: list[Block]) -> float:
-    return sum((b - a + PACK) * n + WRITE * (b - a) + CALL for a, b, n in plan)
+def _cost(plan: list[Block], rows: int) -> float:
+    """The estimated time of ``plan``'s column chunks (see :data:`PACK`)."""
+    cost, done = 0.0, 0
+    for r0, _, n in plan:
+        if n > done:
+            cost += (rows - r0 + PACK) * (n - done) + WRITE * (rows - r0) + CALL
+            done = n
+    return cost
 
 
 def _round_up(n: int, multiple: int, limit: int) -> int:
@@ -208,13 +219,83 @@ def forward(made: MADE, x: Tensor) -> Tensor:
     context), computed in sorted form through the stages of :func:`flowkit.nn.layout.stages`."""
     p = plan(made)
     inputs = x if p.inputs is None else x.index_select(1, p.inputs)
-    out = run(made, inputs, lambda s, i, layer, v: linear(v, layer, p.reads[s][i]))
+    # Without autograd on the CPU the hidden stages write into memory this thread reuses
+    # (alternating between two slots: a stage reads the one below and writes the other).
+    scratch = Scratch.take("staircase") if Scratch.applies(x) else None
+    last = len(p.reads) - 1
+
+    def read(s: int, i: int, layer: MaskedLinear, v: Tensor) -> Tensor:
+        out = None if scratch is None or s == last else (
+            scratch.tensor(s % 2, v.shape[0], layer.out_features, v))
+        return linear(v, layer, p.reads[s][i], out)
+
+    out = run(made, inputs, read)
+    if scratch is not None:
+        scratch.release("staircase")
     return out if p.inverse_outputs is None else out.index_select(1, p.inverse_outputs)
 
 
-def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan) -> Tensor:
+class Scratch:
+    """Memory that one thread reuses between calls for values that nothing holds after the
+    call (hidden values of a forward pass, the solver's buffers). Large fresh tensors are new
+    memory from the system at every call, and the page faults of writing them were about a
+    fifth of a D=64 ``log_prob`` on this machine. :meth:`take` the scratch of a caller (a
+    nested call gets its own), then :meth:`release` it; used without autograd on the CPU only
+    (:meth:`applies`), for tensors of up to :attr:`LIMIT` elements (16 MB in float32)."""
+
+    _threads = threading.local()
+
+    def __init__(self) -> None:
+        self.pool: dict[tuple, Tensor] = {}
+
+    @staticmethod
+    def applies(like: Tensor) -> bool:
+        """Whether a call on ``like`` uses scratch memory: no autograd, on the CPU, outside
+        ``torch.func`` transforms (whose tensors have no storage and take no ``out=``)."""
+        return not torch.is_grad_enabled() and like.device.type == "cpu" and has_storage(like)
+
+
+    @classmethod
+    def take(cls, owner: str) -> Scratch:
+        """This thread's scratch of ``owner``, which no one else uses until released."""
+        found = cls._threads.__dict__.setdefault("scratch", {}).pop(owner, None)
+        return cls() if found is None else found
+
+    def release(self, owner: str) -> None:
+        """Give it back for the next call (its tensors are then no longer ours)."""
+        self._threads.__dict__.setdefault("scratch", {})[owner] = self
+
+    LIMIT = 1 << 22
+    """Larger tensors (elements) are allocated afresh and not kept, so that evaluating one huge
+    batch does not hold its memory for the rest of the thread's life."""
+
+    def tensor(self, slot: object, rows: int, cols: int, like: Tensor) -> Tensor:
+        """A ``(rows, cols)`` tensor of ``like``'s dtype and device, one per ``slot``, with
+        any values."""
+        if rows * cols > self.LIMIT:
+            return like.new_empty(rows, cols)
+        key = (slot, like.dtype, like.device, torch.is_inference_mode_enabled())
+        flat = self.pool.get(key)
+        if flat is None or flat.numel() < rows * cols:
+            flat = self.pool[key] = torch.empty(rows * cols, dtype=like.dtype,
+                                                device=like.device)
+        return flat[: rows * cols].view(rows, cols)
+
+
+def has_storage(t: Tensor) -> bool:
+    """Whether ``t`` is a tensor with memory of its own, which ``out=`` arguments accept (not
+    a ``torch.func`` transform's wrapper)."""
+    try:
+        t.data_ptr()
+    except RuntimeError:
+        return False
+    return True
+
+
+def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan, out: Tensor | None = None) -> Tensor:
     r"""``x (W \odot M)^T + b`` in sorted form: ``x`` ``(N, in)`` has its columns in the order
-    ``lp.cols``, the result ``(N, out)`` its columns in the order ``lp.rows``."""
+    ``lp.cols``, the result ``(N, out)`` its columns in the order ``lp.rows``; without autograd
+    written into ``out`` if given."""
     bias = layer.bias if layer.bias is None or lp.rows is None else (
         layer.bias.index_select(0, lp.rows))
     if torch.is_grad_enabled() and (layer.weight.requires_grad or x.requires_grad):
@@ -223,7 +304,7 @@ def linear(x: Tensor, layer: MaskedLinear, lp: LayerPlan) -> Tensor:
     cached = _weights.get(layer)
     if cached is None or cached[0] is not lp or cached[1] is not product:
         cached = _weights[layer] = (lp, product, _chunks(_sorted(product, lp), lp.blocks))
-    return _product(x, cached[2], bias, layer.out_features)
+    return _product(x, cached[2], bias, layer.out_features, out)
 
 
 Chunk = tuple[int, int, int, Tensor]
@@ -249,66 +330,99 @@ def _chunks(weight: Tensor, plan: list[Block]) -> list[Chunk]:
     return chunks
 
 
-def _product(x: Tensor, chunks: list[Chunk], bias: Tensor | None, out: int) -> Tensor:
-    """``x weight^T + bias`` ``(N, out)`` from the column chunks of the sorted masked weight:
-    each input column is read once, each chunk adds into the rows that read it."""
-    r0, c0, c1, w = chunks[0] if chunks else (out, 0, 0, None)
+def _product(x: Tensor, chunks: list[Chunk], bias: Tensor | None, width: int,
+             out: Tensor | None = None) -> Tensor:
+    """``x weight^T + bias`` ``(N, width)`` from the column chunks of the sorted masked weight
+    (written into ``out`` if given): each input column is read once, each chunk adds into the
+    rows that read it."""
+    r0, c0, c1, w = chunks[0] if chunks else (width, 0, 0, None)
     if r0 == 0:  # the first chunk reaches every row: it writes them
-        y = torch.mm(x[:, c0:c1], w) if bias is None else torch.addmm(bias, x[:, c0:c1], w)
+        y = (torch.mm(x[:, c0:c1], w, out=out) if bias is None
+             else torch.addmm(bias, x[:, c0:c1], w, out=out))
         chunks = chunks[1:]
     else:
-        y = x.new_zeros(x.shape[0], out) if bias is None else bias.expand(x.shape[0], out).clone()
+        y = x.new_empty(x.shape[0], width) if out is None else out
+        y.zero_() if bias is None else y.copy_(bias.expand(x.shape[0], width))
     for r0, c0, c1, w in chunks:
         y[:, r0:].addmm_(x[:, c0:c1], w)
     return y
 
 
 class _StaircaseLinear(torch.autograd.Function):
-    """:func:`linear` under autograd: the weight gradient is computed in its blocks only."""
+    """:func:`linear` under autograd: the weight gradient is computed in its blocks only.
+
+    Where the units are stored sorted (the default orderings), ``W * M`` is formed for the
+    column chunks only (about half the weight; the rest is neither computed nor stored) and the
+    weight gradient is written block by block, masked and zeroed where the blocks leave it, in
+    one pass over its memory."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, mask: Tensor, bias: Tensor | None,
                 lp: LayerPlan) -> Tensor:
-        sorted_weight = _sorted(weight * mask, lp)
-        ctx.save_for_backward(x, sorted_weight, mask)
-        ctx.lp = lp
-        return _product(x, _chunks(sorted_weight, lp.blocks), bias, weight.shape[0])
+        if lp.rows is None and lp.cols is None:
+            chunks = _masked_chunks(weight, mask, lp.blocks)
+        else:
+            chunks = _chunks(_sorted(weight * mask, lp), lp.blocks)
+        ctx.save_for_backward(x, mask, *(w for *_, w in chunks))
+        ctx.lp, ctx.edges = lp, [chunk[:3] for chunk in chunks]
+        return _product(x, chunks, bias, weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, mask = ctx.saved_tensors
+        x, mask, *weights = ctx.saved_tensors
         lp: LayerPlan = ctx.lp
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _grad_input(grad, weight, lp.blocks)
+            chunks = [(*edges, w) for edges, w in zip(ctx.edges, weights, strict=True)]
+            grad_x = _grad_input(grad, chunks, x.shape[1])
         if ctx.needs_input_grad[1]:
-            grad_sorted = grad.new_zeros(weight.shape)
-            for r0, r1, n in lp.blocks:
-                if n:
-                    torch.mm(grad[:, r0:r1].t(), x[:, :n], out=grad_sorted[r0:r1, :n])
-            grad_w = grad_sorted
-            if lp.inverse_rows is not None:
-                grad_w = grad_w.index_select(0, lp.inverse_rows)
-            if lp.inverse_cols is not None:
-                grad_w = grad_w.index_select(1, lp.inverse_cols)
-            grad_w = grad_w.mul_(mask)
+            grad_w = _grad_weight(grad, x, mask, lp)
         if ctx.needs_input_grad[3]:
             grad_b = grad.sum(0)
         return grad_x, grad_w, None, grad_b, None
 
 
-def _grad_input(grad: Tensor, weight: Tensor, plan: list[Block]) -> Tensor:
-    """``grad weight`` ``(N, in)`` block by block: block ``i`` adds into the columns it read,
-    ``[0, L_i)``; each gradient column is read once. The last block, which reads the most,
-    writes first."""
-    width = weight.shape[1]
-    blocks = [b for b in plan if b[2]]
-    if not blocks:
-        return grad.new_zeros(grad.shape[0], width)
-    r0, r1, n = blocks[-1]
+def _masked_chunks(weight: Tensor, mask: Tensor, plan: list[Block]) -> list[Chunk]:
+    """:func:`_chunks` of ``weight * mask`` (stored sorted), each chunk a product of its own:
+    the entries outside the chunks are not computed."""
+    chunks, done = [], 0
+    for r0, _, n in plan:
+        if n > done:
+            chunks.append((r0, done, n, (weight[r0:, done:n] * mask[r0:, done:n]).t()))
+            done = n
+    return chunks
+
+
+def _grad_weight(grad: Tensor, x: Tensor, mask: Tensor, lp: LayerPlan) -> Tensor:
+    """The gradient of ``W`` ``(out, in)``: ``grad^T x`` inside the blocks (rows
+    ``[r0, r1)``, columns ``[0, L)``), times the mask; zero outside them."""
+    if lp.rows is None and lp.cols is None:  # sorted in place: write it block by block
+        grad_w = grad.new_empty(mask.shape)
+        for r0, r1, n in lp.blocks:
+            block = grad_w[r0:r1, :n]
+            if n:
+                torch.mm(grad[:, r0:r1].t(), x[:, :n], out=block).mul_(mask[r0:r1, :n])
+            grad_w[r0:r1, n:].zero_()
+        return grad_w
+    grad_w = grad.new_zeros(mask.shape)
+    for r0, r1, n in lp.blocks:
+        if n:
+            torch.mm(grad[:, r0:r1].t(), x[:, :n], out=grad_w[r0:r1, :n])
+    if lp.inverse_rows is not None:
+        grad_w = grad_w.index_select(0, lp.inverse_rows)
+    if lp.inverse_cols is not None:
+        grad_w = grad_w.index_select(1, lp.inverse_cols)
+    return grad_w.mul_(mask)
+
+
+def _grad_input(grad: Tensor, chunks: list[Chunk], width: int) -> Tensor:
+    """``grad weight`` ``(N, width)`` by the forward's column chunks: the columns ``[c0, c1)``
+    are the gradient of the rows from ``r0`` on, written once each (one product per chunk,
+    summing over all the rows that read them; the rows before ``r0`` do not)."""
     grad_x = grad.new_empty(grad.shape[0], width)
-    torch.mm(grad[:, r0:r1], weight[r0:r1, :n], out=grad_x[:, :n])
-    grad_x[:, n:].zero_()
-    for r0, r1, n in blocks[:-1]:
-        grad_x[:, :n].addmm_(grad[:, r0:r1], weight[r0:r1, :n])
+    done = 0
+    for r0, c0, c1, w in chunks:
+        torch.mm(grad[:, r0:], w.t(), out=grad_x[:, c0:c1])
+        done = c1
+    grad_x[:, done:].zero_()  # columns that no row reads
     return grad_x

@@ -86,7 +86,8 @@ class MaskedAutoregressive(Transform):
         else:
             # the solver also returns made(z), the parameters of the log-determinant
             _, params = _solve_with_params(
-                self.made, lambda p, i: self.transformer.forward(x[:, i], p)[0], x, context
+                self.made, lambda p, i: self.transformer.forward(x.index_select(1, i), p)[0], x,
+                context,
             )
         z, log_det = self.transformer.forward(x, params)
         return z, log_det.sum(-1)
@@ -96,7 +97,8 @@ class MaskedAutoregressive(Transform):
             params = self.made._forward(z, context)
         else:
             _, params = _solve_with_params(
-                self.made, lambda p, i: self.transformer.inverse(z[:, i], p)[0], z, context
+                self.made, lambda p, i: self.transformer.inverse(z.index_select(1, i), p)[0], z,
+                context,
             )
         x, log_det = self.transformer.inverse(z, params)
         return x, log_det.sum(-1)
