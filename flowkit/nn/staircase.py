@@ -254,7 +254,6 @@ class Scratch:
         ``torch.func`` transforms (whose tensors have no storage and take no ``out=``)."""
         return not torch.is_grad_enabled() and like.device.type == "cpu" and has_storage(like)
 
-
     @classmethod
     def take(cls, owner: str) -> Scratch:
         """This thread's scratch of ``owner``, which no one else uses until released."""
