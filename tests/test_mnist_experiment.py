@@ -197,10 +197,8 @@ def test_eval_of_several_models_scores_their_mixture(data, tmp_path, capsys):
     [
         (["--ensemble", "3"], r"'--ensemble' should be at most --masks \(2\), got 3"),
         (["--ensemble", "0"], "'--ensemble' should be >= 1, got 0"),
-        (["--batch-size", "0"], "'--batch-size' should be >= 1, got 0"),
         (["--subset", "-5"], "'--subset' should be >= 1, got -5"),
         (["--patience", "0"], "'--patience' should be >= 1, got 0"),
-        (["--epochs", "0"], "'--epochs' should be >= 1, got 0"),
         (["--masks", "0"], "'--masks' should be >= 1, got 0"),
     ],
 )
@@ -219,3 +217,23 @@ def test_eval_refuses_an_ensemble_larger_than_a_models_mask_sets(data, tmp_path)
                 "--out", str(tmp_path / "eval")]
         with pytest.raises(ValueError, match=match):
             mnist_eval.run(parse(mnist_eval, argv))
+
+
+@pytest.mark.parametrize("command, option, value", [
+    ("mnist", "--threads", "0"), ("mnist", "--lr", "-1"), ("mnist", "--weight-decay", "-1"),
+    ("mnist", "--batch-size", "0"), ("mnist", "--epochs", "0"), ("mnist", "--hidden", "0"),
+    ("mnist-eval", "--threads", "0"),
+])
+def test_bad_numbers_are_one_line_errors_before_any_file_is_written(
+    data, tmp_path, capsys, command, option, value
+):
+    from flowkit.app.cli import main
+
+    out = tmp_path / "run"
+    argv = (["mnist", "--data", str(data), "--epochs", "1"] if command == "mnist"
+            else ["mnist-eval", str(tmp_path / "model.pt"), "--file", str(data)])
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, option, value, "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: should be" in capsys.readouterr().err
+    assert not out.exists()

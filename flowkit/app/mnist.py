@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from flowkit.app.common import add_epoch_options, as_options, check_minimums, refuse_to_replace
 from flowkit.app.mnist_eval import describe, evaluate, mixture_nll, nll_stats, score
+from flowkit.app.options import nonnegative_float, positive_int
 from flowkit.checkpoint import save_model, write_bytes_atomic
 from flowkit.data import binarized_mnist, load_split_file
 from flowkit.distributions import BernoulliMADE
@@ -113,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--subset", type=int, default=None,
                       help="use only the first N training and validation images (quick runs)")
     model = parser.add_argument_group("model")
-    model.add_argument("--hidden", type=int, nargs="+", default=[500],
+    model.add_argument("--hidden", type=positive_int, nargs="+", default=[500],
                        help="hidden layer sizes (default: 500)")
     model.add_argument("--masks", type=int, default=1,
                        help="number of mask sets, cycled one per training step (default: 1)")
@@ -124,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="direct masked connections from the inputs to the logits")
     train = parser.add_argument_group("training")
     add_epoch_options(train, epochs=100, schedule="constant")
-    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    train.add_argument("--weight-decay", type=nonnegative_float, default=0.0,
+                       help="AdamW weight decay")
     train.add_argument("--patience", type=int, default=None,
                        help="stop after this many epochs without a better validation NLL")
     train.add_argument("--ensemble", type=int, default=None,
@@ -137,7 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help=f"write OUT/{CHECKPOINT_NAME} every E epochs and at the end (default: "
                            "1; a large model's checkpoint, with Adam's state, can take longer "
                            "to write than an epoch on a GPU)")
-    run_.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    run_.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
@@ -299,8 +301,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     from tqdm.auto import tqdm
 
-    check_minimums(args, {"subset": 1, "masks": 1, "epochs": 1, "batch-size": 1, "patience": 1,
-                          "ensemble": 1, "checkpoint-every": 1})
+    check_minimums(args, {"subset": 1, "masks": 1, "patience": 1, "ensemble": 1,
+                          "checkpoint-every": 1})
     if args.ensemble is not None and args.ensemble > args.masks:
         raise ValueError(
             f"'--ensemble' should be at most --masks ({args.masks}), got {args.ensemble}"

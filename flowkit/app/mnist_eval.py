@@ -19,6 +19,7 @@ from torch import Tensor
 
 from flowkit.app.common import check_minimums
 from flowkit.app.common import mean_se as nll_stats
+from flowkit.app.options import positive_int
 from flowkit.checkpoint import load_model
 from flowkit.data import binarized_mnist, load_split_file
 from flowkit.distributions import BernoulliMADE
@@ -110,7 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model's)")
     parser.add_argument("--batch-size", type=int, default=1000,
                         help="images per evaluation batch")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="CPU threads for torch")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
