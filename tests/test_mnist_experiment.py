@@ -237,3 +237,29 @@ def test_bad_numbers_are_one_line_errors_before_any_file_is_written(
     assert exit_info.value.code == 2
     assert f"argument {option}: should be" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_file_errors_name_the_options(data, tmp_path, capsys):
+    from flowkit.app.cli import main
+
+    main(["mnist", "--data", str(data), "--hidden", "8", "--epochs", "1", "--quiet",
+          "--out", str(tmp_path / "run")])
+    model = str(tmp_path / "run" / "model.pt")
+    capsys.readouterr()
+    readme = tmp_path / "README.md"
+    readme.write_text("not images")
+    assert main(["mnist", "--data", str(readme), "--out", str(tmp_path / "bad")]) == 2
+    assert "'--data' should be an .npz file with arrays 'train' and 'valid', got" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "bad").exists()
+    assert main(["mnist-eval", model, "--file", str(data), "--out", str(tmp_path / "e1")]) == 2
+    assert "holds arrays train, valid; pass '--key' to pick one" in capsys.readouterr().err
+    assert main(["mnist-eval", model, "--file", str(readme), "--out", str(tmp_path / "e2")]) == 2
+    assert "'--file' should be an .npz or .amat file, got" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = ["mnist-eval", model, "--root", str(empty), "--no-download", "--split", "test"]
+    assert main([*argv, "--out", str(tmp_path / "e3")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist; drop --no-download to download it" in err
+    assert "download=True" not in err

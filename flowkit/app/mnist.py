@@ -34,10 +34,17 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from flowkit.app.common import add_epoch_options, as_options, check_minimums, refuse_to_replace
-from flowkit.app.mnist_eval import describe, evaluate, mixture_nll, nll_stats, score
+from flowkit.app.mnist_eval import (
+    describe,
+    evaluate,
+    mixture_nll,
+    nll_stats,
+    read_split,
+    read_split_file,
+    score,
+)
 from flowkit.app.options import nonnegative_float, positive_int
 from flowkit.checkpoint import save_model, write_bytes_atomic
-from flowkit.data import binarized_mnist, load_split_file
 from flowkit.distributions import BernoulliMADE
 from flowkit.plot import save_figure
 from flowkit.train import CHECKPOINT_NAME, Callbacks, History, Progress, fit, resolve_device
@@ -144,11 +151,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _load_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
     if args.data is not None:
-        x_train, x_valid = load_split_file(args.data, "train"), load_split_file(args.data, "valid")
+        x_train = read_split_file(args.data, "train", "--data")
+        x_valid = read_split_file(args.data, "valid", "--data")
     else:
-        download = not args.no_download
-        x_train = binarized_mnist("train", root=args.root, download=download)
-        x_valid = binarized_mnist("valid", root=args.root, download=download)
+        x_train = read_split("train", args.root, args.no_download)
+        x_valid = read_split("valid", args.root, args.no_download)
     if args.subset is not None:
         x_train, x_valid = x_train[: args.subset], x_valid[: args.subset]
     return x_train, x_valid
@@ -207,6 +214,7 @@ def _batch_as_is(batch: Tensor) -> Tensor:
 _OPTIONS = {
     "lr": "--lr", "resume": "--resume", "checkpoint_dir": "--out", "seed": "--seed",
     "device": "--device", "epochs": "--epochs", "early_stopping_patience": "--patience",
+    "weight_decay": "--weight-decay", "batch_size": "--batch-size",
 }
 """The option of this command that sets each argument of :func:`flowkit.train.fit`."""
 
@@ -303,6 +311,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     check_minimums(args, {"subset": 1, "masks": 1, "patience": 1, "ensemble": 1,
                           "checkpoint-every": 1})
+    if args.data is not None and Path(args.data).suffix != ".npz":
+        raise ValueError(
+            f"'--data' should be an .npz file with arrays 'train' and 'valid', got {args.data}"
+        )
     if args.ensemble is not None and args.ensemble > args.masks:
         raise ValueError(
             f"'--ensemble' should be at most --masks ({args.masks}), got {args.ensemble}"
