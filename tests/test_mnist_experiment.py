@@ -112,7 +112,7 @@ def test_checkpoint_every_e_epochs_and_at_the_end(data, tmp_path, monkeypatch):
 
 def test_resume_refuses_changed_settings_and_a_fresh_run_refuses_an_old_folder(data, tmp_path):
     train(data, tmp_path / "run", "--epochs", "1")
-    with pytest.raises(ValueError, match="'lr' is 0.01"):
+    with pytest.raises(ValueError, match="'--lr' is 0.01"):
         train(data, tmp_path / "run", "--epochs", "2", "--lr", "0.01", "--resume")
     with pytest.raises(ValueError, match="pass --resume"):
         train(data, tmp_path / "run", "--epochs", "2")
@@ -263,3 +263,12 @@ def test_file_errors_name_the_options(data, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "does not exist; drop --no-download to download it" in err
     assert "download=True" not in err
+
+
+def test_resume_with_fewer_epochs_is_refused(data, tmp_path):
+    train(data, tmp_path / "run", "--epochs", "2")
+    model = (tmp_path / "run" / "model.pt").read_bytes()
+    with pytest.raises(ValueError, match="'--epochs' is 1 but the run in .* was started for 2; "
+                                         "--epochs may only grow"):
+        train(data, tmp_path / "run", "--epochs", "1", "--resume")
+    assert (tmp_path / "run" / "model.pt").read_bytes() == model

@@ -166,3 +166,21 @@ def test_options_win_over_quick_and_resume_names_a_changed_option(tmp_path, monk
     # --epochs is fixed under the (default) cosine schedule
     assert main([*args, "--resume"]) == 2
     assert "'--epochs' is 2" in capsys.readouterr().err
+
+
+def test_resume_may_only_add_epochs_with_the_constant_schedule(tmp_path, monkeypatch, capsys):
+    import flowkit.app.vae
+    from flowkit.app.cli import main
+
+    fake = {s: torch.randint(0, 2, (n, 784), generator=torch.Generator().manual_seed(1),
+                             dtype=torch.uint8) for s, n in [("train", 300), ("valid", 100)]}
+    monkeypatch.setattr(flowkit.app.vae, "binarized_mnist", lambda split, **kw: fake[split])
+    args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
+            "--variants", "gaussian", "--hidden", "16", "--latent", "2", "--eval-images", "10",
+            "--iw-samples", "2", "--schedule", "constant"]
+    assert main([*args, "--epochs", "2"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--epochs", "1", "--resume"]) == 2
+    assert "'--epochs' is 1 but the run in" in capsys.readouterr().err
+    assert main([*args, "--epochs", "3", "--resume"]) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["gaussian"]["epochs"] == 3

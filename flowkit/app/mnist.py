@@ -239,9 +239,14 @@ def _check_resume(args: argparse.Namespace, out: Path) -> None:
     for key in fixed:
         if saved.get(key) != now.get(key):
             raise ValueError(
-                f"--resume: '{key}' is {now.get(key)!r} but the run in '{out}' used "
-                f"{saved.get(key)!r}; pass the same settings or pick another --out"
+                f"--resume: '--{key.replace('_', '-')}' is {now.get(key)!r} but the run in "
+                f"'{out}' used {saved.get(key)!r}; pass the same settings or pick another --out"
             )
+    if now["epochs"] < saved.get("epochs", 0):
+        raise ValueError(
+            f"--resume: '--epochs' is {now['epochs']} but the run in '{out}' was started for "
+            f"{saved['epochs']}; --epochs may only grow"
+        )
 
 
 def _write_settings(args: argparse.Namespace, path: Path) -> None:

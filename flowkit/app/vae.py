@@ -212,6 +212,11 @@ def _check_or_write_settings(args: argparse.Namespace, epochs: int, path: Path) 
                     f"--resume: '{option}' is {now[key]!r} but the run in '{path.parent}' used "
                     f"{saved.get(key)!r}; pass the same settings or pick another --out"
                 )
+        if now["epochs"] < saved.get("epochs", 0):
+            raise ValueError(
+                f"--resume: '--epochs' is {now['epochs']} but the run in '{path.parent}' was "
+                f"started for {saved['epochs']}; --epochs may only grow"
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, (json.dumps(now, indent=2) + "\n").encode())
 
