@@ -166,6 +166,9 @@ def test_options_win_over_quick_and_resume_names_a_changed_option(tmp_path, monk
     # --epochs is fixed under the (default) cosine schedule
     assert main([*args, "--resume"]) == 2
     assert "'--epochs' is 2" in capsys.readouterr().err
+    # another variant in the same folder, as in docs/vae.md, needs the same settings too
+    assert main([*args, "--epochs", "1", "--variants", "iaf", "--latent", "3"]) == 2
+    assert "'--latent' is 3 but the run in" in capsys.readouterr().err
 
 
 def test_resume_may_only_add_epochs_with_the_constant_schedule(tmp_path, monkeypatch, capsys):

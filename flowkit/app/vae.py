@@ -198,23 +198,25 @@ def _format_table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def _check_or_write_settings(args: argparse.Namespace, epochs: int, path: Path) -> None:
-    """With ``--resume`` and a ``path`` from the earlier run, refuse options that differ from
-    its (naming the first); else write this run's options there."""
+    """Given a ``path`` of an earlier run in the same folder (a resumed run, or another variant
+    of the same table), refuse options that differ from its, naming the first; then write this
+    run's options there."""
     now = {key: getattr(args, key) for key in _FIXED_ON_RESUME}
     now["epochs"] = epochs
-    if args.resume and path.is_file():
+    prefix = "--resume: " if args.resume else ""
+    if path.is_file():
         saved = json.loads(path.read_text())
         fixed = _FIXED_ON_RESUME + (("epochs",) if args.schedule != "constant" else ())
         for key in fixed:
             if saved.get(key) != now[key]:
                 option = "--" + key.replace("_", "-")
                 raise ValueError(
-                    f"--resume: '{option}' is {now[key]!r} but the run in '{path.parent}' used "
+                    f"{prefix}'{option}' is {now[key]!r} but the run in '{path.parent}' used "
                     f"{saved.get(key)!r}; pass the same settings or pick another --out"
                 )
         if now["epochs"] < saved.get("epochs", 0):
             raise ValueError(
-                f"--resume: '--epochs' is {now['epochs']} but the run in '{path.parent}' was "
+                f"{prefix}'--epochs' is {now['epochs']} but the run in '{path.parent}' was "
                 f"started for {saved['epochs']}; --epochs may only grow"
             )
     path.parent.mkdir(parents=True, exist_ok=True)
