@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from flowkit.checkpoint import save_model
+from flowkit.checkpoint import save_model, write_bytes_atomic
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.plot import Panel, loss_figure, panel_figure, save_figure
 from flowkit.train import History, resolve_device
@@ -245,7 +245,7 @@ class Gallery:
         if self.out is None:
             return []
         figures = write_figures(self.out, prefix, self.rows, self.histories, references)
-        (self.out / "table.md").write_text(table)
+        write_bytes_atomic(self.out / "table.md", table.encode())
         return figures
 
 

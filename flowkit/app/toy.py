@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from flowkit.checkpoint import write_bytes_atomic
 from flowkit.data import TOY_BOX, TOY_DATASETS, has_exact_density, sample_toy, toy_entropy
 from flowkit.data import toy_log_prob as true_log_prob
 from flowkit.flows import Flow
@@ -275,7 +276,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
         )
         table = sweep_table(records)
-        (args.out / "sweep.md").write_text(table)
+        write_bytes_atomic(args.out / "sweep.md", table.encode())
         print(table.splitlines()[0])
         return {
             "settings": asdict(settings),

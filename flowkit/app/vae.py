@@ -287,8 +287,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{x_eval.shape[0]} valid images; {history.wall_time:.0f} s training, "
               f"{eval_seconds:.0f} s scoring")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_bytes_atomic(out / "results.json", json.dumps(results, indent=2).encode())
     table = _format_table(results)
-    (out / "results.md").write_text(table + "\n")
+    write_bytes_atomic(out / "results.md", (table + "\n").encode())
     print(table)
     return results
