@@ -82,7 +82,8 @@ BERNOULLI = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="tiny configurations and 2 repeats: a smoke test of a few seconds")
+                        help="tiny configurations and 2 repeats: a smoke test of a few seconds; "
+                             "--sections, --repeats and --naive-repeats, when given, win")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=None,
                         help="what to run (default: all; --quick leaves out mnist, memory and "
                              "compare); memory is not a section of its own: it adds the peak "
