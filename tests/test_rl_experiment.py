@@ -154,4 +154,4 @@ def test_options_win_over_quick_and_a_rerun_does_not_replace_results(tmp_path, c
     assert "summary.json' exists: pass --resume" in capsys.readouterr().err
     assert (tmp_path / "gaussian-seed0.json").stat().st_mtime_ns == before
     assert main([*args, "--resume"]) == 2  # the --quick steps differ from the run's 110
-    assert "was run with other settings" in capsys.readouterr().err
+    assert "was run with steps 110, not 150 (set by --steps)" in capsys.readouterr().err

@@ -115,6 +115,21 @@ _OPTIONS = {"env_id": "--env", "steps": "--steps", "hidden": "--hidden", "lr": "
 """The option of this command that sets each argument of SAC and its policies."""
 
 
+def _finished_run(path: Path, config: SACConfig) -> dict[str, Any]:
+    """The result in ``path``, if it was run with ``config``; else an error naming the first
+    setting that differs and the option that sets it."""
+    result = json.loads(path.read_text())
+    wanted = json.loads(json.dumps(asdict(config)))
+    for key, value in wanted.items():
+        if result["config"].get(key) != value:
+            option = _OPTIONS.get(key, "--quick")
+            raise ValueError(
+                f"--resume: '{path}' was run with {key} {result['config'].get(key)!r}, not "
+                f"{value!r} (set by {option}); pass the same settings or pick another --out"
+            )
+    return result
+
+
 def _summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     summary = {}
     for policy, runs in results.items():
@@ -168,20 +183,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seeds = list(range(args.seed, args.seed + (args.seeds or (1 if args.quick else SEEDS))))
     runs = [(policy, seed) for policy in args.policies for seed in seeds]
     refuse_to_replace(out / "summary.json", args.resume)  # before any training
+    finished: dict[tuple[str, int], dict[str, Any]] = {}
     for policy, seed in runs:
+        path = out / f"{policy}-seed{seed}.json"
         for suffix in (".json", ".pt"):
-            refuse_to_replace(out / f"{policy}-seed{seed}{suffix}", args.resume)
+            refuse_to_replace(path.with_suffix(suffix), args.resume)
+        if args.resume and path.is_file():
+            finished[policy, seed] = _finished_run(path, replace(base, policy=policy))
     results: dict[str, list[dict[str, Any]]] = {}
     for policy in args.policies:
         config = replace(base, policy=policy)
         for seed in seeds:
             path = out / f"{policy}-seed{seed}.json"
-            if args.resume and path.is_file():
-                result = json.loads(path.read_text())
-                if result["config"] != json.loads(json.dumps(asdict(config))):
-                    raise ValueError(
-                        f"--resume: '{path}' was run with other settings; pick another --out"
-                    )
+            if (policy, seed) in finished:
+                result = finished[policy, seed]
             else:
                 with as_options(_OPTIONS):
                     result = train_sac(config, seed, args.device, progress=not args.quiet,
