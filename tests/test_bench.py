@@ -20,3 +20,22 @@ def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):
     assert all(r["identical_to_naive"] for r in record["rows"] if "identical_to_naive" in r)
     assert metrics["density/D=2/log_prob"] > 0
     assert "| density | D=2 | log_prob |" in capsys.readouterr().out
+
+
+def test_quiet_keeps_the_results_table(tmp_path, capsys):
+    from flowkit.app.cli import main
+
+    argv = ["bench", "--quick", "--sections", "density", "--repeats", "1", "--quiet",
+            "--device", "cpu", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| density | D=2 | log_prob |" in out
+    assert f"wrote {tmp_path / 'bench.json'}" in out
+
+
+def test_memory_alone_is_refused(tmp_path, capsys):
+    from flowkit.app.cli import main
+
+    assert main(["bench", "--quick", "--sections", "memory", "--out", str(tmp_path / "b")]) == 2
+    assert "'--sections memory' measures the memory of the other" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

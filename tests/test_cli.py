@@ -67,3 +67,28 @@ def test_bench_repeats_must_be_positive(value, tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "--repeats" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_readme_lists_every_subcommand():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    listed = readme.split("`flowkit --help` lists the subcommands (")[1].split(")")[0]
+    assert re.findall(r"`([\w-]+)`", listed) == COMMANDS
+
+
+def test_sklearn_compare_hidden_sizes_are_checked_naming_the_option(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["sklearn-compare", "--hidden", "0", "--out", str(tmp_path / "s")])
+    assert exit_info.value.code == 2
+    assert "argument --hidden: should be an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_options_with_a_default_have_help_text(command):
+    """argparse shows no help line, hence no default, for an option without help."""
+    parser = cli.build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, cli.argparse._SubParsersAction))
+    for action in sub.choices[command]._actions:
+        if action.option_strings and action.default not in (None, False, cli.argparse.SUPPRESS):
+            assert action.help, action.option_strings

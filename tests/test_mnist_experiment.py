@@ -112,7 +112,7 @@ def test_checkpoint_every_e_epochs_and_at_the_end(data, tmp_path, monkeypatch):
 
 def test_resume_refuses_changed_settings_and_a_fresh_run_refuses_an_old_folder(data, tmp_path):
     train(data, tmp_path / "run", "--epochs", "1")
-    with pytest.raises(ValueError, match="'lr' is 0.01"):
+    with pytest.raises(ValueError, match="'--lr' is 0.01"):
         train(data, tmp_path / "run", "--epochs", "2", "--lr", "0.01", "--resume")
     with pytest.raises(ValueError, match="pass --resume"):
         train(data, tmp_path / "run", "--epochs", "2")
@@ -197,10 +197,8 @@ def test_eval_of_several_models_scores_their_mixture(data, tmp_path, capsys):
     [
         (["--ensemble", "3"], r"'--ensemble' should be at most --masks \(2\), got 3"),
         (["--ensemble", "0"], "'--ensemble' should be >= 1, got 0"),
-        (["--batch-size", "0"], "'--batch-size' should be >= 1, got 0"),
         (["--subset", "-5"], "'--subset' should be >= 1, got -5"),
         (["--patience", "0"], "'--patience' should be >= 1, got 0"),
-        (["--epochs", "0"], "'--epochs' should be >= 1, got 0"),
         (["--masks", "0"], "'--masks' should be >= 1, got 0"),
     ],
 )
@@ -219,3 +217,58 @@ def test_eval_refuses_an_ensemble_larger_than_a_models_mask_sets(data, tmp_path)
                 "--out", str(tmp_path / "eval")]
         with pytest.raises(ValueError, match=match):
             mnist_eval.run(parse(mnist_eval, argv))
+
+
+@pytest.mark.parametrize("command, option, value", [
+    ("mnist", "--threads", "0"), ("mnist", "--lr", "-1"), ("mnist", "--weight-decay", "-1"),
+    ("mnist", "--batch-size", "0"), ("mnist", "--epochs", "0"), ("mnist", "--hidden", "0"),
+    ("mnist-eval", "--threads", "0"),
+])
+def test_bad_numbers_are_one_line_errors_before_any_file_is_written(
+    data, tmp_path, capsys, command, option, value
+):
+    from flowkit.app.cli import main
+
+    out = tmp_path / "run"
+    argv = (["mnist", "--data", str(data), "--epochs", "1"] if command == "mnist"
+            else ["mnist-eval", str(tmp_path / "model.pt"), "--file", str(data)])
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, option, value, "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: should be" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_file_errors_name_the_options(data, tmp_path, capsys):
+    from flowkit.app.cli import main
+
+    main(["mnist", "--data", str(data), "--hidden", "8", "--epochs", "1", "--quiet",
+          "--out", str(tmp_path / "run")])
+    model = str(tmp_path / "run" / "model.pt")
+    capsys.readouterr()
+    readme = tmp_path / "README.md"
+    readme.write_text("not images")
+    assert main(["mnist", "--data", str(readme), "--out", str(tmp_path / "bad")]) == 2
+    assert "'--data' should be an .npz file with arrays 'train' and 'valid', got" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "bad").exists()
+    assert main(["mnist-eval", model, "--file", str(data), "--out", str(tmp_path / "e1")]) == 2
+    assert "holds arrays train, valid; pass '--key' to pick one" in capsys.readouterr().err
+    assert main(["mnist-eval", model, "--file", str(readme), "--out", str(tmp_path / "e2")]) == 2
+    assert "'--file' should be an .npz or .amat file, got" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = ["mnist-eval", model, "--root", str(empty), "--no-download", "--split", "test"]
+    assert main([*argv, "--out", str(tmp_path / "e3")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist; drop --no-download to download it" in err
+    assert "download=True" not in err
+
+
+def test_resume_with_fewer_epochs_is_refused(data, tmp_path):
+    train(data, tmp_path / "run", "--epochs", "2")
+    model = (tmp_path / "run" / "model.pt").read_bytes()
+    with pytest.raises(ValueError, match="'--epochs' is 1 but the run in .* was started for 2; "
+                                         "--epochs may only grow"):
+        train(data, tmp_path / "run", "--epochs", "1", "--resume")
+    assert (tmp_path / "run" / "model.pt").read_bytes() == model

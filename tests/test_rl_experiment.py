@@ -110,3 +110,48 @@ def test_quick_command_on_pendulum(tmp_path):
         assert final_return == summary[name]["final_return_mean"], name
     assert main([*args, "--resume"]) == 0  # finished runs are read back, not rerun
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--threads", "0"), ("--steps", "0"), ("--eval-every", "0"), ("--seeds", "0"),
+    ("--flow-layers", "0"), ("--hidden", "0"), ("--lr", "-1"),
+])
+def test_bad_numbers_are_refused_naming_the_option(tmp_path, capsys, option, value):
+    from flowkit.app.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rl", "--quick", option, value, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: should be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--env", "CartPole-v1"],
+     "'--env' 'CartPole-v1' has a Discrete action space: SAC here needs a continuous"),
+    (["--steps", "100"], "'--steps' should be more than the 100 steps of random actions"),
+])
+def test_runs_that_cannot_train_are_refused_before_any_training(tmp_path, capsys, argv, message):
+    pytest.importorskip("gymnasium")
+    from flowkit.app.cli import main
+
+    assert main(["rl", "--quick", *argv, "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_options_win_over_quick_and_a_rerun_does_not_replace_results(tmp_path, capsys):
+    pytest.importorskip("gymnasium")
+    from flowkit.app.cli import main
+
+    args = ["rl", "--quick", "--policies", "gaussian", "--out", str(tmp_path), "--quiet"]
+    assert main([*args, "--steps", "110", "--hidden", "8", "--eval-every", "55"]) == 0
+    run = json.loads((tmp_path / "gaussian-seed0.json").read_text())
+    assert run["config"]["steps"] == 110 and run["config"]["hidden"] == [8]
+    assert run["eval_steps"] == [55, 110] and run["config"]["start_steps"] == 100
+    before = (tmp_path / "gaussian-seed0.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(args) == 2  # without --resume the finished run is kept
+    assert "summary.json' exists: pass --resume" in capsys.readouterr().err
+    assert (tmp_path / "gaussian-seed0.json").stat().st_mtime_ns == before
+    assert main([*args, "--resume"]) == 2  # the --quick steps differ from the run's 110
+    assert "was run with steps 110, not 150 (set by --steps)" in capsys.readouterr().err

@@ -13,12 +13,12 @@ from flowkit.app import cli, sbibm  # noqa: E402
 def test_tiny_run_writes_results_and_reuses_them(tmp_path, capsys, monkeypatch):
     out = tmp_path / "sbibm"
     argv = ["sbibm", "--tasks", "two_moons", "--models", "flowkit-maf", "--simulations", "200",
-            "--max-epochs", "1", "--samples", "50", "--observations", "1", "2", "--threads", "1",
+            "--max-epochs", "2", "--samples", "50", "--observations", "1", "2", "--threads", "1",
             "--out", str(out)]
     assert cli.main(argv) == 0
     run = json.loads((out / "two_moons" / "seed0" / "flowkit-maf.json").read_text())
     assert set(run["c2st"]) == {"1", "2"} and all(0 <= v <= 1 for v in run["c2st"].values())
-    assert run["epochs"] == 2 and run["epoch_seconds"] > 0
+    assert run["epochs"] == 2 and run["epoch_seconds"] > 0  # --max-epochs 2
     assert "| two_moons |" in (out / "results.md").read_text()
     assert cli.main(argv) == 0  # reused, not trained again
     assert "flowkit-maf: C2ST" not in capsys.readouterr().out.split("wrote")[-1]
@@ -53,3 +53,20 @@ def test_every_model_builds_a_density_estimator(name):
     log_prob = estimator.log_prob(theta[None], x)
     assert log_prob.shape == (1, 64) and torch.isfinite(log_prob).all()
     assert estimator.sample((5,), x[:2]).shape == (5, 2, 2)
+
+
+def test_max_epochs_caps_the_epochs_and_an_older_result_of_one_more_is_refused(tmp_path, capsys):
+    out = tmp_path / "sbibm"
+    argv = ["sbibm", "--tasks", "two_moons", "--models", "flowkit-maf", "--simulations", "100",
+            "--max-epochs", "2", "--samples", "20", "--observations", "1", "--threads", "1",
+            "--quiet", "--out", str(out)]
+    assert cli.main(argv) == 0
+    path = out / "two_moons" / "seed0" / "flowkit-maf.json"
+    run = json.loads(path.read_text())
+    assert run["max_epochs"] == 2 and run["epochs"] == 2
+    path.write_text(json.dumps({**run, "epochs": 3}))  # as written before the correction
+    assert cli.main(argv) == 2
+    assert "trained 3 epochs under --max-epochs 2" in capsys.readouterr().err
+    assert cli.main([*argv[:-1], str(tmp_path / "one"), "--max-epochs", "1"]) == 2
+    assert "'--max-epochs' should be >= 2 (sbi trains at least 2 epochs), got 1" in (
+        capsys.readouterr().err)

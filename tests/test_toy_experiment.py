@@ -243,3 +243,33 @@ def test_toy_on_cuda(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     assert metrics["device"].startswith("cuda")
     assert all(math.isfinite(r["test_nll"]) for r in metrics["runs"])
+
+
+@pytest.mark.parametrize("command, target", [("toy", ["--datasets", "moons"]),
+                                             ("energy", ["--energies", "U1"])])
+def test_a_rerun_does_not_replace_the_results(tmp_path, capsys, command, target):
+    out = tmp_path / "run"
+    argv = [command, "--quick", "--quiet", "--device", "cpu", "--out", str(out), *target,
+            "--steps", "3", "--eval-samples", "200", "--plot-samples", "100",
+            "--resolution", "8"]
+    assert main(argv) == 0
+    table = (out / "table.md").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "table.md' exists: a rerun would replace that run's results; pick another --out" in (
+        capsys.readouterr().err)
+    assert (out / "table.md").stat().st_mtime_ns == table
+    (out / "table.md").unlink()  # as after an interruption: the saved flows are kept too
+    assert main(argv) == 2
+    assert "_spline.pt' exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--eval-samples", "0"), ("--plot-samples", "0"), ("--batch-size", "0"), ("--hidden", "0"),
+    ("--steps", "0"), ("--lr", "nan"), ("--bound", "-1"),
+])
+def test_bad_numbers_are_refused_naming_the_option(tmp_path, capsys, option, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["toy", "--quick", option, value, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: should be" in capsys.readouterr().err

@@ -127,3 +127,63 @@ def test_missing_data_points_to_the_real_options(tmp_path, capsys):
     assert "'--root'" in err and "flowkit mnist --root" in err
     assert f"binarized_mnist('train', root='{empty}')" in err
     assert "download=True" not in err
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--eval-images", "-5"), ("--eval-images", "0"), ("--batch-size", "0"),
+    ("--iw-samples", "0"), ("--iw-samples", "-3"), ("--threads", "0"), ("--latent", "0"),
+    ("--epochs", "0"), ("--lr", "-1"),
+])
+def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, option, value):
+    from flowkit.app.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["vae", "--quick", option, value, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: should be" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_options_win_over_quick_and_resume_names_a_changed_option(tmp_path, monkeypatch, capsys):
+    import flowkit.app.vae
+    from flowkit.app.cli import main
+
+    g = torch.Generator().manual_seed(0)
+    fake = {s: torch.randint(0, 2, (n, 784), generator=g, dtype=torch.uint8)
+            for s, n in [("train", 300), ("valid", 100)]}
+    monkeypatch.setattr(flowkit.app.vae, "binarized_mnist", lambda split, **kw: fake[split])
+    args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
+            "--variants", "gaussian", "--hidden", "16", "--latent", "2", "--eval-images", "10"]
+    assert main([*args, "--epochs", "1", "--iw-samples", "3"]) == 0
+    r = json.loads((tmp_path / "results.json").read_text())["gaussian"]
+    assert r["epochs"] == 1 and r["k"] == 3 and r["eval_images"] == 10
+    capsys.readouterr()
+    assert main([*args, "--epochs", "1", "--resume", "--hidden", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "'--hidden' is [8] but the run in" in err and "used [16]" in err
+    assert main([*args, "--epochs", "1", "--resume", "--lr", "0.01"]) == 2
+    assert "'--lr' is 0.01" in capsys.readouterr().err
+    # --epochs is fixed under the (default) cosine schedule
+    assert main([*args, "--resume"]) == 2
+    assert "'--epochs' is 2" in capsys.readouterr().err
+    # another variant in the same folder, as in docs/vae.md, needs the same settings too
+    assert main([*args, "--epochs", "1", "--variants", "iaf", "--latent", "3"]) == 2
+    assert "'--latent' is 3 but the run in" in capsys.readouterr().err
+
+
+def test_resume_may_only_add_epochs_with_the_constant_schedule(tmp_path, monkeypatch, capsys):
+    import flowkit.app.vae
+    from flowkit.app.cli import main
+
+    fake = {s: torch.randint(0, 2, (n, 784), generator=torch.Generator().manual_seed(1),
+                             dtype=torch.uint8) for s, n in [("train", 300), ("valid", 100)]}
+    monkeypatch.setattr(flowkit.app.vae, "binarized_mnist", lambda split, **kw: fake[split])
+    args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
+            "--variants", "gaussian", "--hidden", "16", "--latent", "2", "--eval-images", "10",
+            "--iw-samples", "2", "--schedule", "constant"]
+    assert main([*args, "--epochs", "2"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--epochs", "1", "--resume"]) == 2
+    assert "'--epochs' is 1 but the run in" in capsys.readouterr().err
+    assert main([*args, "--epochs", "3", "--resume"]) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["gaussian"]["epochs"] == 3

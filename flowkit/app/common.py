@@ -14,6 +14,8 @@ from torch import Tensor, nn
 
 from flowkit.validation import Mention, WordedError, python_spelling
 
+from .options import positive_float, positive_int
+
 __all__ = [
     "add_epoch_options",
     "as_options",
@@ -73,10 +75,16 @@ def mlp(sizes: Sequence[int], activation: Callable[[], nn.Module]) -> nn.Sequent
     return nn.Sequential(*layers)
 
 
-def refuse_to_replace(checkpoint: Path, resume: bool) -> None:
-    """Fail if ``checkpoint`` exists and the command was not asked to ``--resume`` it: a fresh
-    run never replaces an earlier one."""
+def refuse_to_replace(checkpoint: Path, resume: bool, *, resumable: bool = True) -> None:
+    """Fail if ``checkpoint`` (a file a run writes) exists and the command was not asked to
+    ``--resume`` it: a fresh run never replaces an earlier one. For a command without
+    ``--resume`` (``resumable=False``) the message only asks for another ``--out``."""
     if checkpoint.exists() and not resume:
+        if not resumable:
+            raise ValueError(
+                f"'{checkpoint}' exists: a rerun would replace that run's results; pick "
+                "another --out"
+            )
         raise ValueError(
             f"'{checkpoint}' exists: pass --resume to continue that run, or pick another --out"
         )
@@ -135,7 +143,11 @@ def check_minimums(args: argparse.Namespace, minimums: dict[str, int]) -> None:
 
 
 def add_epoch_options(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, epochs: int, schedule: str
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    epochs: int,
+    schedule: str,
+    quick_epochs: int | None = None,
 ) -> None:
     """Add ``--epochs``, ``--batch-size``, ``--lr`` and ``--schedule``, the options of a recipe
     that trains on images by epochs with Adam (``flowkit mnist``, ``flowkit vae``).
@@ -144,10 +156,19 @@ def add_epoch_options(
         parser: the parser or argument group to add them to.
         epochs: the default of ``--epochs``.
         schedule: the default of ``--schedule``, ``"constant"`` or ``"cosine"``.
+        quick_epochs: for a command with ``--quick``, its number of epochs: ``--epochs`` is
+            then None unless given (the command picks ``epochs`` or ``quick_epochs``).
     """
-    parser.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
-    parser.add_argument("--batch-size", type=int, default=100, help="images per optimizer step")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    if quick_epochs is None:
+        parser.add_argument("--epochs", type=positive_int, default=epochs,
+                            help="passes over the training set")
+    else:
+        parser.add_argument("--epochs", type=positive_int, default=None,
+                            help=f"passes over the training set (default: {epochs}; "
+                                 f"{quick_epochs} with --quick)")
+    parser.add_argument("--batch-size", type=positive_int, default=100,
+                        help="images per optimizer step")
+    parser.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate")
     parser.add_argument("--schedule", choices=["constant", "cosine"], default=schedule,
                         help="learning-rate schedule over the steps of the run")
 

@@ -15,6 +15,7 @@ Writes to --out: gallery.png (one row per energy: target | model density | model
 energy_<U>.png (one row each), losses.png (-ELBO per step against -log Z), table.md,
 metrics.json and the trained flows, models/<U>_<flow>_<transformer>.pt (flowkit.load_model reads
 them).
+A rerun into an --out that holds these results is refused: pick another --out.
 
 examples:
   flowkit energy --out runs/energy                  (U1-U4, IAF spline)
@@ -56,11 +57,13 @@ from .experiment2d import (
     build_flow,
     check_selection,
     markdown_table,
+    refuse_to_replace_gallery,
     run_label,
     settings_from_args,
     timed,
     use_one_cpu_thread,
 )
+from .options import positive_float
 
 ENERGY_SETTINGS = FlowSettings(bound=6.0, steps=2000)
 """Defaults of ``flowkit energy``: U4's box reaches z2 = -6, so the spline covers [-6, 6]."""
@@ -242,7 +245,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument(
         "--wall",
-        type=float,
+        type=positive_float,
         default=WALL,
         help="length scale of the soft wall outside the box (default: %(default)s)",
     )
@@ -252,6 +255,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from_args(args, ENERGY_SETTINGS, replace(QUICK, bound=6.0))
     use_one_cpu_thread(args.device)
+    refuse_to_replace_gallery(args.out, args.energies, args.flows, args.transformer)
     metrics = run_energy(
         args.energies,
         args.flows,

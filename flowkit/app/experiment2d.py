@@ -13,10 +13,13 @@ from typing import Any, TypeVar
 
 import torch
 
-from flowkit.checkpoint import save_model
+from flowkit.checkpoint import save_model, write_bytes_atomic
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.plot import Panel, loss_figure, panel_figure, save_figure
 from flowkit.train import History, resolve_device
+
+from .common import refuse_to_replace
+from .options import positive_float, positive_int
 
 FLOWS = {"maf": MAF, "iaf": IAF}
 TRANSFORMERS = ("affine", "spline")
@@ -109,13 +112,30 @@ def run_label(flow: str, transformer: str) -> str:
     return f"{flow.upper()} {transformer}"
 
 
+def flow_path(out: Path, row: str, flow: str, transformer: str) -> Path:
+    """``out/models/<row>_<flow>_<transformer>.pt`` (e.g. ``models/moons_maf_spline.pt``),
+    where :func:`save_flow` saves a trained flow."""
+    return out / "models" / f"{row}_{flow}_{transformer}.pt"
+
+
 def save_flow(model: Flow, out: Path, row: str, flow: str, transformer: str) -> Path:
-    """Save a trained flow with :func:`flowkit.save_model` as
-    ``out/models/<row>_<flow>_<transformer>.pt`` (e.g. ``models/moons_maf_spline.pt``), which
+    """Save a trained flow with :func:`flowkit.save_model` at :func:`flow_path`, which
     :func:`flowkit.load_model` reads back; returns the path."""
-    path = out / "models" / f"{row}_{flow}_{transformer}.pt"
+    path = flow_path(out, row, flow, transformer)
     save_model(model, path)
     return path
+
+
+def refuse_to_replace_gallery(
+    out: Path, targets: Sequence[str], flows: Sequence[str], transformers: Sequence[str]
+) -> None:
+    """Fail before any training if ``out`` holds the results of an earlier run that this one
+    would replace: its ``table.md`` or a flow it would save (:func:`flow_path`), e.g. of an
+    interrupted run (see :func:`~flowkit.app.common.refuse_to_replace`)."""
+    paths = [out / "table.md"]
+    paths += [flow_path(out, t, f, tr) for t in targets for f in flows for tr in transformers]
+    for path in paths:
+        refuse_to_replace(path, False, resumable=False)
 
 
 def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
@@ -225,7 +245,7 @@ class Gallery:
         if self.out is None:
             return []
         figures = write_figures(self.out, prefix, self.rows, self.histories, references)
-        (self.out / "table.md").write_text(table)
+        write_bytes_atomic(self.out / "table.md", table.encode())
         return figures
 
 
@@ -274,7 +294,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettin
         if f.name == "hidden":
             group.add_argument(
                 flag,
-                type=int,
+                type=positive_int,
                 nargs="+",
                 metavar="H",
                 help=f"MADE hidden sizes (default: {' '.join(map(str, default))})",
@@ -284,9 +304,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettin
                 flag, choices=("cosine", "none"), help=f"(default: {default or 'none'})"
             )
         else:
-            group.add_argument(flag, type=type(default), help=f"(default: {default})")
+            kind = positive_int if isinstance(default, int) else positive_float
+            group.add_argument(flag, type=kind, help=f"(default: {default})")
     parser.add_argument(
-        "--quick", action="store_true", help="tiny models, few steps: seconds, for smoke tests"
+        "--quick",
+        action="store_true",
+        help="tiny models, few steps: seconds, for smoke tests; the options above, when given, "
+        "win",
     )
 
 

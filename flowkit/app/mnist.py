@@ -34,9 +34,17 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from flowkit.app.common import add_epoch_options, as_options, check_minimums, refuse_to_replace
-from flowkit.app.mnist_eval import describe, evaluate, mixture_nll, nll_stats, score
+from flowkit.app.mnist_eval import (
+    describe,
+    evaluate,
+    mixture_nll,
+    nll_stats,
+    read_split,
+    read_split_file,
+    score,
+)
+from flowkit.app.options import nonnegative_float, positive_int
 from flowkit.checkpoint import save_model, write_bytes_atomic
-from flowkit.data import binarized_mnist, load_split_file
 from flowkit.distributions import BernoulliMADE
 from flowkit.plot import save_figure
 from flowkit.train import CHECKPOINT_NAME, Callbacks, History, Progress, fit, resolve_device
@@ -113,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--subset", type=int, default=None,
                       help="use only the first N training and validation images (quick runs)")
     model = parser.add_argument_group("model")
-    model.add_argument("--hidden", type=int, nargs="+", default=[500],
+    model.add_argument("--hidden", type=positive_int, nargs="+", default=[500],
                        help="hidden layer sizes (default: 500)")
     model.add_argument("--masks", type=int, default=1,
                        help="number of mask sets, cycled one per training step (default: 1)")
@@ -124,7 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="direct masked connections from the inputs to the logits")
     train = parser.add_argument_group("training")
     add_epoch_options(train, epochs=100, schedule="constant")
-    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    train.add_argument("--weight-decay", type=nonnegative_float, default=0.0,
+                       help="AdamW weight decay")
     train.add_argument("--patience", type=int, default=None,
                        help="stop after this many epochs without a better validation NLL")
     train.add_argument("--ensemble", type=int, default=None,
@@ -137,16 +146,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help=f"write OUT/{CHECKPOINT_NAME} every E epochs and at the end (default: "
                            "1; a large model's checkpoint, with Adam's state, can take longer "
                            "to write than an epoch on a GPU)")
-    run_.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    run_.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
     if args.data is not None:
-        x_train, x_valid = load_split_file(args.data, "train"), load_split_file(args.data, "valid")
+        x_train = read_split_file(args.data, "train", "--data")
+        x_valid = read_split_file(args.data, "valid", "--data")
     else:
-        download = not args.no_download
-        x_train = binarized_mnist("train", root=args.root, download=download)
-        x_valid = binarized_mnist("valid", root=args.root, download=download)
+        x_train = read_split("train", args.root, args.no_download)
+        x_valid = read_split("valid", args.root, args.no_download)
     if args.subset is not None:
         x_train, x_valid = x_train[: args.subset], x_valid[: args.subset]
     return x_train, x_valid
@@ -205,6 +214,7 @@ def _batch_as_is(batch: Tensor) -> Tensor:
 _OPTIONS = {
     "lr": "--lr", "resume": "--resume", "checkpoint_dir": "--out", "seed": "--seed",
     "device": "--device", "epochs": "--epochs", "early_stopping_patience": "--patience",
+    "weight_decay": "--weight-decay", "batch_size": "--batch-size",
 }
 """The option of this command that sets each argument of :func:`flowkit.train.fit`."""
 
@@ -229,9 +239,14 @@ def _check_resume(args: argparse.Namespace, out: Path) -> None:
     for key in fixed:
         if saved.get(key) != now.get(key):
             raise ValueError(
-                f"--resume: '{key}' is {now.get(key)!r} but the run in '{out}' used "
-                f"{saved.get(key)!r}; pass the same settings or pick another --out"
+                f"--resume: '--{key.replace('_', '-')}' is {now.get(key)!r} but the run in "
+                f"'{out}' used {saved.get(key)!r}; pass the same settings or pick another --out"
             )
+    if now["epochs"] < saved.get("epochs", 0):
+        raise ValueError(
+            f"--resume: '--epochs' is {now['epochs']} but the run in '{out}' was started for "
+            f"{saved['epochs']}; --epochs may only grow"
+        )
 
 
 def _write_settings(args: argparse.Namespace, path: Path) -> None:
@@ -299,8 +314,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     from tqdm.auto import tqdm
 
-    check_minimums(args, {"subset": 1, "masks": 1, "epochs": 1, "batch-size": 1, "patience": 1,
-                          "ensemble": 1, "checkpoint-every": 1})
+    check_minimums(args, {"subset": 1, "masks": 1, "patience": 1, "ensemble": 1,
+                          "checkpoint-every": 1})
+    if args.data is not None and Path(args.data).suffix != ".npz":
+        raise ValueError(
+            f"'--data' should be an .npz file with arrays 'train' and 'valid', got {args.data}"
+        )
     if args.ensemble is not None and args.ensemble > args.masks:
         raise ValueError(
             f"'--ensemble' should be at most --masks ({args.masks}), got {args.ensemble}"

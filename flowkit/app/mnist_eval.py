@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from flowkit.app.common import check_minimums
 from flowkit.app.common import mean_se as nll_stats
+from flowkit.app.options import positive_int
 from flowkit.checkpoint import load_model
 from flowkit.data import binarized_mnist, load_split_file
 from flowkit.distributions import BernoulliMADE
@@ -78,6 +80,32 @@ def mixture_nll(nlls: list[Tensor]) -> Tensor:
     return -(torch.logsumexp(log_p, dim=0) - math.log(len(nlls)))
 
 
+def read_split_file(path: str, key: str | None, option: str) -> Tensor:
+    """:func:`flowkit.data.load_split_file` with its errors worded for the command line:
+    ``option`` (``--data``, ``--file``) for the file and ``--key`` for the array."""
+    if Path(path).suffix not in (".npz", ".amat"):
+        raise ValueError(f"'{option}' should be an .npz or .amat file, got {path}")
+    try:
+        return load_split_file(path, key)
+    except ValueError as e:
+        if "'key'" not in str(e):
+            raise
+        raise ValueError(str(e).replace("'key'", "'--key'")) from e
+
+
+def read_split(split: str, root: str | None, no_download: bool) -> Tensor:
+    """:func:`flowkit.data.binarized_mnist` with ``--no-download``: a missing split says to
+    drop that option (the library's message says ``download=True``)."""
+    try:
+        return binarized_mnist(split, root=root, download=not no_download)
+    except FileNotFoundError as e:
+        if not no_download:
+            raise
+        raise FileNotFoundError(
+            str(e).replace("pass download=True", "drop --no-download to download it")
+        ) from e
+
+
 def describe(name: str, r: dict[str, Any]) -> str:
     """One line for the scores ``r`` of :func:`score` on the images called ``name``: the NLL of
     mask set 0 and, when ``r`` has one, of the mask ensemble, each with its standard error."""
@@ -110,7 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model's)")
     parser.add_argument("--batch-size", type=int, default=1000,
                         help="images per evaluation batch")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="CPU threads for torch")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,11 +170,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         models.append(model)
     if args.file is not None:
-        x, name = load_split_file(args.file, args.key), f"{args.file}" + (
+        x, name = read_split_file(args.file, args.key, "--file"), f"{args.file}" + (
             f"[{args.key}]" if args.key else "")
     else:
-        x = binarized_mnist(args.split, root=args.root, download=not args.no_download)
-        name = args.split
+        x, name = read_split(args.split, args.root, args.no_download), args.split
     t0 = time.perf_counter()
     results, nlls = [], []
     for path, model in zip(args.models, models, strict=True):

@@ -4,6 +4,7 @@ which imports no subcommand module up front: the dependency runs one way)."""
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def positive_int(text: str) -> int:
@@ -16,3 +17,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"should be an integer >= 1, got {text!r}")
     return value
+
+
+def _float(text: str, minimum: float, strict: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise argparse.ArgumentTypeError(f"should be a finite number {bound}, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An ``argparse`` type: a finite number > 0 (a learning rate)."""
+    return _float(text, 0.0, strict=True)
+
+
+def nonnegative_float(text: str) -> float:
+    """An ``argparse`` type: a finite number >= 0 (a weight decay)."""
+    return _float(text, 0.0, strict=False)

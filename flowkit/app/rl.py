@@ -34,14 +34,17 @@ import argparse
 import json
 import math
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .common import markdown_table
+from flowkit.checkpoint import write_bytes_atomic
+
+from .common import as_options, markdown_table, refuse_to_replace
+from .options import positive_float, positive_int
 from .sac import SACConfig, train_sac
 from .sac_policies import POLICIES, FlowPolicy, GaussianPolicy, save_policy, squash
 
@@ -62,27 +65,69 @@ __all__ = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flowkit rl`` (the CLI adds ``--device``, ``--seed``, ``--out``
     and ``--quiet``)."""
-    d = SACConfig()
-    parser.add_argument("--env", default=d.env_id, help=f"gymnasium id (default: {d.env_id})")
+    d, q = SACConfig(), QUICK
+    parser.add_argument("--env", default=d.env_id,
+                        help=f"gymnasium id, with a continuous (Box) action space (default: "
+                             f"{d.env_id})")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                         help="policies to compare (default: gaussian iaf)")
-    parser.add_argument("--seeds", type=int, default=3,
-                        help="runs per policy, seeds SEED, SEED+1, ... (default: 3)")
-    parser.add_argument("--steps", type=int, default=d.steps,
-                        help=f"environment steps per run (default: {d.steps})")
-    parser.add_argument("--hidden", type=int, nargs="+", default=list(d.hidden),
-                        help="hidden sizes of every network (default: 128 128)")
-    parser.add_argument("--flow-layers", type=int, default=d.flow_layers,
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help=f"runs per policy, seeds SEED, SEED+1, ... (default: {SEEDS}; 1 "
+                             "with --quick)")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help=f"environment steps per run, more than the first {d.start_steps} "
+                             f"of random actions (default: {d.steps}; {q.steps}, of which "
+                             f"{q.start_steps} random, with --quick)")
+    parser.add_argument("--hidden", type=positive_int, nargs="+", default=None,
+                        help=f"hidden sizes of every network (default: "
+                             f"{' '.join(map(str, d.hidden))}; "
+                             f"{' '.join(map(str, q.hidden))} with --quick)")
+    parser.add_argument("--flow-layers", type=positive_int, default=d.flow_layers,
                         help="autoregressive layers of the IAF policy")
     parser.add_argument("--flow-transformer", choices=["spline", "affine"],
-                        default=d.flow_transformer)
-    parser.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
-    parser.add_argument("--eval-every", type=int, default=d.eval_every,
-                        help="environment steps between evaluations")
-    parser.add_argument("--resume", action="store_true", help="skip runs whose results exist")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default: 1)")
+                        default=d.flow_transformer, help="elementwise map of the IAF's layers")
+    parser.add_argument("--lr", type=positive_float, default=d.lr, help="Adam learning rate")
+    parser.add_argument("--eval-every", type=positive_int, default=None,
+                        help=f"environment steps between evaluations (default: {d.eval_every}; "
+                             f"{q.eval_every} with --quick)")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip runs whose results exist (without it, an --out that holds "
+                             "results of 'flowkit rl' is refused)")
+    parser.add_argument("--threads", type=positive_int, default=1,
+                        help="CPU threads for torch (default: 1)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 150 steps (100 random), one seed, 32-unit networks")
+                        help=f"smoke test: {q.steps} steps ({q.start_steps} random), one seed, "
+                             f"{q.hidden[0]}-unit networks, batches of {q.batch_size}, "
+                             f"{q.eval_episodes} evaluation episode; --seeds, --steps, --hidden "
+                             "and --eval-every, when given, win")
+
+
+SEEDS = 3
+"""Default of ``--seeds``."""
+
+QUICK = SACConfig(steps=150, start_steps=100, batch_size=32, hidden=(32, 32), eval_every=150,
+                  eval_episodes=1)
+"""Settings of ``--quick`` (a smoke test); the options given win over them."""
+
+_OPTIONS = {"env_id": "--env", "steps": "--steps", "hidden": "--hidden", "lr": "--lr",
+            "flow_layers": "--flow-layers", "layers": "--flow-layers",
+            "eval_every": "--eval-every"}
+"""The option of this command that sets each argument of SAC and its policies."""
+
+
+def _finished_run(path: Path, config: SACConfig) -> dict[str, Any]:
+    """The result in ``path``, if it was run with ``config``; else an error naming the first
+    setting that differs and the option that sets it."""
+    result = json.loads(path.read_text())
+    wanted = json.loads(json.dumps(asdict(config)))
+    for key, value in wanted.items():
+        if result["config"].get(key) != value:
+            option = _OPTIONS.get(key, "--quick")
+            raise ValueError(
+                f"--resume: '{path}' was run with {key} {result['config'].get(key)!r}, not "
+                f"{value!r} (set by {option}); pass the same settings or pick another --out"
+            )
+    return result
 
 
 def _summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -124,35 +169,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    seeds = [args.seed] if args.quick else list(range(args.seed, args.seed + args.seeds))
+    base = QUICK if args.quick else SACConfig()
+    given = {"steps": args.steps, "eval_every": args.eval_every,
+             "hidden": None if args.hidden is None else tuple(args.hidden)}
+    base = replace(base, env_id=args.env, flow_layers=args.flow_layers,
+                   flow_transformer=args.flow_transformer, lr=args.lr,
+                   **{k: v for k, v in given.items() if v is not None})
+    if base.steps <= base.start_steps:
+        raise ValueError(
+            f"'--steps' should be more than the {base.start_steps} steps of random actions "
+            f"before the first update (with fewer, nothing is trained), got {base.steps}"
+        )
+    seeds = list(range(args.seed, args.seed + (args.seeds or (1 if args.quick else SEEDS))))
+    runs = [(policy, seed) for policy in args.policies for seed in seeds]
+    refuse_to_replace(out / "summary.json", args.resume)  # before any training
+    finished: dict[tuple[str, int], dict[str, Any]] = {}
+    for policy, seed in runs:
+        path = out / f"{policy}-seed{seed}.json"
+        for suffix in (".json", ".pt"):
+            refuse_to_replace(path.with_suffix(suffix), args.resume)
+        if args.resume and path.is_file():
+            finished[policy, seed] = _finished_run(path, replace(base, policy=policy))
     results: dict[str, list[dict[str, Any]]] = {}
     for policy in args.policies:
-        config = SACConfig(
-            env_id=args.env, policy=policy, steps=args.steps, hidden=tuple(args.hidden),
-            flow_layers=args.flow_layers, flow_transformer=args.flow_transformer, lr=args.lr,
-            eval_every=args.eval_every,
-        )
-        if args.quick:
-            config.steps, config.start_steps, config.batch_size = 150, 100, 32
-            config.hidden, config.eval_every, config.eval_episodes = (32, 32), 150, 1
+        config = replace(base, policy=policy)
         for seed in seeds:
             path = out / f"{policy}-seed{seed}.json"
-            if args.resume and path.is_file():
-                result = json.loads(path.read_text())
-                if result["config"] != json.loads(json.dumps(asdict(config))):
-                    raise ValueError(
-                        f"--resume: '{path}' was run with other settings; pick another --out"
-                    )
+            if (policy, seed) in finished:
+                result = finished[policy, seed]
             else:
-                result = train_sac(config, seed, args.device, progress=not args.quiet,
-                                   policy_path=path.with_suffix(".pt"))
-                path.write_text(json.dumps(result, indent=2))
+                with as_options(_OPTIONS):
+                    result = train_sac(config, seed, args.device, progress=not args.quiet,
+                                       policy_path=path.with_suffix(".pt"))
+                write_bytes_atomic(path, json.dumps(result, indent=2).encode())
             print(f"{policy} seed {seed}: final return {result['final_return']:.1f}, "
                   f"{result['wall_seconds']:.0f} s")
             results.setdefault(policy, []).append(result)
     summary = _summary(results)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_bytes_atomic(out / "summary.json", json.dumps(summary, indent=2).encode())
     table = _format_table(summary)
-    (out / "summary.md").write_text(table + "\n")
+    write_bytes_atomic(out / "summary.md", (table + "\n").encode())
     print(table)
     return summary

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from flowkit.train import resolve_device
+from flowkit.validation import ArgumentError
 
 from .common import mlp
 from .sac_policies import POLICIES, FlowPolicy, GaussianPolicy, save_policy, squash
@@ -170,7 +171,13 @@ def train_sac(
     try:
         env, eval_env = gym.make(config.env_id), gym.make(config.env_id)
     except gym.error.Error as e:
-        raise ValueError(f"'env_id' {config.env_id!r} is not a gymnasium environment: {e}") from e
+        raise ArgumentError("env_id", f"{config.env_id!r} is not a gymnasium environment: {e}"
+                            ) from e
+    if not isinstance(env.action_space, gym.spaces.Box):
+        raise ArgumentError(
+            "env_id", f"{config.env_id!r} has a {type(env.action_space).__name__} action space: "
+            "SAC here needs a continuous (Box) action space"
+        )
     env.action_space.seed(seed)
     obs_features = int(np.prod(env.observation_space.shape))
     action_features = int(np.prod(env.action_space.shape))

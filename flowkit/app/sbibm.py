@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from .options import positive_int
+
 __all__ = ["MODELS", "add_arguments", "epoch_times", "run", "train_and_score"]
 
 _SPLINE_RES: dict[str, Any] = {
@@ -113,6 +115,13 @@ def _builder(name: str, seed: int) -> Callable:
     return posterior_nn(model, seed=seed, **spec)
 
 
+def _train(inference: Any, max_epochs: int | None) -> Any:
+    """``inference.train()`` for at most ``max_epochs`` epochs (None: sbi's early stopping
+    only; else at least 2); returns the estimator. sbi's ``max_num_epochs=n`` (``n >= 1``)
+    allows ``n + 1`` epochs (it counts from 0), hence the ``- 1``."""
+    return inference.train(**({} if max_epochs is None else {"max_num_epochs": max_epochs - 1}))
+
+
 def train_and_score(
     task_name: str,
     model: str,
@@ -141,8 +150,7 @@ def train_and_score(
     inference = NPE(prior, density_estimator=_builder(model, seed), show_progress_bars=False,
                     tracker=_NoTracker())
     t0 = time.perf_counter()
-    kwargs = {} if max_epochs is None else {"max_num_epochs": max_epochs}
-    estimator = inference.append_simulations(theta, x).train(**kwargs)
+    estimator = _train(inference.append_simulations(theta, x), max_epochs)
     train_seconds = time.perf_counter() - t0
     posterior = inference.build_posterior(estimator)
     durations = inference._summary["epoch_durations_sec"]
@@ -183,7 +191,7 @@ def epoch_times(
         for model in models:
             inference = NPE(prior, density_estimator=_builder(model, seed),
                             show_progress_bars=False, tracker=_NoTracker())
-            inference.append_simulations(theta, x).train(max_num_epochs=epochs - 1)
+            _train(inference.append_simulations(theta, x), epochs)
             times[model] += inference._summary["epoch_durations_sec"]
     return times
 
@@ -245,8 +253,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of seeds: --seed, --seed+1, ...")
     parser.add_argument("--samples", type=int, default=10_000,
                         help="posterior (and reference) samples per observation for C2ST")
-    parser.add_argument("--max-epochs", type=int, default=None,
-                        help="cap on training epochs (default: none, sbi's early stopping only)")
+    parser.add_argument("--max-epochs", type=positive_int, default=None,
+                        help="cap on training epochs, 2 or more (default: none, sbi's early "
+                             "stopping only)")
     parser.add_argument("--timing", type=int, default=None, metavar="EPOCHS",
                         help="only measure seconds per epoch: every model EPOCHS epochs, "
                              "interleaved, 3 rounds, in this process; writes OUT/timing.json")
@@ -264,6 +273,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              ("--samples", args.samples, 10), ("--seeds", args.seeds, 1)):
         if value < low:
             raise ValueError(f"'{name}' should be >= {low}, got {value}")
+    if args.max_epochs is not None and args.max_epochs < 2:
+        raise ValueError(
+            f"'--max-epochs' should be >= 2 (sbi trains at least 2 epochs), got {args.max_epochs}"
+        )
     if any(not 1 <= o <= 10 for o in args.observations):
         raise ValueError(f"'--observations' should be in 1-10, got {args.observations}")
     if args.threads is not None:
@@ -315,6 +328,11 @@ def _reuse(path: Path, args: argparse.Namespace) -> dict[str, Any]:
              "spec": r.get("spec")}
     if found != wanted:
         raise ValueError(f"'{path}' was run with {found}, not {wanted}: pick another --out")
+    if args.max_epochs is not None and r["epochs"] > args.max_epochs:
+        raise ValueError(
+            f"'{path}' trained {r['epochs']} epochs under --max-epochs {args.max_epochs} (an "
+            "earlier version trained one epoch more than asked): pick another --out"
+        )
     return r
 
 

@@ -44,6 +44,7 @@ from flowkit.data import TOY_DATASETS, has_exact_density, sample_toy, toy_log_pr
 from flowkit.sklearn import FlowDensity
 
 from .common import mean_se
+from .options import positive_int
 
 __all__ = ["add_arguments", "run", "load_dataset", "fit_model", "markdown_table"]
 
@@ -64,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--models", nargs="+", choices=MODELS, default=["gmm", "kde", "maf"],
                         help="models to compare")
     models.add_argument("--layers", type=int, default=5, help="MAF layers")
-    models.add_argument("--hidden", type=int, nargs="+", default=None,
+    models.add_argument("--hidden", type=positive_int, nargs="+", default=None,
                         help="MADE hidden sizes (default: two layers of max(64, 4 D))")
     models.add_argument("--epochs", type=int, default=100, help="most epochs of MAF training")
     models.add_argument("--patience", type=int, default=10,

@@ -9,6 +9,7 @@ model samples, for every flow), toy_<dataset>.png (one row each), losses.png (tr
 step, with the entropy where known), table.md (the NLL/KL table, then the wall time of each
 flow's training, density and sampling), metrics.json and the trained flows,
 models/<dataset>_<flow>_<transformer>.pt (flowkit.save_model files: flowkit.load_model reads them).
+A rerun into an --out that holds these results is refused: pick another --out.
 
 --sweep runs the robustness sweep instead: every selected dataset x flow x transformer at the
 learning rates 1e-4, 1e-3 and 1e-2 for --steps steps, checking that the loss and the parameters
@@ -36,13 +37,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from flowkit.checkpoint import write_bytes_atomic
 from flowkit.data import TOY_BOX, TOY_DATASETS, has_exact_density, sample_toy, toy_entropy
 from flowkit.data import toy_log_prob as true_log_prob
 from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit, resolve_device
 
-from .common import mean_se
+from .common import mean_se, refuse_to_replace
 from .experiment2d import (
     QUICK,
     FlowSettings,
@@ -52,6 +54,7 @@ from .experiment2d import (
     build_flow,
     check_selection,
     markdown_table,
+    refuse_to_replace_gallery,
     run_label,
     settings_from_args,
     timed,
@@ -260,6 +263,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from_args(args, FlowSettings(), QUICK)
     use_one_cpu_thread(args.device)
     if args.sweep:
+        refuse_to_replace(args.out / "sweep.md", False, resumable=False)
+    else:
+        refuse_to_replace_gallery(args.out, args.datasets, args.flows, args.transformer)
+    if args.sweep:
         records = robustness_sweep(
             args.datasets,
             args.flows,
@@ -269,7 +276,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
         )
         table = sweep_table(records)
-        (args.out / "sweep.md").write_text(table)
+        write_bytes_atomic(args.out / "sweep.md", table.encode())
         print(table.splitlines()[0])
         return {
             "settings": asdict(settings),

@@ -42,11 +42,12 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from flowkit.checkpoint import load_checkpoint, save_checkpoint
+from flowkit.checkpoint import load_checkpoint, save_checkpoint, write_bytes_atomic
 from flowkit.data import binarized_mnist, data_root
 from flowkit.train import CHECKPOINT_NAME, Callbacks, Progress, resolve_device
 
 from .common import add_epoch_options, markdown_table, mean_se, refuse_to_replace
+from .options import positive_int
 from .vae_model import VAE, Posterior, Prior, evaluate, train
 
 # VAE, evaluate and train live in flowkit.app.vae_model; they stay importable from here, where
@@ -67,6 +68,20 @@ are unchanged (so ``--resume`` of a finished run only prints its results)."""
 
 SCORES_KIND = "vae-scores"
 """The ``kind`` of the scores files (see :func:`flowkit.checkpoint.save_checkpoint`)."""
+
+EPOCHS, IW_SAMPLES = 20, 1000
+"""Defaults of ``--epochs`` and ``--iw-samples``."""
+
+QUICK_EPOCHS, QUICK_IW_SAMPLES = 2, 20
+"""``--epochs`` and ``--iw-samples`` of ``--quick`` (when they are not given)."""
+
+SETTINGS_NAME = "settings.json"
+"""The options of a run (``OUT/settings.json``): ``--resume`` checks them."""
+
+_FIXED_ON_RESUME = ("quick", "latent", "hidden", "flow_layers", "flow_hidden", "context",
+                    "batch_size", "lr", "schedule", "seed")
+"""Options (as ``args`` names) that a resumed run must share with the run it continues; with
+the cosine schedule, ``epochs`` too."""
 
 
 def _fingerprint(tensors: Iterable[Tensor]) -> str:
@@ -107,19 +122,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS),
                         default=["gaussian", "iaf"],
                         help="(posterior, prior) pairs to compare (default: gaussian iaf)")
-    parser.add_argument("--latent", type=int, default=32, help="latent dimensions (default: 32)")
-    parser.add_argument("--hidden", type=int, nargs="+", default=[300, 300],
+    parser.add_argument("--latent", type=positive_int, default=32,
+                        help="latent dimensions (default: 32)")
+    parser.add_argument("--hidden", type=positive_int, nargs="+", default=[300, 300],
                         help="encoder hidden sizes; the decoder mirrors them (default: 300 300)")
-    parser.add_argument("--flow-layers", type=int, default=2,
+    parser.add_argument("--flow-layers", type=positive_int, default=2,
                         help="IAF layers of the posterior / MAF layers of the prior (default: 2)")
-    parser.add_argument("--flow-hidden", type=int, nargs="+", default=[300, 300],
+    parser.add_argument("--flow-hidden", type=positive_int, nargs="+", default=[300, 300],
                         help="hidden sizes of each flow layer's MADE (default: 300 300)")
-    parser.add_argument("--context", type=int, default=100,
+    parser.add_argument("--context", type=positive_int, default=100,
                         help="width of the encoder context h read by the IAF (default: 100)")
-    add_epoch_options(parser, epochs=20, schedule="cosine")
-    parser.add_argument("--iw-samples", type=int, default=1000,
-                        help="k of the importance-weighted log p(x) estimate (default: 1000)")
-    parser.add_argument("--eval-images", type=int, default=None,
+    add_epoch_options(parser, epochs=EPOCHS, schedule="cosine", quick_epochs=QUICK_EPOCHS)
+    parser.add_argument("--iw-samples", type=positive_int, default=None,
+                        help=f"k of the importance-weighted log p(x) estimate (default: "
+                             f"{IW_SAMPLES}; {QUICK_IW_SAMPLES} with --quick)")
+    parser.add_argument("--eval-images", type=positive_int, default=None,
                         help="score the first N validation images (default: all 10000)")
     parser.add_argument("--root", default=None,
                         help="data directory holding binarized_mnist.npz or the "
@@ -127,9 +144,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else ~/.cache/flowkit); never downloads: 'flowkit mnist' does")
     parser.add_argument("--resume", action="store_true",
                         help="continue each variant from OUT/VARIANT/checkpoint.pt")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="CPU threads for torch")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 300 train / 100 valid images, 2 epochs, k=20")
+                        help=f"smoke test: 300 train / 100 valid images, {QUICK_EPOCHS} epochs, "
+                             f"k={QUICK_IW_SAMPLES}; --epochs and --iw-samples, when given, win")
 
 
 def _load(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
@@ -178,6 +197,32 @@ def _format_table(results: dict[str, dict[str, Any]]) -> str:
     return markdown_table(head, rows, right=range(1, len(head)))
 
 
+def _check_or_write_settings(args: argparse.Namespace, epochs: int, path: Path) -> None:
+    """Given a ``path`` of an earlier run in the same folder (a resumed run, or another variant
+    of the same table), refuse options that differ from its, naming the first; then write this
+    run's options there."""
+    now = {key: getattr(args, key) for key in _FIXED_ON_RESUME}
+    now["epochs"] = epochs
+    prefix = "--resume: " if args.resume else ""
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        fixed = _FIXED_ON_RESUME + (("epochs",) if args.schedule != "constant" else ())
+        for key in fixed:
+            if saved.get(key) != now[key]:
+                option = "--" + key.replace("_", "-")
+                raise ValueError(
+                    f"{prefix}'{option}' is {now[key]!r} but the run in '{path.parent}' used "
+                    f"{saved.get(key)!r}; pass the same settings or pick another --out"
+                )
+        if now["epochs"] < saved.get("epochs", 0):
+            raise ValueError(
+                f"{prefix}'--epochs' is {now['epochs']} but the run in '{path.parent}' was "
+                f"started for {saved['epochs']}; --epochs may only grow"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, (json.dumps(now, indent=2) + "\n").encode())
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train and score each ``--variants`` entry with the same encoder/decoder sizes, data order
     and seed; writes ``OUT/VARIANT/checkpoint.pt``, ``OUT/VARIANT/scores.pt``,
@@ -193,13 +238,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start equal: its output layer and the decoder are other draws of the same initialisation."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    epochs, k = (2, 20) if args.quick else (args.epochs, args.iw_samples)
+    epochs = args.epochs or (QUICK_EPOCHS if args.quick else EPOCHS)
+    k = args.iw_samples or (QUICK_IW_SAMPLES if args.quick else IW_SAMPLES)
     device = resolve_device(args.device)
     x_train, x_valid = _load(args)
     x_eval = x_valid[: args.eval_images]
     out = Path(args.out)
     for name in args.variants:  # before any training
         refuse_to_replace(out / name / CHECKPOINT_NAME, args.resume)
+    _check_or_write_settings(args, epochs, out / SETTINGS_NAME)
     results: dict[str, dict[str, Any]] = {}
     first: Tensor | None = None
     for name in args.variants:
@@ -240,8 +287,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{x_eval.shape[0]} valid images; {history.wall_time:.0f} s training, "
               f"{eval_seconds:.0f} s scoring")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_bytes_atomic(out / "results.json", json.dumps(results, indent=2).encode())
     table = _format_table(results)
-    (out / "results.md").write_text(table + "\n")
+    write_bytes_atomic(out / "results.md", (table + "\n").encode())
     print(table)
     return results

@@ -82,9 +82,12 @@ BERNOULLI = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="tiny configurations and 2 repeats: a smoke test of a few seconds")
+                        help="tiny configurations and 2 repeats: a smoke test of a few seconds; "
+                             "--sections, --repeats and --naive-repeats, when given, win")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=None,
-                        help="what to run (default: all; --quick leaves out memory and compare)")
+                        help="what to run (default: all; --quick leaves out mnist, memory and "
+                             "compare); memory is not a section of its own: it adds the peak "
+                             "memory of the other sections' calls")
     parser.add_argument("--repeats", type=positive_int, default=None,
                         help="rounds per measurement (default: 9, --quick: 2)")
     parser.add_argument("--naive-repeats", type=positive_int, default=None,
@@ -103,6 +106,11 @@ def run(args: argparse.Namespace) -> dict:
     size = "quick" if args.quick else "full"
     sections = args.sections or [s for s in SECTIONS
                                  if not args.quick or s not in ("mnist", "memory", "compare")]
+    if sections == ["memory"]:
+        raise ValueError(
+            "'--sections memory' measures the memory of the other sections' calls: name at "
+            "least one more, e.g. --sections density memory"
+        )
     device = resolve_device(args.device)
     bench = Bench(
         device=device,
@@ -140,11 +148,11 @@ def run(args: argparse.Namespace) -> dict:
         "rows": bench.rows,
     }
     table = format_table(bench.rows, cuda=bench.cuda)
-    bench.say(table)
+    print(table)  # the results, also with --quiet (no progress lines)
     path = args.json or Path(args.out) / "bench.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
-    bench.say(f"wrote {path}")
+    print(f"wrote {path}")
     return {"json": str(path), **{
         f"{r['section']}/{r['config']}/{r['what']}": r["ratio"] for r in bench.rows
         if r["ratio"] is not None
