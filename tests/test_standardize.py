@@ -426,3 +426,21 @@ def test_a_file_saved_before_standardize_existed_loads_as_it_was(tmp_path):
             assert not any(isinstance(m, Standardize) for m in loaded.modules())
             assert loaded.config["kwargs"]["standardize"] is False
             assert torch.equal(loaded.log_prob(x, c), expected)
+
+
+def test_fit_sets_a_standardize_behind_another_from_the_standardized_data():
+    """Two flows' transforms stacked in one Compose (each starts with a Standardize): the inner
+    one is set from what the outer one gives it, not from the raw data (it was set in the same
+    pass from the raw rows, and the stacked flow trained at NLLs of 10^5)."""
+    import flowkit
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 2, generator=g) * 3.0 + 1e4
+    torch.manual_seed(0)
+    first, second = (flowkit.MAF(2, layers=1, hidden_features=(8,)) for _ in range(2))
+    stacked = Flow(Compose([first.transform, second.transform]), StandardNormal(2))
+    flowkit.fit(stacked, x, steps=1, seed=0, progress=False)
+    outer, inner = first.transform.transforms[0], second.transform.transforms[0]
+    assert torch.allclose(outer.shift, x.double().mean(0).float())
+    assert inner.shift.abs().max() < 1e-3 and (inner.scale - 1.0).abs().max() < 1e-3
+    assert set_from_data(stacked, [(x,)]) == []  # nothing left to set

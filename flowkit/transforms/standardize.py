@@ -236,12 +236,15 @@ def set_from_data(
     provisionally (see the module notes), from many batches at once.
 
     ``call(*batch)`` (default ``model.log_prob``) runs for each batch, in evaluation mode and
-    without gradients; meanwhile each of those modules records its per-feature count, mean
-    and squared deviations (merged in float64), and at the end each is set to the mean and
-    standard deviation of all it saw. A pass stops as soon as every one of them has seen its
-    batch (the layers behind are not run), so this costs little more than reading the data.
-    A module behind another one being set would see its input standardised by the old
-    values: the builders put one at the data's entry and one on the context.
+    without gradients; meanwhile the modules record their inputs' per-feature count, mean and
+    squared deviations (merged in float64), and after the pass the first module the data
+    reached is set to the mean and standard deviation of all it saw. Then another pass sets
+    the next, and so on (one pass per module: the builders' flows have two, on the data and
+    on the context), so that a module behind another one, as in two flows' transforms stacked
+    in one :class:`~flowkit.transforms.Compose`, sees the data standardised by it. A call
+    stops as soon as every module being set has seen its batch (the layers behind are not
+    run), so a pass costs little more than reading the data. ``batches`` is read into a list
+    first (it is iterated once per module).
 
     Args:
         model: any module holding :class:`Standardize` modules (e.g. a :class:`flowkit.Flow`).
@@ -263,26 +266,33 @@ def set_from_data(
     if not pending:
         return []
     call = model.log_prob if call is None else call
-    collector = _Collector(pending)
+    batches = list(batches)  # one pass per module (see above)
+    done: list[Standardize] = []
     training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for batch in batches:
-                collector.seen.clear()
+            while pending:
+                collector = _Collector(pending)
                 try:
-                    call(*batch)
-                except _AllSeen:
-                    pass
-        for m in pending:
-            moments = collector.moments[m]
-            if moments.count:
-                m.set(*moments.shift_and_scale(m.shift.dtype))
+                    for batch in batches:
+                        collector.seen.clear()
+                        try:
+                            call(*batch)
+                        except _AllSeen:
+                            pass
+                finally:
+                    for m in pending:
+                        m._collector = None
+                first = collector.first
+                if first is None:  # no module saw data
+                    break
+                first.set(*collector.moments[first].shift_and_scale(first.shift.dtype))
+                done.append(first)
+                pending = [m for m in pending if m is not first]
     finally:
-        for m in pending:
-            m._collector = None
         model.train(training)
-    return [m for m in pending if m.initialized]
+    return done
 
 
 class _AllSeen(Exception):
@@ -295,11 +305,14 @@ class _Collector:
     def __init__(self, modules: list[Standardize]):
         self.moments = {m: _Moments(m.features) for m in modules}
         self.seen: set[Standardize] = set()
+        self.first: Standardize | None = None  # the first to see data: the one set this pass
         for m in modules:
             m._collector = self
 
     def add(self, module: Standardize, x: Tensor) -> None:
         self.moments[module].add(x)
         self.seen.add(module)
+        if self.first is None:
+            self.first = module
         if len(self.seen) == len(self.moments):
             raise _AllSeen
