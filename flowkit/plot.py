@@ -14,6 +14,7 @@ model on the grid that a density panel shows.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -28,6 +29,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 from torch import Tensor
 
+from flowkit.checkpoint import write_bytes_atomic
 from flowkit.data.toy import Box, box_grid
 from flowkit.validation import check_int
 
@@ -291,18 +293,30 @@ def loss_figure(
 def save_figure(
     fig: Figure, path: str | PathLike, *, dpi: int = 100, palette: bool = False
 ) -> Path:
-    """Write ``fig`` as a PNG with the Agg renderer (parent folders are created).
+    """Write ``fig`` as a PNG with the Agg renderer (parent folders are created) and return
+    the path written: ``path``, with ``.png`` added when it has no suffix. The file is
+    replaced atomically (rendered in memory, then written to a temporary file renamed over
+    ``path``), so a failed write leaves an earlier figure intact.
 
     With ``palette``, the image is reduced to 256 colours (Pillow's fast octree quantizer)
     before writing: heat maps in one colour map and scatter plots look the same and the file
     is 3 to 4 times smaller, which suits galleries kept in a repository.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.suffix:
+        path = path.with_suffix(".png")
+    buffer = io.BytesIO()
     canvas = FigureCanvasAgg(fig)
-    if not palette:
-        fig.savefig(path, dpi=dpi)
-        return path
+    if palette:
+        fig.set_dpi(dpi)
+        canvas.draw()
+        rgb = Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB")
+        rgb.quantize(256, method=Image.Quantize.FASTOCTREE).save(buffer, format="PNG",
+                                                                  optimize=True)
+    else:
+        fig.savefig(buffer, format="png", dpi=dpi)
+    write_bytes_atomic(path, buffer.getvalue())
+    return path
     fig.set_dpi(dpi)
     canvas.draw()
     rgb = Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB")

@@ -174,3 +174,28 @@ def test_palette_png_is_smaller_and_looks_the_same(tmp_path):
     assert b.mode == "P" and a.size == b.size
     diff = np.abs(np.asarray(a.convert("RGB"), float) - np.asarray(b.convert("RGB"), float))
     assert diff.mean() < 2.0  # out of 255
+
+
+def test_save_figure_replaces_a_file_atomically_and_names_what_it_wrote(tmp_path, monkeypatch):
+    """A write that fails leaves the earlier figure as it was (it used to truncate it); a path
+    without a suffix gets .png, and that is the path returned."""
+    import flowkit.checkpoint.format as fmt
+
+    fig = Figure(figsize=(2, 2))
+    fig.add_subplot().plot([0, 1], [0, 1])
+    path = save_figure(fig, tmp_path / "fig.png")
+    before = path.read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fmt.os, "replace", disk_full)
+    fig.add_subplot().plot([1, 0], [0, 1])
+    for palette in (False, True):
+        with pytest.raises(OSError):
+            save_figure(fig, path, palette=palette)
+        assert path.read_bytes() == before
+        assert [p.name for p in tmp_path.iterdir()] == ["fig.png"]  # no temporary file left
+    monkeypatch.undo()
+    named = save_figure(fig, tmp_path / "out" / "figure")
+    assert named == tmp_path / "out" / "figure.png" and named.read_bytes()[:8] == PNG_MAGIC
