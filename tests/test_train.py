@@ -1243,3 +1243,14 @@ def test_a_sampling_function_that_ignores_n_is_refused():
     with pytest.raises(ValueError, match=r"'data', a sampling function, should return 64 rows "
                        r"when asked for n=64, got shape \(7, 2\)"):
         fit(flow, lambda n, g: torch.randn(7, 2, generator=g), steps=3, batch_size=64, **QUIET)
+
+
+def test_batch_norm_with_batches_of_one_row_is_refused_before_training():
+    flow = flowkit.MAF(2, layers=2, hidden_features=(8,), batch_norm=True)
+    before = [p.detach().clone() for p in flow.parameters()]
+    with pytest.raises(ValueError, match=r"'batch_size' gives batches of one row .*BatchNorm"):
+        fit(flow, gaussian(50), steps=6, batch_size=1, **QUIET)
+    with pytest.raises(ValueError, match=r"'batch_size' gives batches of one row"):
+        fit(flow, lambda n, g: torch.randn(n, 2, generator=g), steps=2, batch_size=1, **QUIET)
+    assert all(torch.equal(a, b) for a, b in zip(before, flow.parameters(), strict=True))
+    fit(flow, gaussian(50), steps=2, batch_size=2, **QUIET)  # two rows are enough

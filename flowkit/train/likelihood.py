@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from ..distributions.discrete import _DiscreteMADE
 from ..flows import Flow
+from ..transforms import BatchNorm
 from ..transforms.standardize import set_from_data, unset
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int
 from .data import (
@@ -163,6 +164,14 @@ def fit(
                                         isinstance(model, Flow))
         if held_out is not None:
             valid = held_out
+        if isinstance(source, TensorSource | SamplerSource) and source.local < 2 and any(
+            isinstance(m, BatchNorm) for m in model.modules()
+        ):
+            raise ArgumentError(
+                "batch_size", Mention("batch_size"), " gives batches of one row (per process), "
+                "but the model has BatchNorm layers, whose training-mode statistics need at "
+                "least 2 rows: pass a larger one",
+            )
         if epochs is not None:
             if source.batches_per_epoch is None:
                 raise ArgumentError(
