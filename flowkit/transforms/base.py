@@ -39,10 +39,10 @@ class Transform(nn.Module):
     Subclasses implement ``_forward(x, context)`` and ``_inverse(z, context)``, each returning
     the output and the log-determinant ``(N,)``: :meth:`forward` and :meth:`inverse` check
     their input and call them, and :class:`Compose` and :class:`flowkit.Flow`, which check
-    once, call them directly. A transform that reads a context
-    vector sets ``context_features`` to its width; all others leave it at 0. A transform that
-    acts on a fixed number of features sets ``features`` (:class:`flowkit.Flow` checks it
-    against its base distribution); one that acts on any width leaves it at ``None``.
+    once, call them directly. A transform that reads a context vector sets
+    ``context_features`` to its width; all others leave it at 0. A transform that acts on a
+    fixed number of features sets ``features`` (:class:`flowkit.Flow` checks it against its
+    base distribution); one that acts on any width leaves it at ``None``.
     """
 
     context_features: int = 0
