@@ -278,3 +278,22 @@ def test_unreadable_npz_names_the_file(tmp_path, content, match):
                  lambda: binarized_mnist("valid", root=root, download=False)):
         with pytest.raises(ValueError, match=re.escape(str(path)) + " " + match):
             read()
+
+
+def test_a_truncated_or_corrupted_npz_names_the_file(tmp_path):
+    """zipfile's errors (a bare BadZipFile without the file's name) become ValueErrors naming
+    the archive, and the array when only one member is damaged."""
+    images = _images(50)
+    whole = tmp_path / "whole.npz"
+    np.savez(whole, train=images, valid=images[:10])
+    data = whole.read_bytes()
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=re.escape(str(truncated)) + " is not a readable .npz "
+                       r"archive \(truncated or corrupted\?\)"):
+        load_split_file(truncated, "valid")
+    member = data.index(b"train.npy") + 200  # inside the stored array of 'train'
+    corrupted = tmp_path / "corrupted.npz"
+    corrupted.write_bytes(data[:member] + bytes(64) + data[member + 64:])
+    with pytest.raises(ValueError, match=re.escape(f"{corrupted}['train'] cannot be read")):
+        load_split_file(corrupted, "train")

@@ -26,6 +26,7 @@ import hashlib
 import os
 import tempfile
 import urllib.request
+import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -135,8 +136,10 @@ def _open_npz(path: Path) -> np.lib.npyio.NpzFile:
     ValueError naming the file."""
     try:
         archive = np.load(path)
-    except (ValueError, OSError, EOFError) as error:
-        raise ValueError(f"{path} is not a readable .npz archive: {error}") from error
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        raise ValueError(
+            f"{path} is not a readable .npz archive (truncated or corrupted?): {error}"
+        ) from error
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"{path} is not an .npz archive but a single .npy array")
     return archive
@@ -151,8 +154,11 @@ def _read_npz(path: Path, key: str | None) -> np.ndarray:
             key = keys[0]
         if key not in keys:
             raise ValueError(f"{path} has no array {key!r}; it holds {', '.join(keys)}")
-        array = archive[key]
-    where = f"{path}[{key!r}]"
+        where = f"{path}[{key!r}]"
+        try:
+            array = archive[key]
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+            raise ValueError(f"{where} cannot be read (corrupted?): {error}") from error
     if array.ndim != 2 or array.shape[1] != PIXELS:
         raise ValueError(f"{where} should have shape (n, {PIXELS}), got {array.shape}")
     if not ((array == 0) | (array == 1)).all():
