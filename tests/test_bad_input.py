@@ -210,3 +210,22 @@ def test_reverse_kl_blames_a_target_that_is_not_finite(call, rows, value, messag
     assert text.startswith(f"'target_log_density' {message}")
     assert "Usual fixes" not in text and "standardise the data" not in text
     assert info.value.step == call
+
+
+def test_building_blocks_of_the_wrong_kind_are_named():
+    """Errors name the argument (they were AttributeErrors, or 'unhashable type: list')."""
+    from flowkit import MAF, Flow, StandardNormal
+    from flowkit.data import sample_toy
+    from flowkit.transforms import Compose
+
+    with pytest.raises(TypeError, match=r"'transforms\[0\]' should be a flowkit Transform, got "
+                       "Linear"):
+        Compose([torch.nn.Linear(2, 2)])
+    with pytest.raises(TypeError, match="'transform' should be a flowkit Transform"):
+        Flow(torch.nn.Identity(), StandardNormal(2))
+    with pytest.raises(TypeError, match="'base' should be a base distribution"):
+        Flow(Compose([]), None)
+    with pytest.raises(ValueError, match=r"'transformer' should be 'affine' or 'spline', got "
+                       r"\['affine'\]"):
+        MAF(2, transformer=["affine"])
+    assert sample_toy("moons", np.int64(5), seed=0).shape == (5, 2)  # a numpy integer is one

@@ -37,7 +37,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from flowkit.validation import check_int
+from flowkit.validation import check_int, is_int
 
 Box = tuple[float, float, float, float]
 """``(xmin, xmax, ymin, ymax)``, the order of matplotlib's ``extent``."""
@@ -208,8 +208,9 @@ def sample_toy(
         torch.Size([5, 2])
     """
     _check_name(name)
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+    if not is_int(n) or n <= 0:
         raise ValueError(f"'n' should be a positive integer, got {n!r}")
+    n = int(n)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"'dtype' should be a floating torch.dtype, got {dtype!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

@@ -46,7 +46,7 @@ def make_transformer(name: str, **kwargs: float) -> Affine | RationalQuadraticSp
         TypeError: ``kwargs`` that the transformer does not take (the error names
             ``transformer_kwargs``, the transformer and the arguments it takes).
     """
-    if name not in _TRANSFORMERS:
+    if not isinstance(name, str) or name not in _TRANSFORMERS:
         raise ValueError(f"'transformer' should be 'affine' or 'spline', got {name!r}")
     cls = _TRANSFORMERS[name]
     signature = inspect.signature(cls)

@@ -94,6 +94,15 @@ class Flow(nn.Module):
         base_context: str = "embedded",
     ):
         super().__init__()
+        if not isinstance(transform, Transform):
+            raise TypeError(
+                f"'transform' should be a flowkit Transform, got {type(transform).__name__}"
+            )
+        if not isinstance(getattr(base, "features", None), int):
+            raise TypeError(
+                "'base' should be a base distribution with 'features' (e.g. "
+                f"flowkit.StandardNormal(D)), got {type(base).__name__}"
+            )
         if transform.features is not None and transform.features != base.features:
             raise ValueError(
                 f"'transform' acts on {transform.features} features but 'base' has "

@@ -85,6 +85,12 @@ class Compose(Transform):
 
     def __init__(self, transforms: Iterable[Transform]):
         super().__init__()
+        transforms = list(transforms)
+        for i, t in enumerate(transforms):
+            if not isinstance(t, Transform):
+                raise TypeError(
+                    f"'transforms[{i}]' should be a flowkit Transform, got {type(t).__name__}"
+                )
         self.transforms = nn.ModuleList(transforms)
         self.context_features = _common(self.transforms, "context_features", 0)
         self.features = _common(self.transforms, "features", None)
