@@ -13,7 +13,9 @@ from flowkit.validation import check_int, is_permutation
 
 def jacobian(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """Jacobian of ``fn`` at every row of ``x``: ``(N, out..., D)`` for ``x`` of shape
-    ``(N, D)``, computed row by row with autograd (``fn`` must treat rows independently)."""
+    ``(N, D)``, computed row by row with autograd: ``fn`` maps one row ``(D,)`` to its output.
+    For a flowkit transform, which takes batches, wrap it as
+    ``lambda row: transform(row[None])[0][0]``."""
     return torch.stack([torch.autograd.functional.jacobian(fn, row) for row in x])
 
 
@@ -60,7 +62,8 @@ def check_autoregressive(
     position[order] = torch.arange(features)
     allowed = position[None, :] < position[:, None]  # allowed[d, j]: output d may see input j
     generator = torch.Generator().manual_seed(seed)
-    device = next(model.parameters()).device
+    device = next((t.device for t in (*model.parameters(), *model.buffers())),
+                  torch.device("cpu"))
     x = torch.randn(samples, *feature_shape, generator=generator, dtype=torch.float64)
     x = x.to(device)
     context = torch.randn(samples, context_features, generator=generator, dtype=torch.float64)
