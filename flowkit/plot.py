@@ -256,6 +256,7 @@ def loss_figure(
     empty = [group for group, runs in histories.items() if not runs]
     if empty:
         raise ValueError(f"'histories' should have at least one run per group; {empty} have none")
+    columns, smooth = check_int("columns", columns, 1), check_int("smooth", smooth, 1)
     references = references or {}
     ncols = min(columns, len(histories))
     nrows = -(-len(histories) // ncols)

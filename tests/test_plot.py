@@ -199,3 +199,12 @@ def test_save_figure_replaces_a_file_atomically_and_names_what_it_wrote(tmp_path
     monkeypatch.undo()
     named = save_figure(fig, tmp_path / "out" / "figure")
     assert named == tmp_path / "out" / "figure.png" and named.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_loss_figure_names_bad_columns_and_smooth():
+    """They raised ZeroDivisionError, or named moving_average's 'window'."""
+    h = History()
+    h.train_loss = [1.0, 0.5]
+    for name, kwargs in (("columns", {"columns": 0}), ("smooth", {"smooth": 0})):
+        with pytest.raises(ValueError, match=f"'{name}' should be >= 1"):
+            loss_figure({"a": {"run": h}}, **kwargs)
