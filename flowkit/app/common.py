@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -20,6 +21,7 @@ __all__ = [
     "add_epoch_options",
     "as_options",
     "check_minimums",
+    "check_same_settings",
     "markdown_table",
     "mean_se",
     "mlp",
@@ -73,6 +75,26 @@ def mlp(sizes: Sequence[int], activation: Callable[[], nn.Module]) -> nn.Sequent
             layers.append(activation())
         layers.append(nn.Linear(a, b))
     return nn.Sequential(*layers)
+
+
+def check_same_settings(
+    saved: Mapping[str, Any], now: Mapping[str, Any], fixed: Sequence[str], where: Path,
+    prefix: str = "--resume: ",
+) -> None:
+    """Refuse to continue the run in ``where``, whose options were ``saved``, with options
+    ``now`` that differ in a ``fixed`` one (named as its option, the first that differs), or
+    with fewer ``epochs`` than it was started for."""
+    for key in fixed:
+        if saved.get(key) != now.get(key):
+            raise ValueError(
+                f"{prefix}'--{key.replace('_', '-')}' is {now.get(key)!r} but the run in "
+                f"'{where}' used {saved.get(key)!r}; pass the same settings or pick another --out"
+            )
+    if now["epochs"] < saved.get("epochs", 0):
+        raise ValueError(
+            f"{prefix}'--epochs' is {now['epochs']} but the run in '{where}' was started for "
+            f"{saved['epochs']}; --epochs may only grow"
+        )
 
 
 def refuse_to_replace(checkpoint: Path, resume: bool, *, resumable: bool = True) -> None:

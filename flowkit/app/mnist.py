@@ -33,7 +33,13 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from flowkit.app.common import add_epoch_options, as_options, check_minimums, refuse_to_replace
+from flowkit.app.common import (
+    add_epoch_options,
+    as_options,
+    check_minimums,
+    check_same_settings,
+    refuse_to_replace,
+)
 from flowkit.app.mnist_eval import (
     describe,
     evaluate,
@@ -234,19 +240,8 @@ def _check_resume(args: argparse.Namespace, out: Path) -> None:
             "not written by 'flowkit mnist' (or by an older version, whose runs cannot be "
             "resumed); pick another --out"
         )
-    saved, now = json.loads(path.read_text()), _settings(args)
     fixed = _FIXED_ON_RESUME + (("epochs",) if args.schedule != "constant" else ())
-    for key in fixed:
-        if saved.get(key) != now.get(key):
-            raise ValueError(
-                f"--resume: '--{key.replace('_', '-')}' is {now.get(key)!r} but the run in "
-                f"'{out}' used {saved.get(key)!r}; pass the same settings or pick another --out"
-            )
-    if now["epochs"] < saved.get("epochs", 0):
-        raise ValueError(
-            f"--resume: '--epochs' is {now['epochs']} but the run in '{out}' was started for "
-            f"{saved['epochs']}; --epochs may only grow"
-        )
+    check_same_settings(json.loads(path.read_text()), _settings(args), fixed, out)
 
 
 def _write_settings(args: argparse.Namespace, path: Path) -> None:

@@ -46,7 +46,13 @@ from flowkit.checkpoint import load_checkpoint, save_checkpoint, write_bytes_ato
 from flowkit.data import binarized_mnist, data_root
 from flowkit.train import CHECKPOINT_NAME, Callbacks, Progress, resolve_device
 
-from .common import add_epoch_options, markdown_table, mean_se, refuse_to_replace
+from .common import (
+    add_epoch_options,
+    check_same_settings,
+    markdown_table,
+    mean_se,
+    refuse_to_replace,
+)
 from .options import positive_int
 from .vae_model import VAE, Posterior, Prior, evaluate, train
 
@@ -205,20 +211,8 @@ def _check_or_write_settings(args: argparse.Namespace, epochs: int, path: Path) 
     now["epochs"] = epochs
     prefix = "--resume: " if args.resume else ""
     if path.is_file():
-        saved = json.loads(path.read_text())
         fixed = _FIXED_ON_RESUME + (("epochs",) if args.schedule != "constant" else ())
-        for key in fixed:
-            if saved.get(key) != now[key]:
-                option = "--" + key.replace("_", "-")
-                raise ValueError(
-                    f"{prefix}'{option}' is {now[key]!r} but the run in '{path.parent}' used "
-                    f"{saved.get(key)!r}; pass the same settings or pick another --out"
-                )
-        if now["epochs"] < saved.get("epochs", 0):
-            raise ValueError(
-                f"{prefix}'--epochs' is {now['epochs']} but the run in '{path.parent}' was "
-                f"started for {saved['epochs']}; --epochs may only grow"
-            )
+        check_same_settings(json.loads(path.read_text()), now, fixed, path.parent, prefix)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, (json.dumps(now, indent=2) + "\n").encode())
 
