@@ -91,14 +91,20 @@ def test_bad_arguments_are_named():
         VAE(prior="vamp")
 
 
-def test_quick_command_runs_and_resumes(tmp_path, monkeypatch, capsys):
+def _fake_mnist(monkeypatch, train: int, valid: int, seed: int = 0) -> None:
+    """``flowkit vae`` reads random binary images instead of MNIST."""
     import flowkit.app.vae
+
+    g = torch.Generator().manual_seed(seed)
+    fake = {s: torch.randint(0, 2, (n, 784), generator=g, dtype=torch.uint8)
+            for s, n in [("train", train), ("valid", valid)]}
+    monkeypatch.setattr(flowkit.app.vae, "binarized_mnist", lambda split, **kw: fake[split])
+
+
+def test_quick_command_runs_and_resumes(tmp_path, monkeypatch, capsys):
     from flowkit.app.cli import main
 
-    g = torch.Generator().manual_seed(0)
-    fake = {s: torch.randint(0, 2, (n, 784), generator=g, dtype=torch.uint8)
-            for s, n in [("train", 400), ("valid", 150)]}
-    monkeypatch.setattr(flowkit.app.vae, "binarized_mnist", lambda split, **kw: fake[split])
+    _fake_mnist(monkeypatch, train=400, valid=150)
     args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
             "--hidden", "32", "--flow-hidden", "32", "--context", "8", "--latent", "4"]
     assert main(args) == 0
@@ -145,13 +151,9 @@ def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, option, value
 
 
 def test_options_win_over_quick_and_resume_names_a_changed_option(tmp_path, monkeypatch, capsys):
-    import flowkit.app.vae
     from flowkit.app.cli import main
 
-    g = torch.Generator().manual_seed(0)
-    fake = {s: torch.randint(0, 2, (n, 784), generator=g, dtype=torch.uint8)
-            for s, n in [("train", 300), ("valid", 100)]}
-    monkeypatch.setattr(flowkit.app.vae, "binarized_mnist", lambda split, **kw: fake[split])
+    _fake_mnist(monkeypatch, train=300, valid=100)
     args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
             "--variants", "gaussian", "--hidden", "16", "--latent", "2", "--eval-images", "10"]
     assert main([*args, "--epochs", "1", "--iw-samples", "3"]) == 0
@@ -172,12 +174,9 @@ def test_options_win_over_quick_and_resume_names_a_changed_option(tmp_path, monk
 
 
 def test_resume_may_only_add_epochs_with_the_constant_schedule(tmp_path, monkeypatch, capsys):
-    import flowkit.app.vae
     from flowkit.app.cli import main
 
-    fake = {s: torch.randint(0, 2, (n, 784), generator=torch.Generator().manual_seed(1),
-                             dtype=torch.uint8) for s, n in [("train", 300), ("valid", 100)]}
-    monkeypatch.setattr(flowkit.app.vae, "binarized_mnist", lambda split, **kw: fake[split])
+    _fake_mnist(monkeypatch, train=300, valid=100, seed=1)
     args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
             "--variants", "gaussian", "--hidden", "16", "--latent", "2", "--eval-images", "10",
             "--iw-samples", "2", "--schedule", "constant"]
