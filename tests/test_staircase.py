@@ -15,10 +15,10 @@ from strategies import made_configs
 import flowkit
 from flowkit import MADE
 from flowkit.nn import MaskedLinear, staircase
+from flowkit.nn.scratch import Scratch
 from flowkit.nn.staircase import LayerPlan
 
 f64 = dict(dtype=torch.float64)
-
 
 # hidden layers wide enough to cut into blocks
 MADES = made_configs(max_features=12, hidden=(16, 80), max_context=3, inputs_per_feature=True)
@@ -150,7 +150,7 @@ def test_reused_scratch_memory_leaves_earlier_outputs_alone(residual, limit, mon
     outputs of earlier calls keep their values, for any batch size, in inference mode too,
     and batches above the size limit get fresh memory."""
     if limit is not None:
-        monkeypatch.setattr(staircase.Scratch, "LIMIT", limit)
+        monkeypatch.setattr(Scratch, "LIMIT", limit)
     config = dict(features=6, hidden_features=(48, 48, 48), params_per_feature=2,
                   residual=residual, order="random")
     made = _made(dict(config, direct_connection=True))

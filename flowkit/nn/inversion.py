@@ -52,7 +52,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from flowkit.nn.inversion_program import build_program
 from flowkit.nn.layout import sorted_layout
 from flowkit.nn.made import MADE
-from flowkit.nn.staircase import Scratch
+from flowkit.nn.scratch import Scratch
 from flowkit.validation import check_context
 
 Encode = Callable[[Tensor], Tensor]

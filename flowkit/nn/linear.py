@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
+from flowkit.nn.scratch import has_storage
 from flowkit.validation import check_bool, check_int
 
 
@@ -67,11 +68,10 @@ class MaskedLinear(nn.Linear):
         """What identifies the current ``W`` and ``M``: storage addresses, version counters and
         the number of ``torch.optim`` steps that updated ``W`` so far; None for tensors without
         storage (inside ``torch.func`` transforms), which are never cached."""
-        try:
-            pointers = (self.weight.data_ptr(), self.mask.data_ptr())
-        except RuntimeError:
+        if not (has_storage(self.weight) and has_storage(self.mask)):
             return None
-        return (*pointers, self.weight._version, self.mask._version,
+        return (self.weight.data_ptr(), self.mask.data_ptr(), self.weight._version,
+                self.mask._version,
                 _optimizer_steps(self.weight))
 
     def masked_weight(self) -> Tensor:
