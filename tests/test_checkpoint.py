@@ -545,3 +545,63 @@ def test_a_malformed_config_version_is_refused(version, tmp_path):
     with pytest.raises(CheckpointError, match="an integer 'version' >= 1"):
         _model_file(tmp_path / "m.pt", config)
         load_model(tmp_path / "m.pt")
+
+
+def test_a_disk_full_inside_torch_save_is_a_write_error_naming_the_file(tmp_path, monkeypatch):
+    # torch's zip writer turns an OSError of the file object into a RuntimeError of its own
+    import flowkit.checkpoint.format as fmt
+
+    path = tmp_path / "flow.pt"
+    flow = MODELS["maf"]()
+    save_model(flow, path)
+    good = path.read_bytes()
+    real_write = fmt._Hashing.write
+
+    def full_after_100_bytes(self, data):
+        if self.size > 100:
+            self.sha.update(data)
+            self.size += len(data)
+            self.error = self.error or OSError(28, "No space left on device")
+            raise self.error
+        return real_write(self, data)
+
+    monkeypatch.setattr(fmt._Hashing, "write", full_after_100_bytes)
+    with pytest.raises(CheckpointWriteError, match=f"could not write '{path}': No space left"):
+        save_model(flow, path)
+    assert path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flow.pt"]
+
+
+def test_a_parent_that_is_a_file_is_named(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CheckpointWriteError, match="'.*afile' is a file, not a folder"):
+        save_model(MODELS["maf"](), tmp_path / "afile" / "sub" / "m.pt")
+
+
+def test_weights_of_another_shape_are_listed(tmp_path):
+    save_model(flowkit.MAF(2, hidden_features=(8,), layers=1), tmp_path / "m.pt")
+    other = flowkit.MAF(2, hidden_features=(9,), layers=1)
+    with pytest.raises(CheckpointError, match=r"6 of another shape \(first '.*': \(1, 8\) in the "
+                       r"file, \(1, 9\) in the model\)"):
+        load_checkpoint(tmp_path / "m.pt").restore(other)
+    deeper = flowkit.MAF(2, hidden_features=(8, 8), layers=1)
+    with pytest.raises(CheckpointError, match=r"weight\(s\) missing from the file \(first"):
+        load_checkpoint(tmp_path / "m.pt").restore(deeper)
+
+
+def test_a_compiled_model_is_saved_as_the_model_it_wraps(trained_flow, tmp_path):
+    compiled = torch.compile(trained_flow, backend="eager")
+    save_model(compiled, tmp_path / "m.pt")
+    stored = load_checkpoint(tmp_path / "m.pt").model["state_dict"]
+    assert not any(k.startswith("_orig_mod") for k in stored)
+    x = torch.randn(5, trained_flow.features)
+    c = torch.randn(5, trained_flow.context_features) if trained_flow.context_features else None
+    expected = trained_flow.eval().log_prob(x, c)
+    assert torch.equal(load_model(tmp_path / "m.pt").log_prob(x, c), expected)
+    # a compiled model reads the file too (its weights are those of a fresh model before)
+    fresh = torch.compile(flowkit.load_model(tmp_path / "m.pt"), backend="eager")
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    load_checkpoint(tmp_path / "m.pt").restore(fresh)
+    assert torch.equal(fresh.eval().log_prob(x, c), expected)

@@ -293,10 +293,10 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(kind, tmp_path):
 
 
 def test_resume_without_checkpoint_starts_fresh_and_finished_run_is_a_no_op(tmp_path):
-    flow = small_maf()
+    flow, x = small_maf(), gaussian(256)
     fit(
         flow,
-        gaussian(256),
+        x,
         steps=6,
         batch_size=64,
         seed=0,
@@ -307,7 +307,7 @@ def test_resume_without_checkpoint_starts_fresh_and_finished_run_is_a_no_op(tmp_
     done = weights(flow)
     again = small_maf()
     h = fit(
-        again, gaussian(256), steps=6, batch_size=64, checkpoint_dir=tmp_path, resume=True, **QUIET
+        again, x, steps=6, batch_size=64, checkpoint_dir=tmp_path, resume=True, **QUIET
     )
     assert_same_weights(weights(again), done)
     assert len(h.train_loss) == 6 and h.seed == 0
@@ -315,14 +315,15 @@ def test_resume_without_checkpoint_starts_fresh_and_finished_run_is_a_no_op(tmp_
 
 def test_extending_a_run_needs_a_constant_learning_rate(tmp_path):
     common = dict(batch_size=64, seed=0, **QUIET)
-    fit(small_maf(), gaussian(256), steps=4, lr_schedule="cosine", checkpoint_dir=tmp_path / "a",
+    x = gaussian(256)
+    fit(small_maf(), x, steps=4, lr_schedule="cosine", checkpoint_dir=tmp_path / "a",
         **common)
     with pytest.raises(ValueError, match="'steps' is 8 but .* run of 4 steps"):
-        fit(small_maf(), gaussian(256), steps=8, lr_schedule="cosine", resume=True,
+        fit(small_maf(), x, steps=8, lr_schedule="cosine", resume=True,
             checkpoint_dir=tmp_path / "a", **common)
-    fit(small_maf(), gaussian(256), steps=4, lr_schedule=None, checkpoint_dir=tmp_path / "b",
+    fit(small_maf(), x, steps=4, lr_schedule=None, checkpoint_dir=tmp_path / "b",
         **common)
-    h = fit(small_maf(), gaussian(256), steps=8, lr_schedule=None, resume=True,
+    h = fit(small_maf(), x, steps=8, lr_schedule=None, resume=True,
             checkpoint_dir=tmp_path / "b", **common)
     assert len(h.train_loss) == 8
 
@@ -1254,3 +1255,93 @@ def test_batch_norm_with_batches_of_one_row_is_refused_before_training():
         fit(flow, lambda n, g: torch.randn(n, 2, generator=g), steps=2, batch_size=1, **QUIET)
     assert all(torch.equal(a, b) for a, b in zip(before, flow.parameters(), strict=True))
     fit(flow, gaussian(50), steps=2, batch_size=2, **QUIET)  # two rows are enough
+
+
+# ------------------------------------------------------------- what a resumed run checks
+
+
+def _first_segment(tmp_path, x, **kwargs):
+    options = dict(steps=4, batch_size=64, seed=0, lr_schedule=None, checkpoint_dir=tmp_path,
+                   **QUIET)
+    fit(small_maf(), x, **{**options, **kwargs})
+    return {**options, "steps": 8, "resume": True}
+
+
+def test_resume_refuses_other_data_batch_size_and_optimizer(tmp_path):
+    x = gaussian(256)
+    options = _first_segment(tmp_path, x)
+    with pytest.raises(ArgumentError, match=r"'data' \(256 rows\) is not the data the checkpoint"
+                       r" was trained on \(256 rows, other values\)") as e:
+        fit(small_maf(), gaussian(256), **options)
+    assert e.value.argument == "data"
+    with pytest.raises(ArgumentError, match=r"\(200 rows\) is not .* \(256 rows\)"):
+        fit(small_maf(), x[:200], **options)
+    with pytest.raises(ArgumentError, match="'batch_size' is 32 but the checkpoint was trained "
+                       "with batches of 64; pass batch_size=64"):
+        fit(small_maf(), x, **{**options, "batch_size": 32})
+    with pytest.raises(ArgumentError, match="with the optimizer Adam, not SGD") as e:
+        fit(small_maf(), x, **options, optimizer="sgd")
+    assert e.value.argument == "optimizer"
+    # the same rows in another order are the same data
+    h = fit(small_maf(), x.flip(0), **options)
+    assert len(h.train_loss) == 8
+
+
+def test_resume_of_a_sampling_function_refuses_another_batch_size(tmp_path):
+    def sample(n, generator):
+        return torch.randn(n, 2, generator=generator)
+
+    options = _first_segment(tmp_path, sample)
+    with pytest.raises(ArgumentError, match="'batch_size' is 32 .* batches of 64"):
+        fit(small_maf(), sample, **{**options, "batch_size": 32})
+    assert len(fit(small_maf(), sample, **options).train_loss) == 8
+
+
+def test_extending_a_run_that_restored_its_best_weights_continues_from_its_last(tmp_path):
+    x, xv = gaussian(60), gaussian(500)
+    options = dict(valid=xv, batch_size=60, lr=3e-2, lr_schedule=None, seed=0, valid_every=5,
+                   **QUIET)
+    torch.manual_seed(1)
+    whole = small_maf()
+    start = weights(whole)
+    fit(whole, x, steps=60, restore_best=False, **options)
+    parts = small_maf()
+    parts.load_state_dict(start)
+    h = fit(parts, x, steps=30, checkpoint_dir=tmp_path, **options)  # restores its best
+    assert h.best_step < 30  # so the returned and the last weights differ
+    saved = load_model(tmp_path / "checkpoint.pt")
+    assert_same_weights(weights(saved), weights(parts))  # the file's model is the returned one
+    parts = small_maf()
+    fit(parts, x, steps=60, checkpoint_dir=tmp_path, resume=True, restore_best=False, **options)
+    assert_same_weights(weights(parts), weights(whole))
+
+
+def test_fit_without_a_seed_follows_torch_manual_seed():
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        flow = small_maf()
+        h = fit(flow, gaussian(256), steps=3, batch_size=64, **QUIET)
+        runs.append((h.seed, h.train_loss, torch.rand(2)))
+    assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
+    assert torch.equal(runs[0][2], runs[1][2])
+
+
+def test_an_empty_dataloader_is_refused_with_epochs_too():
+    empty = DataLoader(TensorDataset(torch.zeros(0, 2)), batch_size=16)
+    with pytest.raises(ValueError, match="yields no batches"):
+        fit(small_maf(), empty, epochs=3, **QUIET)
+
+
+def test_a_context_for_a_model_whose_log_prob_takes_none_is_named():
+    class Gaussian(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.loc = nn.Parameter(torch.zeros(2))
+
+        def log_prob(self, x):
+            return torch.distributions.Normal(self.loc, 1.0).log_prob(x).sum(-1)
+
+    with pytest.raises(ValueError, match="'data' carries a context but Gaussian.log_prob takes "
+                       "no 'context' argument"):
+        fit(Gaussian(), (torch.zeros(32, 2), torch.zeros(32, 1)), steps=2, **QUIET)

@@ -135,6 +135,20 @@ def atomic_write(path: str | os.PathLike, fill: Callable[[IO[bytes]], None]) -> 
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        blocker = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+        raise CheckpointWriteError(
+            f"could not write '{path}': '{blocker}' is a file, not a folder (nothing was written)",
+            e.errno,
+            str(path),
+        ) from e
+    except OSError as e:
+        raise CheckpointWriteError(
+            f"could not write '{path}': cannot create its folder: {e.strerror or e}",
+            e.errno,
+            str(path),
+        ) from e
+    try:
         with open(tmp, "xb") as f:
             fill(f)
             f.flush()
@@ -188,15 +202,22 @@ def remove_temporary_files(folder: Path) -> list[Path]:
 
 
 class _Hashing:
-    """A write-only file object that hashes and counts what passes through it."""
+    """A write-only file object that hashes and counts what passes through it. It keeps the
+    first ``OSError`` of a write: :func:`torch.save` reports one as a ``RuntimeError`` of its
+    own that names no file."""
 
     def __init__(self, f: IO[bytes]):
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
         self.sha.update(data)
         self.size += len(data)
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -214,7 +235,12 @@ def write_file(obj: dict[str, Any], path: str | os.PathLike) -> None:
         out = _Hashing(f)
         out.write(MAGIC + _VERSION.pack(FORMAT_VERSION))
         start = out.size
-        torch.save(obj, out)  # type: ignore[arg-type]  # a file object with write and flush
+        try:
+            torch.save(obj, out)  # type: ignore[arg-type]  # a file object with write and flush
+        except RuntimeError as e:
+            if out.error is not None:  # the disk, not the payload: a CheckpointWriteError
+                raise out.error from e
+            raise
         out.write(_LENGTH.pack(out.size - start))
         f.write(out.sha.digest())
 

@@ -79,6 +79,10 @@ class Checkpoint:
         if self.model is None:
             raise CheckpointError(f"'{self.path}' holds no model weights")
         state = self.model["state_dict"]
+        model = unwrap_compiled(model)
+        prefix = "_orig_mod."  # files of compiled models written before unwrap_compiled
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
@@ -86,7 +90,8 @@ class Checkpoint:
             label = config["type"] if isinstance(config, dict) else type(model).__name__
             raise CheckpointError(
                 f"'{self.path}': the stored weights do not fit a {label} (built from the stored "
-                f"config, or the model given to resume them): {first_line(e)}"
+                f"config, or the model given to resume them): "
+                f"{_state_difference(state, model.state_dict()) or first_line(e)}"
             ) from e
         for name, error in check_buffers(model):
             raise CheckpointError(
@@ -212,12 +217,45 @@ def _check_entry(entry: Any, path: Path) -> None:
         check_config(entry["config"], f"the config in '{path}'")
 
 
+def unwrap_compiled(model: nn.Module) -> nn.Module:
+    """The module that ``torch.compile`` wrapped (``model`` itself if it is not compiled): files
+    hold the weights under the original module's names, so a compiled and an uncompiled model
+    read and write the same files."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def _state_difference(stored: Mapping[str, torch.Tensor], expected: Mapping[str, Any]) -> str:
+    """What keeps stored weights from fitting a model, in one line: the missing, unexpected and
+    differently shaped entries, the first of each named ("" if the names and shapes agree)."""
+    missing = [k for k in expected if k not in stored]
+    unexpected = [k for k in stored if k not in expected]
+    shapes = [k for k in stored if k in expected and stored[k].shape != expected[k].shape]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} weight(s) missing from the file (first {missing[0]!r})")
+    if unexpected:
+        parts.append(
+            f"{len(unexpected)} in the file that the model does not have (first "
+            f"{unexpected[0]!r})"
+        )
+    if shapes:
+        k = shapes[0]
+        parts.append(
+            f"{len(shapes)} of another shape (first {k!r}: {tuple(stored[k].shape)} in the file, "
+            f"{tuple(expected[k].shape)} in the model)"
+        )
+    return "; ".join(parts)
+
+
 def model_entry(model: nn.Module) -> dict[str, Any]:
     """The ``"model"`` entry of a checkpoint: ``{"config": dict | None, "state_dict": dict}``.
 
     ``config`` is ``model.config`` when the model has one (checked to be JSON-serialisable and of
-    the form ``{"type": str, "kwargs": dict}``), else ``None``.
+    the form ``{"type": str, "kwargs": dict}``), else ``None``. A ``torch.compile``-d model is
+    stored as the module it wraps (:func:`unwrap_compiled`).
     """
+    model = unwrap_compiled(model)
     config = getattr(model, "config", None)
     if config is not None:
         check_config(config, f"{type(model).__name__}.config")

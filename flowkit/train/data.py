@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from ..validation import ArgumentError, Mention
 from .distributed import Dist
 
 Batch = tuple[Tensor, Tensor | None]
@@ -238,6 +239,7 @@ class TensorSource:
         self.batches_per_epoch = n // batch_size
         self.local = local_batch_size(batch_size, dist)
         self._epoch, self._perm = -1, self.x.new_empty(0, dtype=torch.long)
+        self._fingerprint: Tensor | None = None
 
     def next_batch(self, step: int) -> Batch:
         epoch, i = divmod(step, self.batches_per_epoch)
@@ -250,10 +252,51 @@ class TensorSource:
         return self.x[idx], None if self.c is None else self.c[idx]
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """No position to keep (the order follows from the seed and step), but what identifies
+        the data, for a resumed run to check against: rows, batch size and a fingerprint."""
+        if self._fingerprint is None:
+            self._fingerprint = _fingerprint(self.x, self.c)
+        return {"rows": self.x.shape[0], "batch_size": self.batch_size,
+                "fingerprint": self._fingerprint}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        pass
+        if "rows" not in state:  # written before these were recorded
+            return
+        check_same_batch_size(state, self.batch_size)
+        rows = self.x.shape[0]
+        if state["rows"] != rows or not torch.allclose(
+            state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
+        ):
+            raise ArgumentError(
+                "data", Mention("data"), f" ({rows} rows) is not the data the checkpoint was "
+                f"trained on ({state['rows']} rows"
+                + (")" if state["rows"] != rows else ", other values)")
+                + ": resume with the same data, or start a new run in another ",
+                Mention("checkpoint_dir"),
+            )
+
+
+def _fingerprint(x: Tensor, c: Tensor | None) -> Tensor:
+    """Per-column sums and sums of squares of ``x`` (and of ``c``), in float64 on the CPU: the
+    same for the same rows in any order, different for other values. By chunks of rows, so
+    no float64 copy of the whole data is made."""
+    sums = []
+    for t in (x, c):
+        if t is not None:
+            chunks = [(d.sum(0), d.square().sum(0))
+                      for d in (b.double() for b in t.split(8192))]
+            sums += [sum(a for a, _ in chunks), sum(q for _, q in chunks)]
+    return torch.cat(sums).cpu()
+
+
+def check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
+    """Refuse to resume a run written with another batch size (recorded as ``batch_size``)."""
+    if state.get("batch_size", batch_size) != batch_size:
+        raise ArgumentError(
+            "batch_size", Mention("batch_size"), f" is {batch_size} but the checkpoint was "
+            f"trained with batches of {state['batch_size']}; pass ",
+            Mention("batch_size", state["batch_size"]), " to resume it",
+        )
 
 
 class SamplerSource:
@@ -271,7 +314,7 @@ class SamplerSource:
         dtype: torch.dtype,
     ):
         self.sample, self.device, self.dtype = sample, device, dtype
-        self.local = local_batch_size(batch_size, dist)
+        self.batch_size, self.local = batch_size, local_batch_size(batch_size, dist)
         self.generator = torch.Generator(device=device).manual_seed(derive_seed(seed, dist.rank))
 
     def next_batch(self, step: int) -> Batch:
@@ -285,9 +328,10 @@ class SamplerSource:
         return x, c
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
+        return {"generator": self.generator.get_state(), "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        check_same_batch_size(state, self.batch_size)
         self.generator.set_state(state["generator"])
 
 

@@ -8,6 +8,7 @@ model's standardization from the data, and hands the loss
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from numbers import Real
 from typing import Any
@@ -179,6 +180,8 @@ def fit(
                     "DataLoader with len()); pass ", Mention("steps"), " instead",
                 )
             steps = int(epochs) * source.batches_per_epoch
+            if steps == 0:  # an empty DataLoader: the message of one passed with steps
+                raise ValueError("the DataLoader passed as 'data' yields no batches")
         assert steps is not None
         validate = None
         if valid is not None:
@@ -188,6 +191,15 @@ def fit(
         plan = Plan(int(steps), valid_every, early_stopping_patience, keep_best)
         trainer = Trainer(s, model, Objective(model, nll), source, o, plan, validate)
         return trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
+
+
+def _takes_context(model: nn.Module) -> bool:
+    """Whether ``model.log_prob`` accepts ``context=`` (by name or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(model.log_prob).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
+        return True
+    return any(p.name == "context" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def _float_dtype(model: nn.Module) -> torch.dtype:
@@ -314,6 +326,11 @@ def _check_first_batch(
         )
     if width == 0 and context is not None:
         raise ValueError(f"'{name}' carries a context but the model has context_features=0")
+    if width is None and context is not None and not _takes_context(model):
+        raise ValueError(
+            f"'{name}' carries a context but {type(model).__name__}.log_prob takes no "
+            "'context' argument: pass the data alone"
+        )
     if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
         raise ValueError(
             f"context batches should have shape ({x.shape[0]}, context_features), "

@@ -78,7 +78,8 @@ class _Best:
     def load_state_dict(self, d: dict[str, Any], device: torch.device) -> None:
         self.bad = d["bad"]
         self.state = (
-            None if d["state"] is None else {k: v.to(device) for k, v in d["state"].items()}
+            None if d["state"] is None or not self.keep
+            else {k: v.to(device) for k, v in d["state"].items()}
         )
 
 
@@ -153,6 +154,15 @@ class Trainer:
 
     def _resume(self, c: dict[str, Any]) -> None:
         s, o = self.s, self.o  # the weights were restored by session()
+        if c.get("last_weights") is not None:  # a finished run that restored its best weights
+            self.model.load_state_dict(c["last_weights"])
+        then, now = c.get("optimizer_class"), type(self.opt).__name__
+        if then is not None and then != now:
+            raise ArgumentError(
+                "optimizer", f"'{s.path}' was written by a run with the optimizer {then}, not "
+                f"{now}: its state cannot continue under another; pass the same ",
+                Mention("optimizer"),
+            )
         self.opt.load_state_dict(c["optimizer"])
         self._check_schedule(c)
         if self.sched is not None:
@@ -191,8 +201,10 @@ class Trainer:
             " to resume it",
         )
 
-    def _save(self) -> None:
-        """Write the checkpoint of this step (weights checked first), then ``on_checkpoint``."""
+    def _save(self, last_weights: dict[str, Tensor] | None = None) -> None:
+        """Write the checkpoint of this step (weights checked first), then ``on_checkpoint``.
+        ``last_weights``: the weights of this step when the model holds others (the best
+        validation's, restored at the end), so that a resumed run continues from them."""
         s = self.s
         if self.good_step != self.step:
             self._check_weights()
@@ -206,6 +218,8 @@ class Trainer:
                 model=self.model,
                 extra={
                     "optimizer": self.opt.state_dict(),
+                    "optimizer_class": type(self.opt).__name__,
+                    "last_weights": last_weights,
                     "scheduler": None if self.sched is None else self.sched.state_dict(),
                     "lr_schedule": _schedule_name(self.o["lr_schedule"]),
                     "step": self.step,
@@ -296,13 +310,16 @@ class Trainer:
         self.bar.valid(self.history)
 
     def _finish(self) -> None:
-        """Check the last weights, restore the best ones if asked, write the last checkpoint."""
+        """Check the last weights, restore the best ones if asked, write the last checkpoint
+        (whose model is the returned one, the best; the last weights go beside it)."""
         if self.good_step != self.step:
             self._check_weights()
+        last = None
         if self.best.state is not None:
+            last = _copy(self.model) if self.s.path is not None else None
             self.model.load_state_dict(self.best.state)
         if self.s.path is not None:
-            self._save()
+            self._save(last)
         self._clock()
         self.model.eval()
 

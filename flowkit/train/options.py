@@ -59,9 +59,11 @@ class TrainOptions(TypedDict, total=False):
             smoothed training loss rises more than this many times ``max(1, |best|)`` above
             its best value so far (see ``docs/training.md``; default ``10.0``); ``None`` turns
             the check off. Non-finite losses are always an error.
-        seed: ``None`` (default: one is drawn and recorded in ``History.seed``) or an integer
-            in ``[0, 2**63)``. Seeds the data order, per-step sampling and torch's global
-            generator (per process, for dropout and model sampling).
+        seed: ``None`` (default: one is drawn from torch's global generator, so a
+            ``torch.manual_seed`` before the call makes the run repeatable, and recorded in
+            ``History.seed``) or an integer in ``[0, 2**63)``. Seeds the data order, per-step
+            sampling and torch's global generator (per process, for dropout and model
+            sampling): draws after ``fit`` continue from the run's seed.
         device: ``"auto"`` (default: CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``,
             ... or a :class:`torch.device`.
         checkpoint_dir: ``None`` (default) or a folder for ``checkpoint.pt``, written

@@ -20,7 +20,6 @@ Implementation notes:
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -206,7 +205,9 @@ def _choose_seed(
                 f"{ckpt['seed']}; pass ", Mention("seed", ckpt["seed"]), " to resume it",
             )
         return ckpt["seed"]
-    seed = dist.broadcast(secrets.randbits(63) if seed is None else seed)
+    if seed is None:  # from torch's generator, so torch.manual_seed makes the run repeatable
+        seed = int(torch.randint(2**63 - 1, (), dtype=torch.int64))
+    seed = dist.broadcast(seed)
     torch.manual_seed(derive_seed(seed, dist.rank))  # dropout, model sampling: per process
     return seed
 
