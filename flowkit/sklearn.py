@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -185,7 +185,9 @@ class FlowDensity(DensityMixin, BaseEstimator):
         checked by :func:`flowkit.MAF`, ``device`` by :func:`flowkit.train.fit`); errors name
         them."""
         check_int("max_epochs", self.max_epochs, minimum=1)
-        if isinstance(self.hidden_features, str) or not isinstance(self.hidden_features, Iterable):
+        if not isinstance(self.hidden_features, Sequence | np.ndarray) or isinstance(
+            self.hidden_features, str
+        ):
             raise ArgumentError(
                 "hidden_features",
                 f"should be a sequence of layer sizes, e.g. (64, 64), got {self.hidden_features!r}",
