@@ -288,6 +288,15 @@ def test_mask_ensemble_and_classes_accept_numpy_integers_as_sample_counts_do():
     assert categorical.classes == 3 and type(categorical.config["kwargs"]["classes"]) is int
 
 
+@pytest.mark.parametrize("index", [True, 1.0, -1, 3])
+def test_set_mask_names_a_bad_index(index):
+    """set_mask(True) and set_mask(1.0) used to fail inside torch (review 5, finding 11)."""
+    for model in (BernoulliMADE(4, (8,), num_masks=3), CategoricalMADE(2, 3, (8,), num_masks=3)):
+        with pytest.raises(ValueError, match="'index' should be"):
+            model.set_mask(index)
+        assert model.made.mask_set_index == 0
+
+
 @pytest.mark.parametrize("n", [0, -1, 2.5, True, None, torch.tensor(3)])
 def test_bad_sample_count(n):
     expected = "'n' should be a positive" if is_int(n) else "'n' should be an integer"

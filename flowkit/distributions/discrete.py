@@ -99,7 +99,8 @@ class _DiscreteMADE(nn.Module):
         return self.made.order
 
     def set_mask(self, index: int) -> None:
-        """Activate mask set ``index`` (``0 <= index < num_masks``)."""
+        """Activate mask set ``index``, an integer in ``[0, num_masks)`` (anything else is a
+        ValueError naming ``index``)."""
         self.made.set_mask(index)
 
     def next_mask(self) -> int:
