@@ -38,7 +38,14 @@ from flowkit.flows.builders import MAF
 from flowkit.train import DataWarning
 from flowkit.train import fit as fit_flow
 from flowkit.train.data import warn_if_degenerate
-from flowkit.validation import ArgumentError, check_bool, check_float, check_int, is_int
+from flowkit.validation import (
+    ArgumentError,
+    Mention,
+    check_bool,
+    check_float,
+    check_int,
+    is_int,
+)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -52,6 +59,36 @@ def _refuse_complex(X: object) -> None:
     """Complex rows are refused by name (casting them would drop the imaginary part)."""
     if np.iscomplexobj(X):
         raise ArgumentError("X", "should hold real values. Complex data not supported")
+
+
+def _fitted_attributes(estimator: BaseEstimator) -> dict[str, object]:
+    """The attributes that ``fit`` sets (scikit-learn's convention: names ending in ``_``,
+    ``n_features_in_`` and ``feature_names_in_`` included)."""
+    return {k: v for k, v in vars(estimator).items() if k.endswith("_") and not k.startswith("_")}
+
+
+@contextmanager
+def _unchanged_on_error(estimator: BaseEstimator) -> Iterator[None]:
+    """Put the fitted attributes back as they were before the block if it raises: a failed
+    ``fit`` leaves a fitted estimator as it was and an unfitted one unfitted (``validate_data``
+    sets ``n_features_in_`` before training can fail)."""
+    before = _fitted_attributes(estimator)
+    try:
+        yield
+    except BaseException:
+        for name in _fitted_attributes(estimator):
+            delattr(estimator, name)
+        for name, value in before.items():
+            setattr(estimator, name, value)
+        raise
+
+
+def _standardized(
+    X: np.ndarray, mean: np.ndarray, scale: np.ndarray, dtype: torch.dtype
+) -> torch.Tensor:
+    """``(X - mean) / scale`` computed in float64, as a CPU tensor of the flow's ``dtype``."""
+    u = (np.asarray(X, dtype=np.float64) - mean) / scale
+    return torch.as_tensor(u, dtype=dtype)
 
 
 @contextmanager
@@ -148,6 +185,15 @@ class FlowDensity(DensityMixin, BaseEstimator):
         checked by :func:`flowkit.MAF`, ``device`` by :func:`flowkit.train.fit`); errors name
         them."""
         check_int("max_epochs", self.max_epochs, minimum=1)
+        if not isinstance(self.hidden_features, Sequence | np.ndarray) or isinstance(
+            self.hidden_features, str
+        ):
+            raise ArgumentError(
+                "hidden_features",
+                f"should be a sequence of layer sizes, e.g. (64, 64), got {self.hidden_features!r}",
+            )
+        for i, units in enumerate(self.hidden_features):
+            check_int(f"hidden_features[{i}]", units, minimum=1)
         if self.batch_size is not None:
             check_int("batch_size", self.batch_size, minimum=1)
         if self.n_iter_no_change is not None:
@@ -171,79 +217,96 @@ class FlowDensity(DensityMixin, BaseEstimator):
             ) from e
 
     def fit(self, X: np.ndarray, y: None = None) -> FlowDensity:
-        """Fit the flow to the rows of ``X``, ``(n_samples, n_features)``; ``y`` is ignored."""
+        """Fit the flow to the rows of ``X``, ``(n_samples, n_features)``; ``y`` is ignored.
+
+        The fitted attributes are set together once training has succeeded: a ``fit`` that
+        raises (a refused hyper-parameter, a diverging run) leaves the estimator as it was, a
+        previous fit intact and usable, and an estimator never fitted still unfitted."""
         self._check_params()
         _refuse_complex(X)
-        X = validate_data(self, X, dtype=[np.float64, np.float32], ensure_min_samples=2)
-        rng = check_random_state(self.random_state)
-        seed = _seed(rng)
-        # the checks of fit's data, on the rows the user passed (fit sees standardized ones)
-        warn_if_degenerate("X", torch.tensor(X, dtype=torch.float64), stacklevel=4)
-        if self.standardize:
-            self.mean_ = X.mean(axis=0).astype(np.float64)
-            scale = X.std(axis=0).astype(np.float64)
-            self.scale_ = np.where(scale > 0, scale, 1.0)  # constant columns: leave as they are
-        else:
-            self.mean_ = np.zeros(X.shape[1])
-            self.scale_ = np.ones(X.shape[1])
-        u = self._to_tensor(X)
-        n_valid = math.ceil(self.validation_fraction * len(X)) if self.validation_fraction else 0
-        valid = None
-        if n_valid:
-            if n_valid >= len(X):
-                raise ValueError(
-                    f"'validation_fraction' ({self.validation_fraction}) leaves no training rows "
-                    f"out of {len(X)}"
+        with _unchanged_on_error(self):  # validate_data sets n_features_in_ at once
+            X = validate_data(self, X, dtype=[np.float64, np.float32], ensure_min_samples=2)
+            rng = check_random_state(self.random_state)
+            seed = _seed(rng)
+            # the checks of fit's data, on the rows the user passed (fit sees standardized ones)
+            warn_if_degenerate("X", torch.tensor(X, dtype=torch.float64), stacklevel=4)
+            if self.standardize:
+                mean = X.mean(axis=0).astype(np.float64)
+                scale = X.std(axis=0).astype(np.float64)
+                scale = np.where(scale > 0, scale, 1.0)  # constant columns: leave as they are
+            else:
+                mean, scale = np.zeros(X.shape[1]), np.ones(X.shape[1])
+            u = _standardized(X, mean, scale, _DTYPES[self.dtype])
+            u, valid = self._split(u, rng)
+            optimizer = "adam"
+            if self.weight_decay > 0:
+                optimizer = functools.partial(torch.optim.AdamW, weight_decay=self.weight_decay)
+            with _torch_seed(seed), warnings.catch_warnings():
+                warnings.simplefilter("ignore", DataWarning)  # said above, about X
+                flow = MAF(
+                    X.shape[1],
+                    layers=self.layers,
+                    hidden_features=tuple(self.hidden_features),
+                    transformer=self.transformer,
+                    transformer_kwargs=self.transformer_kwargs,
+                    batch_norm=self.batch_norm,
+                    standardize=False,  # done above, in float64 (and not at all when not asked)
+                    seed=seed,
+                ).to(_DTYPES[self.dtype])
+                history = fit_flow(
+                    flow,
+                    u,
+                    valid=valid,
+                    epochs=self.max_epochs,
+                    batch_size=None if self.batch_size is None else min(self.batch_size, len(u)),
+                    lr=self.lr,
+                    optimizer=optimizer,
+                    early_stopping_patience=self.n_iter_no_change if valid is not None else None,
+                    restore_best=valid is not None,
+                    seed=seed,
+                    device=self.device,
+                    progress=self.verbose,
                 )
-            perm = torch.as_tensor(rng.permutation(len(X)))
-            u, valid = u[perm[n_valid:]], u[perm[:n_valid]]
-        optimizer = "adam"
-        if self.weight_decay > 0:
-            optimizer = functools.partial(torch.optim.AdamW, weight_decay=self.weight_decay)
-        with _torch_seed(seed), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DataWarning)  # said above, about X
-            flow = MAF(
-                X.shape[1],
-                layers=self.layers,
-                hidden_features=tuple(self.hidden_features),
-                transformer=self.transformer,
-                transformer_kwargs=self.transformer_kwargs,
-                batch_norm=self.batch_norm,
-                standardize=False,  # done above, in float64 (and not at all when not asked)
-                seed=seed,
-            ).to(_DTYPES[self.dtype])
-            self.history_ = fit_flow(
-                flow,
-                u,
-                valid=valid,
-                epochs=self.max_epochs,
-                batch_size=None if self.batch_size is None else min(self.batch_size, len(u)),
-                lr=self.lr,
-                optimizer=optimizer,
-                early_stopping_patience=self.n_iter_no_change if valid is not None else None,
-                restore_best=valid is not None,
-                seed=seed,
-                device=self.device,
-                progress=self.verbose,
-            )
-        self.flow_ = flow
+        self.mean_, self.scale_, self.flow_, self.history_ = mean, scale, flow, history
         return self
 
-    def _to_tensor(self, X: np.ndarray) -> torch.Tensor:
-        """Standardized rows as a tensor of the flow's dtype (on the CPU)."""
-        u = (np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_
-        return torch.as_tensor(u, dtype=_DTYPES[self.dtype])
+    def _split(
+        self, u: torch.Tensor, rng: np.random.RandomState
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The training and validation rows of ``u`` (``validation_fraction`` of them, at least
+        one, drawn from ``rng``; no validation rows when it is 0)."""
+        n = len(u)
+        n_valid = math.ceil(self.validation_fraction * n) if self.validation_fraction else 0
+        if not n_valid:
+            return u, None
+        if n_valid >= n:
+            raise ArgumentError(
+                "validation_fraction",
+                f"({self.validation_fraction}) leaves no training rows out of the {n} rows of "
+                "'X'",
+            )
+        if self.batch_norm and n - n_valid < 2:
+            raise ArgumentError(
+                "validation_fraction",
+                Mention("validation_fraction", self.validation_fraction),
+                f" holds out {n_valid} of the {n} rows of 'X', which leaves {n - n_valid} to "
+                "train on, but ", Mention("batch_norm", True),
+                " needs batches of at least 2 rows: pass more rows, or a smaller ",
+                Mention("validation_fraction"), " (0 trains on all of them)",
+            )
+        perm = torch.as_tensor(rng.permutation(n))
+        return u[perm[n_valid:]], u[perm[:n_valid]]
 
     def score_samples(self, X: np.ndarray) -> np.ndarray:
         """Log-density ``log p(x)`` of each row of ``X``, ``(n_samples,)`` float64, in nats."""
         check_is_fitted(self)
         _refuse_complex(X)
         X = validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
-        u = self._to_tensor(X)
-        device = next(self.flow_.parameters()).device
+        weight = next(self.flow_.parameters())  # the fitted flow's dtype and device
+        u = _standardized(X, self.mean_, self.scale_, weight.dtype)
         with torch.no_grad():
             log_q = torch.cat([
-                self.flow_.log_prob(chunk.to(device)).cpu() for chunk in u.split(8192)
+                self.flow_.log_prob(chunk.to(weight.device)).cpu() for chunk in u.split(8192)
             ])
         return log_q.double().numpy() - np.log(self.scale_).sum()
 

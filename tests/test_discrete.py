@@ -288,6 +288,15 @@ def test_mask_ensemble_and_classes_accept_numpy_integers_as_sample_counts_do():
     assert categorical.classes == 3 and type(categorical.config["kwargs"]["classes"]) is int
 
 
+@pytest.mark.parametrize("index", [True, 1.0, -1, 3])
+def test_set_mask_names_a_bad_index(index):
+    """set_mask(True) and set_mask(1.0) used to fail inside torch (review 5, finding 11)."""
+    for model in (BernoulliMADE(4, (8,), num_masks=3), CategoricalMADE(2, 3, (8,), num_masks=3)):
+        with pytest.raises(ValueError, match="'index' should be"):
+            model.set_mask(index)
+        assert model.made.mask_set_index == 0
+
+
 @pytest.mark.parametrize("n", [0, -1, 2.5, True, None, torch.tensor(3)])
 def test_bad_sample_count(n):
     expected = "'n' should be a positive" if is_int(n) else "'n' should be an integer"
@@ -301,6 +310,246 @@ def test_bad_sample_count(n):
 def test_bad_class_count(classes):
     with pytest.raises(ValueError, match="'classes' should be"):
         CategoricalMADE(2, classes=classes)
+
+
+# ------------------------------------------------------------------------ conditional models
+
+CONDITIONAL = {
+    "natural": dict(order="natural"),
+    "random-3-masks": dict(order="random", num_masks=3),
+    "reversed-direct": dict(order="reversed", direct_connection=True),
+    "residual-2-masks": dict(hidden_features=(16, 16), order="random", num_masks=2,
+                             residual=True),
+}
+CONTEXTS = torch.tensor([[0.0, 0.0, 0.0], [1.5, -2.0, 0.3], [-3.0, 0.5, 2.0], [4.0, 4.0, -4.0]],
+                        dtype=torch.float64)
+
+
+def conditional(kind: str, **kwargs) -> BernoulliMADE | CategoricalMADE:
+    """A float64 model with context_features=3 and peaked conditionals: 5 binary features, or 3
+    features of 3 classes."""
+    kwargs = {"hidden_features": (24,), "seed": 3, **kwargs}
+    if kind == "bernoulli":
+        model = BernoulliMADE(5, context_features=3, **kwargs)
+    else:
+        model = CategoricalMADE(3, classes=3, context_features=3, **kwargs)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.7)
+    return model.double()
+
+
+def support(kind: str) -> torch.Tensor:
+    return all_binary(5) if kind == "bernoulli" else all_categorical(3, 3)
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+@pytest.mark.parametrize("kwargs", CONDITIONAL.values(), ids=CONDITIONAL.keys())
+def test_conditional_models_sum_to_one_for_every_context_and_mask_set(kind, kwargs):
+    model = conditional(kind, **kwargs)
+    x = support(kind)  # all 2^5 or 3^3 configurations
+    for k in range(model.num_masks):
+        model.set_mask(k)
+        for c in CONTEXTS:
+            log_p = model.log_prob(x, context=c)  # a (C,) context serves every row
+            assert torch.logsumexp(log_p, 0).item() == pytest.approx(0.0, abs=1e-10)
+            torch.testing.assert_close(log_p, model.log_prob(x, context=c.expand(len(x), 3)))
+            torch.testing.assert_close(log_p, model.log_prob(x, context=c[None]))
+    model.set_mask(0)
+    for c in CONTEXTS:
+        ensemble = model.log_prob(x, model.num_masks, context=c)
+        assert torch.logsumexp(ensemble, 0).item() == pytest.approx(0.0, abs=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_the_context_changes_the_distribution_and_rows_get_their_own(kind):
+    model = conditional(kind)
+    x = support(kind)
+    per_context = torch.stack([model.log_prob(x, context=c) for c in CONTEXTS])
+    for i, j in itertools.combinations(range(len(CONTEXTS)), 2):
+        assert (per_context[i] - per_context[j]).abs().max() > 0.1
+    # row r scored with context r equals the row scored alone with that context
+    rows = torch.arange(len(x)) % len(CONTEXTS)
+    mixed = model.log_prob(x, context=CONTEXTS[rows])
+    torch.testing.assert_close(mixed, per_context[rows, torch.arange(len(x))])
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+@pytest.mark.parametrize("kwargs", CONDITIONAL.values(), ids=CONDITIONAL.keys())
+def test_conditional_made_is_autoregressive_and_the_context_reaches_every_feature(kind, kwargs):
+    model = conditional(kind, **kwargs)
+    x = support(kind)  # every point, with a context per row: no ReLU pattern hides a path
+    g = torch.Generator().manual_seed(0)
+    context = torch.randn(len(x), 3, dtype=torch.float64, generator=g)
+    for k in range(model.num_masks):
+        model.set_mask(k)
+        check_autoregressive(model.made)  # in x; the context may reach every output
+        jac = torch.autograd.functional.jacobian(lambda c: model.logits(x, context=c), context)
+        rows = torch.arange(len(x))
+        per_row = jac[rows, ..., rows, :]  # (N, D[, K], C): row n's logits by row n's context
+        reached = per_row.abs().flatten(start_dim=2).sum(-1).sum(0) > 0  # (D,)
+        assert reached.all()  # every feature's conditional reads the context
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_conditional_samples_equal_the_naive_solver_given_the_same_noise(kind, monkeypatch):
+    model = conditional(kind, order="random", num_masks=2)
+    context = CONTEXTS[1:]
+    for k in range(2):
+        model.set_mask(k)
+        fast = model.sample(7, context, generator=torch.Generator().manual_seed(k))
+        with monkeypatch.context() as m:
+            m.setattr(discrete, "solve", solve_naive)
+            naive = model.sample(7, context, generator=torch.Generator().manual_seed(k))
+        assert fast.shape == (7, 3, model.features) and torch.equal(fast, naive)
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_conditional_sample_frequencies_match_the_probabilities_of_each_context(kind):
+    # 3 binary features: 8 cells, 7 degrees of freedom, P(chi2_7 > 24.32) = 0.001;
+    # 2 features x 3 classes: 9 cells, 8 degrees of freedom, P(chi2_8 > 26.12) = 0.001.
+    if kind == "bernoulli":
+        model = BernoulliMADE(3, (16,), order="random", context_features=3, seed=4)
+        cells, threshold = all_binary(3), 24.32
+    else:
+        model = CategoricalMADE(2, 3, (16,), order="reversed", context_features=3, seed=4)
+        cells, threshold = all_categorical(2, 3), 26.12
+    model = model.double()
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    x = model.sample(20000, CONTEXTS[1:], generator=torch.Generator().manual_seed(6))
+    assert x.shape == (20000, 3, model.features)
+    for b, c in enumerate(CONTEXTS[1:]):
+        assert chi_square(x[:, b], cells, model.log_prob(cells, context=c)) < threshold
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_conditional_sample_shapes_follow_the_flows(kind):
+    model = conditional(kind)
+    d, g = model.features, torch.Generator().manual_seed(0)
+    c = CONTEXTS[:2]
+    assert model.sample(context=c, generator=g).shape == (2, d)  # one per context row
+    assert model.sample(4, c, generator=g).shape == (4, 2, d)
+    assert model.sample((4, 5), c, generator=g).shape == (4, 5, 2, d)
+    assert model.sample(4, c[0], generator=g).shape == (4, d)  # a (C,) context
+    assert model.sample(context=c[0], generator=g).shape == (d,)
+    assert model.sample(4, c[None], generator=g).shape == (4, 1, 2, d)
+    # the rows of a sample are drawn with their own context row: a sample of row b is a sample
+    # of the context alone, from the same noise when it is the only row
+    one = model.sample(6, c[1:], generator=torch.Generator().manual_seed(1))
+    alone = model.sample(6, c[1], generator=torch.Generator().manual_seed(1))
+    assert torch.equal(one[:, 0], alone)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda m, x: m.log_prob(x), ValueError, r"'context' is required: a tensor of shape "
+         r"\(\.\.\., 3\)"),
+        (lambda m, x: m.sample(2), ValueError, "'context' is required"),
+        (lambda m, x: m.logits(x), ValueError, "'context' is required"),
+        (lambda m, x: m.log_prob(x, context=CONTEXTS[:3]), ValueError,
+         r"'context' should have shape \(2, 3\) \(one row per row of 'x'\), or \(3,\) for every "
+         r"row, got \(3, 3\)"),
+        (lambda m, x: m.log_prob(x, context=CONTEXTS[:2, :2]), ValueError,
+         r"'context' should have shape \(\.\.\., 3\), got \(2, 2\)"),
+        (lambda m, x: m.log_prob(x, context=CONTEXTS[None, :2]), ValueError,
+         r"'context' should have shape \(2, 3\)"),
+        (lambda m, x: m.log_prob(x, context=CONTEXTS[:2].float()), TypeError,
+         "'context' should have dtype torch.float64"),
+        (lambda m, x: m.log_prob(x, context=CONTEXTS[:2].long()), TypeError,
+         "'context' should have dtype torch.float64"),
+        (lambda m, x: m.log_prob(x, context=CONTEXTS[:2].tolist()), TypeError,
+         "'context' should be a torch.Tensor"),
+        (lambda m, x: m.log_prob(x, context=torch.full((2, 3), float("nan"),
+                                                        dtype=torch.float64)),
+         ValueError, "'context' contains NaN"),
+        (lambda m, x: m.sample(2, CONTEXTS[:0]), ValueError, "'context' is an empty batch"),
+        (lambda m, x: m.log_prob(x, CONTEXTS[:2]), TypeError,
+         r"a context is passed by keyword: log_prob\(x, context=c\)"),
+    ],
+    ids=["log_prob-missing", "sample-missing", "logits-missing", "rows", "width",
+         "three-dims", "dtype", "integer", "list", "nan", "empty", "positional"],
+)
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_a_bad_context_is_named(kind, call, error, match):
+    model = conditional(kind)
+    with pytest.raises(error, match=match):
+        call(model, support(kind)[:2])
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_an_unconditional_model_refuses_a_context_by_name(kind):
+    """fit(model, (x, c)) used to fail with a TypeError about _DiscreteMADE.log_prob."""
+    import flowkit
+
+    model = (BernoulliMADE(3, (8,)) if kind == "bernoulli" else CategoricalMADE(3, 3, (8,)))
+    assert model.context_features == 0
+    x, c = (torch.zeros(4, 3) if kind == "bernoulli" else torch.zeros(4, 3, dtype=torch.long),
+            torch.zeros(4, 2))
+    for call in (lambda: model.log_prob(x, context=c), lambda: model.sample(2, c),
+                 lambda: model.logits(x, c)):
+        with pytest.raises(ValueError, match="'context' was given but the model has "
+                           "context_features=0"):
+            call()
+    with pytest.raises(ValueError, match="carries a context but the model has "
+                       "context_features=0"):
+        flowkit.fit(model, (x, c), steps=1, progress=False)
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_fit_trains_a_conditional_model_on_pairs(kind):
+    """Three features that copy a label s in {0, 1} with probability 0.9 each, the context
+    being +-1 for s. The conditional entropy is 3 H(0.9) = 0.98 nats; ignoring the context
+    costs at least log 2 - H(s | x) more (the three features only guess s)."""
+    import flowkit
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randint(0, 2, (2000, 1), generator=g)
+    flip = torch.rand(2000, 3, generator=g) < 0.1
+    x = (s.bool() ^ flip).long()
+    if kind == "bernoulli":
+        model, x = BernoulliMADE(3, (16,), context_features=1), x.float()
+    else:
+        model = CategoricalMADE(3, 2, (16,), context_features=1)
+    c = 2.0 * s.float() - 1.0
+    before = -model.log_prob(x, context=c).mean().item()
+    history = flowkit.fit(model, (x, c), steps=150, batch_size=100, lr=2e-2, seed=0,
+                          progress=False)
+    after = -model.log_prob(x, context=c).mean().item()
+    assert before > 1.9 and after < 1.1 and history.train_loss[-1] < before
+    assert -model.log_prob(x, context=-c).mean().item() > 5.0  # the wrong context is unlikely
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_conditional_save_and_load_round_trip(kind, tmp_path):
+    model = conditional(kind, order="random", num_masks=2)
+    model.set_mask(1)
+    assert model.config["kwargs"]["context_features"] == 3
+    x = support(kind)
+    save_model(model, tmp_path / "model.pt")
+    loaded = load_model(tmp_path / "model.pt")
+    assert type(loaded) is type(model) and loaded.context_features == 3
+    assert loaded.config == model.config and loaded.made.mask_set_index == 1
+    for c in CONTEXTS:
+        torch.testing.assert_close(loaded.log_prob(x, context=c), model.log_prob(x, context=c))
+    g = torch.Generator
+    assert torch.equal(loaded.sample(5, CONTEXTS, generator=g().manual_seed(0)),
+                       model.sample(5, CONTEXTS, generator=g().manual_seed(0)))
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_a_file_saved_before_context_features_loads_as_an_unconditional_model(kind, tmp_path):
+    """Files written before the discrete models took a context have no 'context_features' in
+    their config; they load as the unconditional model they hold."""
+    model = BernoulliMADE(4, (8,), num_masks=2) if kind == "bernoulli" else CategoricalMADE(
+        4, 3, (8,), num_masks=2)
+    old = {k: v for k, v in model.config["kwargs"].items() if k != "context_features"}
+    model.config = {"type": model.config["type"], "kwargs": old}
+    save_model(model, tmp_path / "old.pt")
+    loaded = load_model(tmp_path / "old.pt")
+    assert loaded.context_features == 0 and loaded.config["kwargs"]["context_features"] == 0
+    x = model.sample(6, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(loaded.log_prob(x), model.log_prob(x))
 
 
 # ------------------------------------------------------------------------ save / load, docs

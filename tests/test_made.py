@@ -1,5 +1,6 @@
 """MADE: masks follow degrees, the autoregressive property holds, mask sets behave."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -156,6 +157,40 @@ def test_mask_set_context_manager_restores():
         assert made.mask_set_index == 1
     assert made.mask_set_index == 0
     assert torch.equal(made(x), before)
+
+
+@pytest.mark.parametrize(
+    "index, message",
+    [
+        (True, r"'index' should be an integer >= 0, got True"),
+        (1.0, r"'index' should be an integer >= 0, got 1.0"),
+        ("1", r"'index' should be an integer >= 0, got '1'"),
+        (torch.tensor(1), r"'index' should be an integer >= 0"),
+        (-1, r"'index' should be >= 0, got -1"),
+        (3, r"'index' should be in \[0, 3\), got 3"),
+    ],
+    ids=["bool", "float", "str", "tensor", "negative", "too-large"],
+)
+def test_set_mask_and_mask_set_name_a_bad_index(index, message):
+    """set_mask(True) and set_mask(1.0) used to fail inside torch (a shape mismatch, an
+    IndexError); a refused index leaves the active set as it was."""
+    made = MADE(4, (8,), num_masks=3, order="random")
+    made.set_mask(1)
+    with pytest.raises(ValueError, match=message):
+        made.set_mask(index)
+    with pytest.raises(ValueError, match=message), made.mask_set(index):
+        pass
+    assert made.mask_set_index == 1 and int(made.mask_index) == 1
+
+
+def test_set_mask_stores_a_python_int_for_a_numpy_index():
+    made = MADE(4, (8,), num_masks=3, order="random")
+    with made.mask_set(np.int64(2)):
+        assert type(made.mask_set_index) is int and made.mask_set_index == 2
+    assert type(made.mask_set_index) is int and made.mask_set_index == 0
+    made.set_mask(np.int64(2))
+    assert type(made.mask_set_index) is int and made.mask_set_index == 2
+    assert torch.equal(made.order, made.orders[2])
 
 
 def test_masks_are_buffers_that_move_with_dtype():

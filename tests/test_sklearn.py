@@ -175,11 +175,85 @@ def test_grid_search_and_pipeline():
         (dict(dtype="float16"), "'dtype' should be 'float32' or 'float64'"),
         (dict(transformer="planar"), "'transformer' should be 'affine' or 'spline'"),
         (dict(layers=0), "'layers' should be >= 1"),
+        (dict(hidden_features=8), "'hidden_features' should be a sequence of layer sizes"),
+        (dict(hidden_features=(8, 0)), r"'hidden_features\[1\]' should be >= 1, got 0"),
+        (dict(hidden_features=(8, 2.5)), r"'hidden_features\[1\]' should be an integer"),
     ],
 )
 def test_bad_parameters(options, message):
     with pytest.raises(ValueError, match=message):
         _small(**options).fit(_data(20))
+
+
+def _fitted(est: FlowDensity) -> dict:
+    """The fitted attributes (scikit-learn's convention: names ending in '_')."""
+    return {k: v for k, v in vars(est).items() if k.endswith("_") and not k.startswith("_")}
+
+
+@pytest.mark.parametrize(
+    "change, X_new, error",
+    [
+        (dict(lr=1e4), _data(200, seed=1) * 50 + 300, "diverged"),  # a DivergenceError
+        (dict(layers=0), _data(200, seed=1) * 50 + 300, "'layers' should be >= 1"),
+        (dict(hidden_features=(8, 0)), _data(200, seed=1), r"'hidden_features\[1\]'"),
+        (dict(dtype="float64", layers=0), np.c_[_data(200, seed=1), _data(200, seed=2)],
+         "'layers' should be >= 1"),  # other columns and dtype: n_features_in_ stays 2
+    ],
+    ids=["diverges", "bad-layers", "bad-hidden", "other-width-and-dtype"],
+)
+def test_a_failed_refit_leaves_the_previous_fit_as_it_was(change, X_new, error):
+    """A refit that raises used to leave the new rows' mean_, scale_ and n_features_in_ beside
+    the old flow_, which then scored wrong densities without an error."""
+    X = _data()
+    est = _small().fit(X)
+    before, scores = _fitted(est), est.score_samples(X)
+    est.set_params(**change)
+    with pytest.raises(Exception, match=error):
+        est.fit(X_new)
+    after = _fitted(est)
+    assert after.keys() == before.keys()
+    assert all(after[k] is before[k] for k in before)  # the same objects, not equal copies
+    np.testing.assert_array_equal(est.score_samples(X), scores)
+    assert est.sample(3, random_state=0).shape == (3, 2)
+
+
+@pytest.mark.parametrize("change", [dict(layers=0), dict(lr=1e4)], ids=["bad", "diverges"])
+def test_a_failed_first_fit_leaves_the_estimator_unfitted(change):
+    """validate_data sets n_features_in_ before training fails; it used to stay, so that
+    check_is_fitted passed and score_samples raised AttributeError: no attribute 'flow_'."""
+    est = _small(**change)
+    with pytest.raises(Exception, match="'layers'|diverged"):
+        est.fit(_data(200) * 50)
+    assert _fitted(est) == {}
+    for method in (est.score_samples, est.score):
+        with pytest.raises(NotFittedError):
+            method(_data())
+    with pytest.raises(NotFittedError):
+        est.sample(2)
+
+
+def test_a_failed_refit_keeps_the_feature_names():
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(_data(), columns=["a", "b"])
+    est = _small().fit(frame)
+    est.set_params(layers=0)
+    with pytest.raises(ValueError, match="'layers'"):
+        est.fit(_data())  # no names: validate_data would delete feature_names_in_
+    assert list(est.feature_names_in_) == ["a", "b"]
+
+
+def test_too_few_rows_for_batch_norm_names_the_rows_and_validation_fraction():
+    """With 2 rows, validation_fraction holds out 1 and the batches have one row; the error
+    used to name 'batch_size', which the user never passed."""
+    with pytest.raises(ValueError, match=r"validation_fraction=0.1 holds out 1 of the 2 rows of "
+                       r"'X'.*batch_norm=True needs batches of at least 2 rows") as info:
+        _small(batch_norm=True, batch_size=None).fit(_data(2))
+    assert "batch_size" not in str(info.value)
+    with pytest.raises(ValueError, match=r"'validation_fraction' \(0.9\) leaves no training rows "
+                       r"out of the 2 rows of 'X'"):
+        _small(validation_fraction=0.9).fit(_data(2))
+    assert np.isfinite(_small(batch_norm=True, validation_fraction=0.0).fit(_data(2)).score(
+        _data(2)))
 
 
 def test_load_dataset():

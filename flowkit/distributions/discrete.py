@@ -10,6 +10,15 @@ ordering ``o``, so the exact likelihood of a vector is one pass away:
 :class:`BernoulliMADE` puts a Bernoulli on each conditional (binary data, e.g. binarized MNIST),
 :class:`CategoricalMADE` a softmax over ``K`` classes (inputs one-hot encoded).
 
+**Context.** With ``context_features = C > 0`` the models are conditional,
+:math:`p(x \mid c) = \prod_i p(x_{o_i} \mid x_{o_1}, \dots, x_{o_{i-1}}, c)`: the context
+``c`` enters the MADE beside ``x`` with degree 0 (:class:`flowkit.MADE`'s
+``context_features``). ``log_prob(x, context=c)`` (keyword only: the second positional
+argument is ``mask_ensemble``) takes ``c`` of shape ``(N, C)``, one row per row of ``x``, or
+``(C,)`` (or ``(1, C)``) for every row; ``sample`` follows
+:class:`flowkit.Flow`: ``sample(context=c)`` with ``c`` ``(B, C)`` is ``(B, D)``, one sample
+per row, ``sample(n, c)`` is ``(n, B, D)``, and a ``(C,)`` context gives ``(n, D)``.
+
 **Mask sets.** With ``num_masks = K > 1`` the MADE holds ``K`` mask sets (different orderings
 when ``order="random"``, different hidden connectivity when ``hidden_degrees="random"``). Order-
 and connectivity-agnostic training (Germain et al. 2015, sec. 4) moves to the next set after
@@ -45,9 +54,18 @@ from flowkit.checkpoint import register_model
 from flowkit.nn.inversion import OneHot, solve
 from flowkit.nn.made import MADE
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
-from flowkit.validation import check_features, check_int, check_n, is_int
+from flowkit.validation import (
+    check_batch_context,
+    check_features,
+    check_int,
+    check_n,
+    check_not_empty,
+    is_int,
+)
 
 __all__ = ["BernoulliMADE", "CategoricalMADE"]
+
+SampleShape = int | Sequence[int] | None
 
 
 def _first_bad(x: Tensor, good: Tensor) -> str:
@@ -68,6 +86,7 @@ class _DiscreteMADE(nn.Module):
         super().__init__()
         self.made = made
         self.features: int = made.features
+        self.context_features: int = made.context_features
 
     @property
     def num_masks(self) -> int:
@@ -80,7 +99,8 @@ class _DiscreteMADE(nn.Module):
         return self.made.order
 
     def set_mask(self, index: int) -> None:
-        """Activate mask set ``index`` (``0 <= index < num_masks``)."""
+        """Activate mask set ``index``, an integer in ``[0, num_masks)`` (anything else is a
+        ValueError naming ``index``)."""
         self.made.set_mask(index)
 
     def next_mask(self) -> int:
@@ -98,11 +118,51 @@ class _DiscreteMADE(nn.Module):
         """``x`` checked (shape, dtype, values; errors name ``name``) and cast for the MADE."""
         raise NotImplementedError
 
-    def _log_prob(self, x: Tensor) -> Tensor:
+    def _context(self, context: object, rows: int) -> Tensor | None:
+        """The context of ``rows`` rows of ``x``, checked (dtype, device, NaN; errors name
+        ``'context'``): ``(rows, C)``, or ``(C,)`` / ``(1, C)`` for every row, returned as
+        ``(rows, C)``; None for an unconditional model (which refuses a context)."""
+        context = check_batch_context(context, self.context_features, self._reference())
+        if context is None:
+            return None
+        c = self.context_features
+        if context.dim() > 2 or (context.dim() == 2 and context.shape[0] not in (1, rows)):
+            raise ValueError(
+                f"'context' should have shape ({rows}, {c}) (one row per row of 'x'), or "
+                f"({c},) for every row, got {tuple(context.shape)}"
+            )
+        return context.expand(rows, c)
+
+    def _sample_shape(
+        self, n: SampleShape, context: object
+    ) -> tuple[torch.Size, Tensor | None]:
+        """The shape of the samples without ``D``, ``(*sample_shape, *context.shape[:-1])``,
+        and the context of each of its ``rows``, ``(rows, C)`` (None without context).
+        ``n`` is an int, a tuple, or None (one sample per context row)."""
+        context = check_batch_context(context, self.context_features, self._reference())
+        if n is None:
+            if context is None:
+                check_n(n)  # an error: how many samples?
+            sample_shape = torch.Size()
+        elif is_int(n) or isinstance(n, str) or not isinstance(n, Sequence):
+            sample_shape = torch.Size([check_n(n)])
+        else:
+            sample_shape = torch.Size(check_int(f"n[{i}]", s, 1) for i, s in enumerate(n))
+        if context is None:
+            return sample_shape, None
+        check_not_empty("context", context, context.shape[:-1])
+        shape = sample_shape + context.shape[:-1]
+        c = self.context_features
+        return shape, context.expand(*shape, c).reshape(-1, c)
+
+    def _log_prob(self, x: Tensor, context: Tensor | None) -> Tensor:
         raise NotImplementedError
 
-    def log_prob(self, x: Tensor, mask_ensemble: int | None = None) -> Tensor:
-        r"""Exact log-probability of each row of ``x``, shape ``(N,)``.
+    def log_prob(
+        self, x: Tensor, mask_ensemble: int | None = None, *, context: Tensor | None = None
+    ) -> Tensor:
+        r"""Exact log-probability of each row of ``x``, :math:`\log p(x \mid c)`, shape
+        ``(N,)``.
 
         Args:
             x: ``(N, D)`` data (see the class docstring for the accepted values).
@@ -111,10 +171,19 @@ class _DiscreteMADE(nn.Module):
                 :math:`\operatorname{logsumexp}_k \log p_k(x) - \log K`. The active set is
                 restored afterwards. This is an evaluation quantity: it is computed without
                 gradient tracking (switching masks between passes would invalidate the graph).
+            context: keyword only; required when ``context_features > 0``, an error otherwise.
+                ``(N, C)``, one row per row of ``x``, or ``(C,)`` for every row; the model's
+                dtype and device, finite.
         """
         x = self._check(x)
+        if isinstance(mask_ensemble, Tensor):
+            raise TypeError(
+                "'mask_ensemble' should be None or an int, got a tensor; a context is passed "
+                "by keyword: log_prob(x, context=c)"
+            )
+        context = self._context(context, x.shape[0])
         if mask_ensemble is None:
-            return self._log_prob(x)
+            return self._log_prob(x, context)
         if not is_int(mask_ensemble) or not 1 <= mask_ensemble <= self.num_masks:
             raise ValueError(
                 f"'mask_ensemble' should be None or an int in [1, {self.num_masks}] "
@@ -124,14 +193,15 @@ class _DiscreteMADE(nn.Module):
         with torch.no_grad():
             for k in range(mask_ensemble):
                 with self.made.mask_set(k):
-                    per_mask.append(self._log_prob(x))
+                    per_mask.append(self._log_prob(x, context))
         return torch.logsumexp(torch.stack(per_mask), dim=0) - math.log(mask_ensemble)
 
     def extra_repr(self) -> str:
-        return f"num_masks={self.num_masks}"
+        context = f"context_features={self.context_features}, " if self.context_features else ""
+        return f"{context}num_masks={self.num_masks}"
 
 
-@register_model()
+@register_model(added={"context_features": 0})  # files saved before it: unconditional
 class BernoulliMADE(_DiscreteMADE):
     r"""A MADE with a Bernoulli output per feature, for binary vectors ``x in {0, 1}^D``.
 
@@ -156,12 +226,19 @@ class BernoulliMADE(_DiscreteMADE):
         residual: residual masked blocks after the first hidden layer (equal layer sizes).
         direct_connection: add a masked linear map from the inputs to the logits.
         seed: seed of the orderings and hidden degrees.
+        context_features: ``C``, the width of a conditioning vector (0: unconditional); see
+            the module docstring for the shapes.
 
     Example:
         >>> model = BernoulliMADE(6, hidden_features=(32,), num_masks=4, order="random")
         >>> x = model.sample(5, generator=torch.Generator().manual_seed(0))
         >>> x.shape, model.log_prob(x).shape, model.log_prob(x, mask_ensemble=4).shape
         (torch.Size([5, 6]), torch.Size([5]), torch.Size([5]))
+        >>> conditional = BernoulliMADE(6, hidden_features=(32,), context_features=2)
+        >>> c = torch.randn(3, 2)
+        >>> x = conditional.sample(context=c)  # one sample per context row
+        >>> x.shape, conditional.log_prob(x, context=c).shape, conditional.sample(4, c).shape
+        (torch.Size([3, 6]), torch.Size([3]), torch.Size([4, 3, 6]))
     """
 
     def __init__(
@@ -174,10 +251,11 @@ class BernoulliMADE(_DiscreteMADE):
         residual: bool = False,
         direct_connection: bool = False,
         seed: int = 0,
+        context_features: int = 0,
     ):
         made = MADE(
-            features, hidden_features, params_per_feature=1, order=order,
-            hidden_degrees=hidden_degrees, num_masks=num_masks, seed=seed,
+            features, hidden_features, params_per_feature=1, context_features=context_features,
+            order=order, hidden_degrees=hidden_degrees, num_masks=num_masks, seed=seed,
             direct_connection=direct_connection, residual=residual,
         )
         super().__init__(made)
@@ -196,44 +274,55 @@ class BernoulliMADE(_DiscreteMADE):
                              f"bool), found {_first_bad(x, binary)}")
         return x.to(ref.dtype)
 
-    def logits(self, x: Tensor) -> Tensor:
-        r"""Logits ``\ell`` of the conditionals, ``p(x_d = 1 | x_{<d}) = \sigma(\ell_d)``;
-        ``x`` ``(N, D)`` -> ``(N, D)``."""
-        return self.made._forward(self._check(x), None).squeeze(-1)
+    def logits(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        r"""Logits ``\ell`` of the conditionals, ``p(x_d = 1 | x_{<d}, c) = \sigma(\ell_d)``;
+        ``x`` ``(N, D)`` -> ``(N, D)`` (``context`` as in :meth:`log_prob`)."""
+        x = self._check(x)
+        return self.made._forward(x, self._context(context, x.shape[0])).squeeze(-1)
 
-    def _log_prob(self, x: Tensor) -> Tensor:
-        logits = self.made._forward(x, None).squeeze(-1)
+    def _log_prob(self, x: Tensor, context: Tensor | None) -> Tensor:
+        logits = self.made._forward(x, context).squeeze(-1)
         return -F.binary_cross_entropy_with_logits(logits, x, reduction="none").sum(-1)
 
     @torch.no_grad()
-    def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        """``n`` exact samples ``(n, D)`` (floats 0/1) from the active mask set's model.
+    def sample(
+        self,
+        n: SampleShape = None,
+        context: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Exact samples (floats 0/1) from the active mask set's model,
+        ``(*sample_shape, *context.shape[:-1], D)``: ``sample(n)`` is ``(n, D)``; with a context
+        ``(B, C)``, ``sample(context=c)`` is ``(B, D)`` and ``sample(n, c)`` ``(n, B, D)``.
 
-        Uniforms ``u`` ``(n, D)`` are drawn first; feature ``d`` is then ``u_d < p(x_d = 1 |
-        x_{<d})``, solved in the model's ordering (compared as ``logit(u_d) < logit_d``, which
-        costs no sigmoid per step).
+        Uniforms ``u`` ``(rows, D)`` are drawn first; feature ``d`` is then ``u_d < p(x_d = 1 |
+        x_{<d}, c)``, solved in the model's ordering (compared as ``logit(u_d) < logit_d``,
+        which costs no sigmoid per step).
 
         Args:
-            n: number of samples.
+            n: number of samples (an int), a sample shape (a tuple), or None for one sample per
+                context row.
+            context: ``(..., C)``, required when ``context_features > 0``.
             generator: a :class:`torch.Generator` on the model's device (default: the global
                 one).
         """
-        n = check_n(n)
+        shape, context = self._sample_shape(n, context)
         ref = self._reference()
-        u = torch.rand(n, self.features, generator=generator, device=ref.device, dtype=ref.dtype)
+        u = torch.rand(math.prod(shape), self.features, generator=generator, device=ref.device,
+                       dtype=ref.dtype)
 
         threshold = torch.logit(u)
 
         def step(params: Tensor, index: Tensor) -> Tensor:
             return (threshold.index_select(1, index) < params[..., 0]).to(ref.dtype)
 
-        return solve(self.made, step, u)
+        return solve(self.made, step, u, context).reshape(*shape, self.features)
 
     def extra_repr(self) -> str:
         return f"features={self.features}, " + super().extra_repr()
 
 
-@register_model()
+@register_model(added={"context_features": 0})
 class CategoricalMADE(_DiscreteMADE):
     r"""A MADE with a softmax over ``K`` classes per feature, for ``x in {0..K-1}^D``.
 
@@ -246,7 +335,8 @@ class CategoricalMADE(_DiscreteMADE):
         \qquad \ell = \mathrm{MADE}(\mathrm{onehot}(x)) \in \mathbb{R}^{D \times K}.
 
     ``x`` must be an integer tensor ``(N, D)`` with values in ``0..K-1``; :meth:`sample`
-    returns ``torch.long``. Arguments as :class:`BernoulliMADE`, plus ``classes`` (``K``).
+    returns ``torch.long``. Arguments as :class:`BernoulliMADE` (``context_features``
+    included), plus ``classes`` (``K``). The context enters the MADE after the one-hot inputs.
 
     Example:
         >>> model = CategoricalMADE(2, classes=200, hidden_features=(64,))
@@ -266,12 +356,14 @@ class CategoricalMADE(_DiscreteMADE):
         residual: bool = False,
         direct_connection: bool = False,
         seed: int = 0,
+        context_features: int = 0,
     ):
         classes = check_int("classes", classes, 2)
         made = MADE(
             features, hidden_features, params_per_feature=classes, inputs_per_feature=classes,
-            order=order, hidden_degrees=hidden_degrees, num_masks=num_masks, seed=seed,
-            direct_connection=direct_connection, residual=residual,
+            context_features=context_features, order=order, hidden_degrees=hidden_degrees,
+            num_masks=num_masks, seed=seed, direct_connection=direct_connection,
+            residual=residual,
         )
         super().__init__(made)
         self.classes = classes
@@ -294,36 +386,47 @@ class CategoricalMADE(_DiscreteMADE):
         adds one weight row per feature instead of multiplying by a one-hot vector)."""
         return OneHot(self.classes, self._reference().dtype)
 
-    def logits(self, x: Tensor) -> Tensor:
-        r"""Unnormalized logits ``(N, D, K)`` of the conditionals ``p(x_d | x_{<d})``."""
-        return self.made._forward(self._one_hot()(self._check(x)), None)
+    def logits(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        r"""Unnormalized logits ``(N, D, K)`` of the conditionals ``p(x_d | x_{<d}, c)``
+        (``context`` as in :meth:`log_prob`)."""
+        x = self._check(x)
+        return self.made._forward(self._one_hot()(x), self._context(context, x.shape[0]))
 
-    def _log_prob(self, x: Tensor) -> Tensor:
-        log_p = torch.log_softmax(self.made._forward(self._one_hot()(x), None), dim=-1)
+    def _log_prob(self, x: Tensor, context: Tensor | None) -> Tensor:
+        log_p = torch.log_softmax(self.made._forward(self._one_hot()(x), context), dim=-1)
         return log_p.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
     @torch.no_grad()
-    def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        """``n`` exact samples ``(n, D)`` (``torch.long``) from the active mask set's model.
+    def sample(
+        self,
+        n: SampleShape = None,
+        context: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Exact samples (``torch.long``) from the active mask set's model, shaped as
+        :meth:`BernoulliMADE.sample`'s.
 
-        Gumbel noise ``g`` ``(n, D, K)`` is drawn first; feature ``d`` is then
+        Gumbel noise ``g`` ``(rows, D, K)`` is drawn first; feature ``d`` is then
         ``argmax_k (logits_{d,k} + g_{d,k})`` (the Gumbel-max trick), solved in the ordering.
 
         Args:
-            n: number of samples.
+            n: number of samples, a sample shape, or None (one per context row).
+            context: ``(..., C)``, required when ``context_features > 0``.
             generator: a :class:`torch.Generator` on the model's device.
         """
-        n = check_n(n)
+        shape, context = self._sample_shape(n, context)
+        rows = math.prod(shape)
         ref = self._reference()
-        u = torch.rand(n, self.features, self.classes, generator=generator, device=ref.device,
-                       dtype=ref.dtype)
+        u = torch.rand(rows, self.features, self.classes, generator=generator,
+                       device=ref.device, dtype=ref.dtype)
         gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(ref.dtype).tiny)))
 
         def step(params: Tensor, index: Tensor) -> Tensor:
             return (params + gumbel[:, index]).argmax(-1)
 
-        like = torch.zeros(n, self.features, dtype=torch.long, device=ref.device)
-        return solve(self.made, step, like, encode=self._one_hot())
+        like = torch.zeros(rows, self.features, dtype=torch.long, device=ref.device)
+        x = solve(self.made, step, like, context, encode=self._one_hot())
+        return x.reshape(*shape, self.features)
 
     def extra_repr(self) -> str:
         return f"features={self.features}, classes={self.classes}, " + super().extra_repr()

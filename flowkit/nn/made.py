@@ -22,6 +22,7 @@ from flowkit.nn import layout, masks, staircase
 from flowkit.nn.linear import MaskedLinear
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
 from flowkit.validation import (
+    ArgumentError,
     check_bool,
     check_context,
     check_int,
@@ -210,9 +211,11 @@ class MADE(nn.Module):
 
     @torch.no_grad()
     def set_mask(self, index: int) -> None:
-        """Activate mask set ``index`` (``0 <= index < num_masks``)."""
-        if not 0 <= index < self.num_masks:
-            raise ValueError(f"'index' should be in [0, {self.num_masks}), got {index}")
+        """Activate mask set ``index``, an integer (Python or numpy, not a bool) in
+        ``[0, num_masks)``; anything else is a ValueError naming ``index``."""
+        index = check_int("index", index, 0)
+        if index >= self.num_masks:
+            raise ArgumentError("index", f"should be in [0, {self.num_masks}), got {index}")
         self.mask_index.fill_(index)
         self._active = index
         degrees = self.degrees()
@@ -232,7 +235,8 @@ class MADE(nn.Module):
 
     @contextmanager
     def mask_set(self, index: int) -> Iterator[MADE]:
-        """Temporarily evaluate with mask set ``index``; restores the active set afterwards."""
+        """Temporarily evaluate with mask set ``index`` (checked as in :meth:`set_mask`);
+        restores the active set afterwards."""
         previous = self._active
         self.set_mask(index)
         try:
