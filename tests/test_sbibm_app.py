@@ -70,3 +70,16 @@ def test_max_epochs_caps_the_epochs_and_an_older_result_of_one_more_is_refused(t
     assert cli.main([*argv[:-1], str(tmp_path / "one"), "--max-epochs", "1"]) == 2
     assert "'--max-epochs' should be >= 2 (sbi trains at least 2 epochs), got 1" in (
         capsys.readouterr().err)
+
+
+def test_a_models_train_keywords_reach_sbis_train():
+    class Inference:
+        def train(self, **options):
+            self.options = options
+            return "estimator"
+
+    inference = Inference()
+    assert sbibm._train(inference, "flowkit-spline-res-cb-noclip", 5) == "estimator"
+    assert inference.options == {"clip_max_norm": None, "max_num_epochs": 4}
+    sbibm._train(inference, "sbi-nsf", None)
+    assert inference.options == {}

@@ -54,6 +54,8 @@ MODELS: dict[str, dict[str, Any]] = {
                        "transformer_kwargs": {"bins": 8, "bound": 4.0, "tails": "identity"}},
     "flowkit-spline-res": _SPLINE_RES,
     "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
+    "flowkit-spline-res-cb-noclip": {**_SPLINE_RES, "conditional_base": True,
+                                     "train": {"clip_max_norm": None}},
 }
 """The density estimators compared: sbi's defaults (5 transforms, 50 hidden units) and flowkit
 MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline with 8
@@ -61,7 +63,8 @@ bins on [-4, 4]; ``flowkit-spline-res`` has the sizes of sbi's NSF: splines with
 [-3, 3], and MADEs of width 50 with as many linear maps as sbi's residual network of 2 blocks
 of 2 layers, the first hidden layer followed by 4 residual blocks); ``flowkit-spline-res-cb``
 is that flow on a conditional Gaussian base (mean and scale linear in the standardized
-observation). The splines keep the identity tails (as sbi's NSF) with which docs/sbi.md was
+observation), and ``flowkit-spline-res-cb-noclip`` the same trained without sbi's gradient
+clipping (``train``: keywords of sbi's ``train()``, otherwise sbi's defaults for every model). The splines keep the identity tails (as sbi's NSF) with which docs/sbi.md was
 measured."""
 
 
@@ -106,6 +109,7 @@ class _NoTracker:
 def _builder(name: str, seed: int) -> Callable:
     spec = dict(MODELS[name])
     library, model = spec.pop("library"), spec.pop("model")
+    spec.pop("train", None)
     if library == "sbi":
         from sbi.neural_nets import posterior_nn
 
@@ -115,11 +119,15 @@ def _builder(name: str, seed: int) -> Callable:
     return posterior_nn(model, seed=seed, **spec)
 
 
-def _train(inference: Any, max_epochs: int | None) -> Any:
-    """``inference.train()`` for at most ``max_epochs`` epochs (None: sbi's early stopping
-    only; else at least 2); returns the estimator. sbi's ``max_num_epochs=n`` (``n >= 1``)
-    allows ``n + 1`` epochs (it counts from 0), hence the ``- 1``."""
-    return inference.train(**({} if max_epochs is None else {"max_num_epochs": max_epochs - 1}))
+def _train(inference: Any, model: str, max_epochs: int | None) -> Any:
+    """``inference.train()`` with the model's ``train`` keywords, for at most ``max_epochs``
+    epochs (None: sbi's early stopping only; else at least 2); returns the estimator. sbi's
+    ``max_num_epochs=n`` (``n >= 1``) allows ``n + 1`` epochs (it counts from 0), hence the
+    ``- 1``."""
+    options = dict(MODELS[model].get("train", {}))
+    if max_epochs is not None:
+        options["max_num_epochs"] = max_epochs - 1
+    return inference.train(**options)
 
 
 def train_and_score(
@@ -150,7 +158,7 @@ def train_and_score(
     inference = NPE(prior, density_estimator=_builder(model, seed), show_progress_bars=False,
                     tracker=_NoTracker())
     t0 = time.perf_counter()
-    estimator = _train(inference.append_simulations(theta, x), max_epochs)
+    estimator = _train(inference.append_simulations(theta, x), model, max_epochs)
     train_seconds = time.perf_counter() - t0
     posterior = inference.build_posterior(estimator)
     durations = inference._summary["epoch_durations_sec"]
@@ -191,7 +199,7 @@ def epoch_times(
         for model in models:
             inference = NPE(prior, density_estimator=_builder(model, seed),
                             show_progress_bars=False, tracker=_NoTracker())
-            _train(inference.append_simulations(theta, x), epochs)
+            _train(inference.append_simulations(theta, x), model, epochs)
             times[model] += inference._summary["epoch_durations_sec"]
     return times
 
