@@ -1345,3 +1345,16 @@ def test_a_context_for_a_model_whose_log_prob_takes_none_is_named():
     with pytest.raises(ValueError, match="'data' carries a context but Gaussian.log_prob takes "
                        "no 'context' argument"):
         fit(Gaussian(), (torch.zeros(32, 2), torch.zeros(32, 1)), steps=2, **QUIET)
+
+
+def test_a_dataloader_ending_with_one_row_is_refused_for_batch_norm_before_training():
+    flow = flowkit.MAF(2, hidden_features=(8,), layers=2, batch_norm=True)
+    before = weights(flow)
+    loader = DataLoader(TensorDataset(torch.randn(129, 2)), batch_size=64)
+    with pytest.raises(ArgumentError, match=r"ends every epoch with a batch of one row \(129 rows"
+                       r" in batches of 64\).*drop_last=True") as e:
+        fit(flow, loader, steps=5, **QUIET)
+    assert e.value.argument == "data"
+    assert_same_weights(weights(flow), before)
+    loader = DataLoader(TensorDataset(torch.randn(129, 2)), batch_size=64, drop_last=True)
+    assert len(fit(flow, loader, steps=5, **QUIET).train_loss) == 5

@@ -165,14 +165,8 @@ def fit(
                                         isinstance(model, Flow))
         if held_out is not None:
             valid = held_out
-        if isinstance(source, TensorSource | SamplerSource) and source.local < 2 and any(
-            isinstance(m, BatchNorm) for m in model.modules()
-        ):
-            raise ArgumentError(
-                "batch_size", Mention("batch_size"), " gives batches of one row (per process), "
-                "but the model has BatchNorm layers, whose training-mode statistics need at "
-                "least 2 rows: pass a larger one",
-            )
+        if any(isinstance(m, BatchNorm) for m in model.modules()):
+            _check_batches_for_batch_norm(source)
         if epochs is not None:
             if source.batches_per_epoch is None:
                 raise ArgumentError(
@@ -191,6 +185,31 @@ def fit(
         plan = Plan(int(steps), valid_every, early_stopping_patience, keep_best)
         trainer = Trainer(s, model, Objective(model, nll), source, o, plan, validate)
         return trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
+
+
+def _check_batches_for_batch_norm(source: TensorSource | LoaderSource | SamplerSource) -> None:
+    """Refuse, before the first step, batches of one row for a model with BatchNorm layers
+    (their training-mode statistics need at least 2): ``batch_size`` 1, or a DataLoader whose
+    epochs end with a batch of one row."""
+    why = ("but the model has BatchNorm layers, whose training-mode statistics need at least 2 "
+           "rows")
+    if isinstance(source, TensorSource | SamplerSource) and source.local < 2:
+        raise ArgumentError("batch_size", Mention("batch_size"), " gives batches of one row (per "
+                            f"process), {why}: pass a larger one")
+    if isinstance(source, LoaderSource):
+        loader = source.loader
+        size = loader.batch_size
+        try:
+            rows = len(loader.dataset)  # type: ignore[arg-type]
+        except TypeError:  # an iterable dataset: its batches show up only while training
+            return
+        sharded = isinstance(loader.sampler, torch.utils.data.DistributedSampler)
+        if size is not None and not loader.drop_last and not sharded and rows % size == 1:
+            raise ArgumentError(
+                "data", "the DataLoader passed as ", Mention("data"), " ends every epoch with a "
+                f"batch of one row ({rows} rows in batches of {size}), {why}: pass "
+                "drop_last=True to the DataLoader, or another batch size",
+            )
 
 
 def _takes_context(model: nn.Module) -> bool:
