@@ -64,7 +64,8 @@ bins on [-4, 4]; ``flowkit-spline-res`` has the sizes of sbi's NSF: splines with
 of 2 layers, the first hidden layer followed by 4 residual blocks); ``flowkit-spline-res-cb``
 is that flow on a conditional Gaussian base (mean and scale linear in the standardized
 observation), and ``flowkit-spline-res-cb-noclip`` the same trained without sbi's gradient
-clipping (``train``: keywords of sbi's ``train()``, otherwise sbi's defaults for every model). The splines keep the identity tails (as sbi's NSF) with which docs/sbi.md was
+clipping (``train``: keywords of sbi's ``train()``, otherwise sbi's defaults for every
+model). The splines keep the identity tails (as sbi's NSF) with which docs/sbi.md was
 measured."""
 
 
