@@ -45,6 +45,8 @@ from flowkit.train import CHECKPOINT_NAME
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("fault_worker.py")
 QUIET = dict(progress=False, device="cpu")
+DATA = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
+"""The training data of the small runs (a resumed run must get the data its checkpoint had)."""
 
 
 def _worker_module():
@@ -59,7 +61,7 @@ worker = _worker_module()
 
 def _small_run(folder: Path, steps: int = 4) -> flowkit.Flow:
     flow = flowkit.MAF(2, hidden_features=(4,), layers=2)
-    flowkit.fit(flow, torch.randn(64, 2), steps=steps, batch_size=32, seed=0, lr_schedule=None,
+    flowkit.fit(flow, DATA, steps=steps, batch_size=32, seed=0, lr_schedule=None,
                 checkpoint_dir=folder, checkpoint_every=2, **QUIET)  # constant: can be extended
     return flow
 
@@ -129,7 +131,7 @@ def test_bit_flips_are_detected_on_resume(files):
     for byte in random.Random(0).sample(range(len(data)), 12):
         path.write_bytes(data[:byte] + bytes([data[byte] ^ 4]) + data[byte + 1 :])
         with pytest.raises(CheckpointError) as info:
-            flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), torch.randn(64, 2),
+            flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), DATA,
                         steps=6, batch_size=32, checkpoint_dir=path.parent, resume=True, **QUIET)
         assert str(path) in str(info.value)
     path.write_bytes(data)
@@ -187,7 +189,7 @@ def test_resume_applies_every_check_of_load_model(case, tmp_path):
     _rewrite(tmp_path / CHECKPOINT_NAME, change)
     for load in (
         lambda: load_model(tmp_path / CHECKPOINT_NAME),
-        lambda: flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), torch.randn(64, 2),
+        lambda: flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), DATA,
                             steps=8, batch_size=32, checkpoint_dir=tmp_path, resume=True, **QUIET),
     ):
         with pytest.raises(CheckpointError, match=message):
@@ -198,7 +200,7 @@ def test_resume_refuses_a_model_of_another_config(tmp_path):
     """MAF and IAF of the same sizes have the same weights: the config tells them apart."""
     _small_run(tmp_path)
     with pytest.raises(CheckpointError, match="written for a MAF.*not for this IAF"):
-        flowkit.fit(flowkit.IAF(2, hidden_features=(4,), layers=2), torch.randn(64, 2), steps=8,
+        flowkit.fit(flowkit.IAF(2, hidden_features=(4,), layers=2), DATA, steps=8,
                     batch_size=32, checkpoint_dir=tmp_path, resume=True, **QUIET)
 
 
@@ -286,7 +288,7 @@ def test_disk_full_on_a_real_small_file_system(tmp_path, capsys):
         size = (disk / "run" / CHECKPOINT_NAME).stat().st_size
         _fill(disk, leave=8192 + size // 2)  # room for the lock file, not for a checkpoint
         with pytest.raises(CheckpointWriteError, match="No space left on device"):
-            flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), torch.randn(64, 2),
+            flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), DATA,
                         steps=8, batch_size=32, checkpoint_dir=disk / "run", checkpoint_every=2,
                         lr_schedule=None, resume=True, **QUIET)
         assert load_checkpoint(disk / "run" / CHECKPOINT_NAME).extra["step"] == 4
@@ -453,7 +455,7 @@ def test_a_second_run_and_a_resume_of_a_running_run_are_refused(tmp_path, capsys
             assert status == 2 and err.count("\n") == 1, err
             assert f"in use by process {holder.pid} on host {socket.gethostname()}" in err
         with pytest.raises(RunLockedError, match=f"process {holder.pid}"):
-            flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=1), torch.randn(64, 2),
+            flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=1), DATA,
                         steps=4, batch_size=32, checkpoint_dir=out, resume=True, **QUIET)
     finally:
         holder.send_signal(signal.SIGKILL)
