@@ -339,3 +339,24 @@ def test_masked_linear_set_mask_checks_shape_and_values():
         layer.set_mask(torch.ones(3, 2))
     with pytest.raises(ValueError, match="'mask' should be binary"):
         layer.set_mask(torch.full((2, 3), 0.5))
+
+
+def test_hooks_on_masked_layers_are_refused_and_parametrizations_work():
+    """The staircase and the solver read the weights without calling the layers: a hook (the
+    old hook-based weight_norm) is refused on every path; a parametrization is used on all."""
+    import flowkit
+
+    flow = flowkit.MAF(3, layers=1, hidden_features=(16,))
+    layer = flow.transform.transforms[1].made.hidden[0]
+    handle = layer.register_forward_pre_hook(lambda module, args: None)
+    x = torch.randn(8, 3)
+    with pytest.raises(RuntimeError, match="layer 'hidden.0' has forward hooks"):
+        flow.log_prob(x)
+    with pytest.raises(RuntimeError, match="parametrizations.weight_norm"):
+        flow.sample(4)
+    handle.remove()
+    torch.nn.utils.parametrizations.weight_norm(layer)
+    flow.eval()
+    with torch.no_grad():
+        samples, log_p = flow.sample_and_log_prob(16)
+        torch.testing.assert_close(log_p, flow.log_prob(samples), rtol=1e-4, atol=1e-4)

@@ -312,3 +312,22 @@ def test_wrong_number_of_params():
     message = r"'params' should have 11 values .*bins=4, tails='identity'"
     with pytest.raises(ValueError, match=message):
         spline.forward(torch.zeros(2, 3), torch.zeros(2, 3, 12))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_computed_in_float32(dtype):
+    """bfloat16 cannot resolve the smallest bins near the interval's ends (0.01 against its
+    spacing of 0.03 at 5): the spline runs in float32 and returns the caller's dtype."""
+    torch.manual_seed(0)
+    spline = RationalQuadraticSpline()
+    params = 3.0 * torch.randn(4000, 2, spline.params_per_feature)
+    x = 3.0 * torch.randn(4000, 2)
+    z32, log_det32 = spline.forward(x, params)
+    z, log_det = spline.forward(x.to(dtype), params.to(dtype))
+    assert z.dtype == log_det.dtype == dtype
+    assert torch.isfinite(log_det).all()
+    reference = spline.forward(x.to(dtype).float(), params.to(dtype).float())
+    torch.testing.assert_close(log_det.float(), reference[1].to(dtype).float())
+    back, _ = spline.inverse(z, params.to(dtype))
+    assert back.dtype == dtype and torch.isfinite(back).all()
+    assert z32.dtype == log_det32.dtype == torch.float32

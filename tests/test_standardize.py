@@ -444,3 +444,23 @@ def test_fit_sets_a_standardize_behind_another_from_the_standardized_data():
     assert torch.allclose(outer.shift, x.double().mean(0).float())
     assert inner.shift.abs().max() < 1e-3 and (inner.scale - 1.0).abs().max() < 1e-3
     assert set_from_data(stacked, [(x,)]) == []  # nothing left to set
+
+
+def test_a_look_without_gradients_gives_way_to_the_first_step_of_a_hand_written_loop():
+    """flow.sample (no gradients) before a loop of your own: the loop's first training batch,
+    not the look, sets both standardizations; later batches keep them."""
+    import flowkit
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 2, generator=g) * 50.0 + 1000.0
+    c = torch.randn(256, 1, generator=g) * 10.0 + 300.0
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
+    flow.sample(4, c[0])
+    data_std, context_std = flow.transform.transforms[0], flow.standardize_context
+    assert torch.equal(data_std.scale, torch.ones(2))  # the look set the identity
+    (-flow.log_prob(x, c).mean()).backward()  # the loop's first step
+    torch.testing.assert_close(data_std.shift, x.mean(0))
+    torch.testing.assert_close(context_std.shift, c.mean(0))
+    shift = data_std.shift.clone()
+    flow.log_prob(x[:64] * 2.0, c[:64])  # a later step
+    assert torch.equal(data_std.shift, shift)

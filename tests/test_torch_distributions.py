@@ -165,6 +165,15 @@ def test_cached_log_prob_of_own_sample(kind, monkeypatch):
     assert d.log_prob(y).requires_grad and calls[0] > 0
 
 
+def test_a_sample_written_in_place_is_scored_afresh(kind):
+    flow = _flow(kind)
+    d = FlowDistribution(flow, torch.randn(5, C, dtype=torch.float64))
+    x = d.rsample()
+    with torch.no_grad():
+        x.mul_(3.0)
+    torch.testing.assert_close(d.log_prob(x), d.log_prob(x.clone()))
+
+
 def test_expand():
     flow = _flow("maf")
     context = torch.randn(5, C, dtype=torch.float64)

@@ -22,8 +22,10 @@ pass takes ``D`` sequential steps, this is what makes ``TransformedDistribution(
 [TanhTransform(cache_size=1)])`` cheap in SAC-style code: the tanh transform hands back the
 pre-squash tensor it cached, and the flow hands back its log-density. Only samples drawn with
 gradients enabled are kept (a sample drawn by :meth:`sample` or under ``torch.no_grad()`` is
-scored afresh, so its log-density carries gradients). Build a new ``FlowDistribution`` after
-changing the flow's parameters, as with any torch distribution.
+scored afresh, so its log-density carries gradients), and only while the tensor is not written
+in place (``x.mul_(2)``, ``x[0] = 1`` bump its version; a write through ``x.data`` does not and
+is not seen). Build a new ``FlowDistribution`` after changing the flow's parameters, as with any
+torch distribution.
 
 Values outside the support. A value with an infinite coordinate (an action clipped to +-1 and
 mapped back through ``atanh``, say) has log-density ``-inf``, as in torch's distributions; a
@@ -94,7 +96,7 @@ class FlowDistribution(Distribution):
         batch_shape = torch.Size() if context is None else context.shape[:-1]
         self.flow = flow
         self.context = context
-        self._cache: tuple[Tensor, Tensor] | None = None
+        self._cache: tuple[Tensor, Tensor, int] | None = None
         super().__init__(batch_shape, torch.Size([flow.features]), validate_args)
 
     @property
@@ -135,14 +137,16 @@ class FlowDistribution(Distribution):
         """Reparameterized samples, ``(*sample_shape, *batch_shape, D)``. With gradients enabled,
         the sample and its log-density are kept for :meth:`log_prob` (see the module notes)."""
         x, log_p = self.rsample_and_log_prob(sample_shape)
-        self._cache = (x, log_p) if torch.is_grad_enabled() else None
+        self._cache = (x, log_p, x._version) if torch.is_grad_enabled() else None
         return x
 
     def log_prob(self, value: Tensor) -> Tensor:
         """``log p(value | context)`` for ``value`` of shape ``(..., *batch_shape, D)``
         (broadcasting as in torch); returns the broadcast shape without the last axis.
         ``-inf`` where ``value`` has an infinite coordinate; NaN is an error."""
-        if self._cache is not None and value is self._cache[0]:
+        if self._cache is not None and value is self._cache[0] and (
+            value._version == self._cache[2]  # not written in place since (x.mul_(2), x[0] = 1)
+        ):
             log_p = self._cache[1]
             return log_p if torch.is_grad_enabled() else log_p.detach()
         if self._validate_args:

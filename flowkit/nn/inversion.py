@@ -190,8 +190,9 @@ def _solve_with_params(
 ) -> tuple[Tensor, Tensor]:
     """:func:`solve_with_params` on arguments its caller checked (the flow layers, which a
     :class:`flowkit.Flow` or the layer's own public methods checked)."""
-    if made.solver == "naive":
+    if made.solver == "naive" or _inside_torch_func():
         return solve_naive_with_params(made, step, like, context, encode)
+    made.refuse_hooks()
     layout = sorted_layout(made)
     one_hot = isinstance(encode, OneHot)
     program = build_program(made, layout, one_hot)
@@ -283,6 +284,14 @@ def _solve_with_params(
     if scratch is not None:
         scratch.release("solver")
     return y, params
+
+
+def _inside_torch_func() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``vjp``, ``jacrev``, ``vmap``) is running.
+    The fast solver saves tensors through ``saved_tensors_hooks``, which ``torch.func`` refuses;
+    the reference solver, the same arithmetic without them, runs there instead."""
+    stack = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return stack is not None and stack() is not None
 
 
 def _check_arguments(made: MADE, like: Tensor, context: Tensor | None) -> None:

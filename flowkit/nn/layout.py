@@ -159,9 +159,17 @@ def sorted_layout(made: MADE) -> SortedLayout:
     layout = _layouts.get(made)
     if layout is not None and layout.key == key:
         return layout
+    with torch.inference_mode(False):  # kept across calls: no inference tensors (autograd)
+        layout = _build(made, key)
+    _layouts[made] = layout
+    return layout
+
+
+def _build(made: MADE, key: tuple[int, ...]) -> SortedLayout:
+    """The layout of the active mask set (see :func:`sorted_layout`)."""
     features, order = made.features, made.order
     degrees = made.degrees()[1:]
-    layout = SortedLayout(
+    return SortedLayout(
         key=key,
         input_perm=_expand(order, made.inputs_per_feature),
         output_perm=_expand(order, made.params_per_feature),
@@ -173,8 +181,6 @@ def sorted_layout(made: MADE) -> SortedLayout:
             for d in degrees
         ],
     )
-    _layouts[made] = layout
-    return layout
 
 
 def _expand(order: Tensor, width: int) -> Tensor:

@@ -276,10 +276,27 @@ class MADE(nn.Module):
         the stages of :func:`flowkit.nn.layout.stages`, through the block staircase of
         :mod:`flowkit.nn.staircase` where it is faster, else through the dense masked
         products."""
+        self.refuse_hooks()
         flat = x.reshape(-1, x.shape[-1])
         if staircase.applies(self, flat.shape[0]):
             return staircase.forward(self, flat).reshape(*x.shape[:-1], -1)
         return layout.run(self, x, lambda s, i, layer, v: layer(v))
+
+    def refuse_hooks(self) -> None:
+        """Refuse module hooks on the masked layers: the staircase and the solver read their
+        weights without calling them, so hooks would run on some paths and not on others (and
+        the hook-based ``torch.nn.utils.weight_norm``, ``spectral_norm`` and ``prune``, which
+        recompute ``weight`` in a pre-hook, would give stale weights)."""
+        for m in (*self.hidden, self.output, self.direct):
+            if m is not None and (m._forward_pre_hooks or m._forward_hooks):
+                label = next(k for k, v in self.named_modules() if v is m)
+                raise RuntimeError(
+                    f"the MADE's layer '{label}' has forward hooks, which flowkit's products "
+                    "do not run (they read the weights directly); for weight or spectral "
+                    "normalisation use torch.nn.utils.parametrizations.weight_norm / "
+                    "spectral_norm (parametrizations work), not the hook-based "
+                    "torch.nn.utils.weight_norm / spectral_norm / prune"
+                )
 
     @property
     def solver(self) -> str:

@@ -152,8 +152,14 @@ def plan(made: MADE) -> Plan:
     if plans is None or any(k[1:] != key[1:] for k in plans):
         plans = _plans[made] = {}
     found = plans.get(key)
-    if found is not None:
-        return found
+    if found is None:
+        with torch.inference_mode(False):  # kept across calls: no inference tensors (autograd)
+            found = plans[key] = _build_plan(made)
+    return found
+
+
+def _build_plan(made: MADE) -> Plan:
+    """The plan of the active mask set (see :func:`plan`)."""
     layout = sorted_layout(made)
     context = made.context_features
     reads, dense, cost, products, permuted = [], 0.0, 0.0, 0, 0
@@ -177,10 +183,8 @@ def plan(made: MADE) -> Plan:
                 permuted += rows.numel() * cols.numel()
             layer_plans.append(LayerPlan(r, c, _inverse(r), _inverse(c), chosen))
         reads.append(layer_plans)
-    found = Plan(reads, _moved(layout.source_perm(INPUTS, context)),
-                 _inverse(_moved(layout.output_perm)), dense - cost, products, permuted)
-    plans[key] = found
-    return found
+    return Plan(reads, _moved(layout.source_perm(INPUTS, context)),
+                _inverse(_moved(layout.output_perm)), dense - cost, products, permuted)
 
 
 def _moved(perm: Tensor) -> Tensor | None:

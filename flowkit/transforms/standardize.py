@@ -22,11 +22,14 @@ as ActNorm (Kingma and Dhariwal, "Glow", 2018) initialises itself:
 A value set by a call is **provisional** (:attr:`Standardize.provisional`):
 :func:`set_from_data`, and so :func:`flowkit.fit`, replace it, so that a look at a new flow's
 samples (``flow.sample``) or a ``log_prob`` on a few rows before ``fit`` does not decide the
-standardization. Later calls never re-estimate it, so a transform being trained in your own
-loop stays the same. A training-mode ``inverse`` with gradients enabled (training by reverse
-KL, where the flow's samples are the data) fixes the value it used (the identity, when it was
-unset) for good. Values given, set by :func:`set_from_data` or :meth:`Standardize.set`, or
-loaded from a file are fixed.
+standardization. A value set by a call *without gradients* (``flow.sample``, a peek under
+``torch.no_grad()``) also gives way to the first training-mode ``forward`` with gradients, the
+first step of a hand-written training loop, which sets it from its batch. Otherwise later
+calls never re-estimate it, so a transform being trained in your own loop stays the same. A
+training-mode ``inverse`` with gradients enabled (training by reverse KL, where the flow's
+samples are the data) fixes the value it used (the identity, when it was unset) for good.
+Values given, set by :func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file
+are fixed.
 
 Code compiled with :func:`torch.compile` skips the initialisation (it reads a flag on the host):
 initialise before compiling.
@@ -90,6 +93,7 @@ class Standardize(Transform):
         self.register_buffer("initialized", torch.tensor(False))
         self._collector: _Collector | None = None
         self.provisional = False
+        self._looked = False  # provisional, set by a call without gradients (see _forward)
         if shift is not None:
             self.set(shift, scale)
 
@@ -138,11 +142,11 @@ class Standardize(Transform):
             self.shift.copy_(values["shift"])
             self.scale.copy_(values["scale"])
             self.initialized.fill_(True)
-        self.provisional = False
+        self.provisional = self._looked = False
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super()._load_from_state_dict(*args, **kwargs)
-        self.provisional = False  # a loaded value is the model's
+        self.provisional = self._looked = False  # a loaded value is the model's
 
     def _see(self, x: Tensor) -> None:
         """Data-dependent initialisation: the part of ``forward`` that reads the data."""
@@ -150,11 +154,14 @@ class Standardize(Transform):
             self._collector.add(self, x.detach())
         elif self.training:
             self.set(*_Moments.of(x.detach()).shift_and_scale(x.dtype))
-            self.provisional = True
+            self.provisional, self._looked = True, not torch.is_grad_enabled()
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        # A value set by a look without gradients (sampling, a no_grad peek) gives way to the
+        # first training-mode call with them: the first step of a hand-written training loop.
         if not torch.compiler.is_compiling() and (
             self._collector is not None or not self.initialized
+            or (self._looked and self.training and torch.is_grad_enabled())
         ):
             self._see(x)
         return (x - self.shift) / self.scale, self._log_det(x, -1.0)
@@ -164,9 +171,10 @@ class Standardize(Transform):
             if not self.initialized:
                 with torch.no_grad():
                     self.initialized.fill_(True)  # the identity
-                self.provisional = True
+                self.provisional, self._looked = True, True
             if torch.is_grad_enabled():
-                self.provisional = False  # trained through (reverse KL): the samples' map stays
+                # trained through (reverse KL): the samples' map stays
+                self.provisional = self._looked = False
         return z * self.scale + self.shift, self._log_det(z, 1.0)
 
     def _log_det(self, like: Tensor, sign: float) -> Tensor:
