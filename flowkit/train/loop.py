@@ -154,8 +154,6 @@ class Trainer:
 
     def _resume(self, c: dict[str, Any]) -> None:
         s, o = self.s, self.o  # the weights were restored by session()
-        if c.get("last_weights") is not None:  # a finished run that restored its best weights
-            self.model.load_state_dict(c["last_weights"])
         then, now = c.get("optimizer_class"), type(self.opt).__name__
         if then is not None and then != now:
             raise ArgumentError(
@@ -163,6 +161,8 @@ class Trainer:
                 f"{now}: its state cannot continue under another; pass the same ",
                 Mention("optimizer"),
             )
+        if c.get("last_weights") is not None:  # a finished run that restored its best weights
+            self.model.load_state_dict(c["last_weights"])
         self.opt.load_state_dict(c["optimizer"])
         self._check_schedule(c)
         if self.sched is not None:
