@@ -12,8 +12,12 @@ batch of parameters and a batch of data returning a ``ConditionalDensityEstimato
 
     builder = posterior_nn("maf", transformer="spline", hidden_features=(64, 64))
     inference = NPE(prior, density_estimator=builder)
-    estimator = inference.append_simulations(theta, x).train()
+    estimator = inference.append_simulations(theta, x).train(clip_max_norm=None)
     samples = inference.build_posterior(estimator).sample((1000,), x=x_o)
+
+``clip_max_norm=None``: sbi clips gradient norms to 5 by default, a threshold set for its own
+networks; a flowkit flow's gradients are about four times larger, so the clip would cut every
+step (docs/sbi.md, "sbi's gradient clipping").
 
 **Standardization.** The flows are built with the builders' ``standardize=True`` (their
 default; pass ``standardize=False`` to switch it off): a
