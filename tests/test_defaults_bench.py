@@ -85,3 +85,17 @@ def test_verdict_counts_only_the_references_standard_error():
     assert lines[0] == ("- t: flowkit-maf vs zuko-maf: yes; flowkit-spline vs zuko-nsf: NO; "
                         "flowkit vs best sklearn: yes")
     assert lines[-1] == "\ntargets met: 2 of 3 comparisons"
+
+
+def test_options_given_win_over_quick():
+    from flowkit.app.defaults_bench import _settings
+
+    parser = cli.build_parser("bench-defaults")
+    quick = _settings(parser.parse_args(["bench-defaults", "--quick", "--out", "o"]))
+    assert (quick.steps, quick.real_steps, quick.n_train, quick.valid_every) == (20, 20, 600, 10)
+    given = _settings(parser.parse_args(["bench-defaults", "--quick", "--steps", "50",
+                                         "--n-train", "900", "--valid-every", "5", "--out", "o"]))
+    assert (given.steps, given.real_steps, given.n_train, given.valid_every) == (50, 20, 900, 5)
+    full = _settings(parser.parse_args(["bench-defaults", "--out", "o"]))
+    assert (full.steps, full.target_steps, full.n_train, full.valid_every) == (3000, 3000, 10000,
+                                                                              None)

@@ -76,6 +76,10 @@ from .table import (
 __all__ = ["add_arguments", "run"]
 
 QUICK_TASKS = ("moons:own", "moons:x100+1000", "iris:raw", "moons|y:own")
+_QUICK = {"steps": 20, "real_steps": 20, "n_train": 600, "n_test": 600, "valid_every": 10,
+          "target_steps": 0}
+"""The budget of ``--quick``, for the options not given."""
+_TARGET_STEPS = 3000
 TARGET = "checkerboard-target"
 _BUDGET = (  # (option, default, what it counts)
     ("--steps", 3000, "optimizer steps of every flow on the toys and moons|y"),
@@ -99,14 +103,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
                         metavar="MODEL", help=f"any of {', '.join(MODELS)} (default: all)")
     for option, default, meaning in _BUDGET:
-        parser.add_argument(option, type=int, default=default,
-                            help=f"{meaning} (default: %(default)s)")
-    parser.add_argument("--target-steps", type=int, default=3000,
-                        help="steps of the checkerboard target; 0 leaves it out "
-                        "(default: %(default)s)")
+        quick = _QUICK.get(option[2:].replace("-", "_"))
+        parser.add_argument(option, type=int, default=None,
+                            help=f"{meaning} (default: {default}"
+                            + ("" if quick is None else f"; {quick} with --quick") + ")")
+    parser.add_argument("--target-steps", type=int, default=None,
+                        help="steps of the checkerboard target; 0 leaves it out (default: "
+                        f"{_TARGET_STEPS}; 0 with --quick)")
     parser.add_argument("--valid-every", type=int, default=None,
                         help="steps between validations (default: once per epoch of the "
-                        "training rows, fit's default)")
+                        "training rows, fit's default; 10 with --quick)")
     parser.add_argument("--patience", type=int, default=100,
                         help="validations without a new best after which a flow stops, the "
                         "same for every library; 0: never (default: %(default)s)")
@@ -115,11 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace) -> argparse.Namespace:
+    """The options' values: those given, else ``--quick``'s (when given), else the defaults."""
     if args.quick:
         args.tasks = args.tasks or list(QUICK_TASKS)
-        args.steps = args.real_steps = 20
-        args.target_steps = 0
-        args.n_train, args.n_test, args.valid_every = 600, 600, 10
+    defaults = {option[2:].replace("-", "_"): default for option, default, _ in _BUDGET}
+    for name, default in {**defaults, "target_steps": _TARGET_STEPS, "valid_every": None}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, _QUICK.get(name, default) if args.quick else default)
     for option, _, _ in _BUDGET:
         value = getattr(args, option[2:].replace("-", "_"))
         if value is not None and value < 1:
