@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from numbers import Integral, Real
 from typing import NamedTuple
@@ -367,3 +367,20 @@ def check_n(n: object) -> int:
     if n < 1:
         raise ValueError(f"'n' should be a positive number of samples, got {n!r}")
     return int(n)
+
+
+SampleShape = int | Sequence[int] | None
+"""What ``sample`` takes: a number of samples, a sample shape, or None (one per context row)."""
+
+
+def check_sample_shape(n: object, context_given: bool) -> torch.Size:
+    """The ``n`` of a ``sample(n, context)`` call as a sample shape: an integer ``n`` (checked
+    by :func:`check_n`) is ``(n,)``, a sequence of integers >= 1 is itself, and ``None`` is
+    ``()`` when a context gives one sample per row (an error without one: how many?)."""
+    if n is None:
+        if not context_given:
+            check_n(n)
+        return torch.Size()
+    if is_int(n) or isinstance(n, str) or not isinstance(n, Sequence):
+        return torch.Size([check_n(n)])
+    return torch.Size(check_int(f"n[{i}]", s, 1) for i, s in enumerate(n))

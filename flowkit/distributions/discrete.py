@@ -55,17 +55,17 @@ from flowkit.nn.inversion import OneHot, solve
 from flowkit.nn.made import MADE
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
 from flowkit.validation import (
+    SampleShape,
     check_batch_context,
     check_features,
     check_int,
-    check_n,
     check_not_empty,
+    check_sample_shape,
     is_int,
 )
 
 __all__ = ["BernoulliMADE", "CategoricalMADE"]
 
-SampleShape = int | Sequence[int] | None
 
 
 def _first_bad(x: Tensor, good: Tensor) -> str:
@@ -140,14 +140,7 @@ class _DiscreteMADE(nn.Module):
         and the context of each of its ``rows``, ``(rows, C)`` (None without context).
         ``n`` is an int, a tuple, or None (one sample per context row)."""
         context = check_batch_context(context, self.context_features, self._reference())
-        if n is None:
-            if context is None:
-                check_n(n)  # an error: how many samples?
-            sample_shape = torch.Size()
-        elif is_int(n) or isinstance(n, str) or not isinstance(n, Sequence):
-            sample_shape = torch.Size([check_n(n)])
-        else:
-            sample_shape = torch.Size(check_int(f"n[{i}]", s, 1) for i, s in enumerate(n))
+        sample_shape = check_sample_shape(n, context is not None)
         if context is None:
             return sample_shape, None
         check_not_empty("context", context, context.shape[:-1])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -13,18 +12,16 @@ from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Transform
 from flowkit.transforms.standardize import Standardize
 from flowkit.validation import (
+    SampleShape,
     broadcast_batch,
     check_batch,
     check_batch_context,
     check_int,
-    check_n,
     check_not_empty,
-    is_int,
+    check_sample_shape,
     nonfinite_rows,
     reference,
 )
-
-SampleShape = int | Sequence[int] | None
 
 
 class Flow(nn.Module):
@@ -297,13 +294,7 @@ class Flow(nn.Module):
         context = check_batch_context(context, self.context_features, self._reference())
         if context is not None:
             check_not_empty("context", context, context.shape[:-1])
-        if n is None:
-            if context is None:
-                check_n(n)  # an error: how many samples?
-            return torch.Size(), context
-        if is_int(n) or isinstance(n, str) or not isinstance(n, Sequence):
-            return torch.Size([check_n(n)]), context
-        return torch.Size(check_int(f"n[{i}]", s, 1) for i, s in enumerate(n)), context
+        return check_sample_shape(n, context is not None), context
 
     def rsample(self, n: SampleShape = None, context: Tensor | None = None) -> Tensor:
         """Reparameterized samples (gradients flow to the parameters and the context);
