@@ -2,15 +2,21 @@
 (:class:`NonFiniteLossError`, :class:`DivergenceError`), the divergence statistic
 (:class:`Divergence`) and the finiteness check of the weights (:func:`first_nonfinite`).
 
-* **Divergence.** The loss smoothed over steps, :math:`m_t = m_{t-1} + 0.1 (\\ell_t - m_{t-1})`
-  (:math:`m_1 = \\ell_1`), is compared with its lowest value so far :math:`m^*`: the run stops
-  when :math:`m_t - m^* > \\tau \\max(1, |m^*|)`, :math:`\\tau` = ``divergence_threshold``. The
-  state is a function of the recorded losses, so a resumed run rebuilds it from its history.
+* **Divergence.** The median of the last 11 steps' losses (of all of them before step 11),
+  :math:`m_t = \\mathrm{median}(\\ell_{t-10}, \\dots, \\ell_t)`, is compared with its lowest
+  value so far :math:`m^*` (from the first step) at every step from the third: the run stops when
+  :math:`m_t - m^* > \\tau \\max(1, |m^*|)`, :math:`\\tau` = ``divergence_threshold``. A median
+  ignores a few far-off batches (heavy-tailed data gives single batch losses of 10^2-10^4 nats
+  now and then, in a run that recovers at once), and it rises as soon as more than half of the
+  window is high (a run that has diverged). The state is a function of the recorded losses, so
+  a resumed run rebuilds it from its history.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 import torch
 from torch import nn
@@ -38,14 +44,15 @@ class NonFiniteLossError(WordedError, FloatingPointError):
 
 
 class DivergenceError(WordedError, FloatingPointError):
-    """The smoothed training loss rose far above its best value (``divergence_threshold``).
+    """The training loss (its running median) rose far above its best value
+    (``divergence_threshold``).
 
     The model holds the weights of the last recording before (or of the best validation, as
     for :class:`NonFiniteLossError`), and the last checkpoint is kept.
 
     Attributes:
-        step: the step at which the smoothed loss crossed the threshold.
-        value: the smoothed loss at that step.
+        step: the step at which the running median of the loss crossed the threshold.
+        value: that median.
         best: its lowest value before.
     """
 
@@ -55,22 +62,26 @@ class DivergenceError(WordedError, FloatingPointError):
 
 
 class Divergence:
-    """The smoothed loss ``m_t`` and its minimum (module notes, "Divergence")."""
+    """The running median ``m_t`` of the last :data:`WINDOW` losses and its minimum (module
+    notes, "Divergence")."""
 
-    SMOOTHING = 0.1
+    WINDOW = 11
+    FIRST = 3  # the first step checked (a median of two losses is their mean)
 
     def __init__(self, threshold: float | None):
-        self.threshold, self.mean, self.best = threshold, math.nan, math.inf
+        self.threshold, self.median, self.best = threshold, math.nan, math.inf
+        self.recent: deque[float] = deque(maxlen=self.WINDOW)
 
     def update(self, loss: float) -> bool:
         """Add the next step's (finite) loss; whether the run has diverged."""
         if self.threshold is None:
             return False
-        self.mean = loss if math.isnan(self.mean) else self.mean + self.SMOOTHING * (
-            loss - self.mean
+        self.recent.append(loss)
+        self.median = statistics.median(self.recent)
+        self.best = min(self.best, self.median)
+        return len(self.recent) >= self.FIRST and (
+            self.median - self.best > self.threshold * max(1.0, abs(self.best))
         )
-        self.best = min(self.best, self.mean)
-        return self.mean - self.best > self.threshold * max(1.0, abs(self.best))
 
 
 def first_nonfinite(model: nn.Module, dist: Dist) -> tuple[str, float] | None:

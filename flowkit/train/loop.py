@@ -342,11 +342,12 @@ class Trainer:
                 d = self.divergence
                 self._fail(
                     DivergenceError,
-                    (f"the training loss diverged at step {step}: smoothed over steps it "
-                     f"reached {d.mean:.4g}, far above its best {d.best:.4g} (more than "
+                    (f"the training loss diverged at step {step}: its median over the last "
+                     f"{d.WINDOW} steps reached {d.median:.4g}, far above its best "
+                     f"{d.best:.4g} (more than "
                      f"{d.threshold:g} x max(1, |best|) above it; see ",
                      Mention("divergence_threshold"), ")"),
-                    step, d.mean, best=d.best,
+                    step, d.median, best=d.best,
                 )
         self.objective.recorded()
         self.history.train_loss.extend(values)
