@@ -1385,3 +1385,17 @@ def test_isolated_far_off_batches_are_not_a_divergence():
     row, do not stop a run that goes on as before; the running median ignores them."""
     h = fit(_Spikes({4, 15, 16, 40}, 1e4), gaussian, steps=60, batch_size=64, seed=0, **QUIET)
     assert len(h.train_loss) == 60 and max(h.train_loss) > 1e4
+
+
+def test_a_run_that_fails_at_once_keeps_its_standardization_and_says_no_more_to_standardize():
+    """The weights given back after a failure at the first recording are those after fit set the
+    standardization (they were those before it: an unset Standardize); the message does not tell
+    a flow that standardizes its data to standardize it."""
+    flow = small_maf()
+    x = gaussian(1000) * 5.0 + 100.0
+    with pytest.raises(DivergenceError) as info:
+        fit(flow, x, steps=200, batch_size=64, lr=10.0, seed=0, **QUIET)
+    standardize = flow.transform.transforms[0]
+    assert bool(standardize.initialized)
+    torch.testing.assert_close(standardize.shift, x.mean(0))
+    assert "standardise the data" not in str(info.value)

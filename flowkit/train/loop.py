@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from ..checkpoint import (
     save_checkpoint,
 )
+from ..transforms import Standardize
 from ..validation import ArgumentError, Mention, WordedError, validate_values
 from .callbacks import Progress
 from .checks import Divergence, DivergenceError, NonFiniteLossError, first_nonfinite
@@ -255,6 +256,7 @@ class Trainer:
                     with torch.random.fork_rng(devices=cuda), validate_values(True):
                         check(args)
                     checked = True
+                    self.good = _copy(self.model)  # with the standardization check() set
                 self._train_step(runner, args)
                 self._between_steps()
             self._record()
@@ -405,9 +407,11 @@ def _advice(
     if fixes:
         parts += [
             ". Usual fixes: lower the learning rate (", Mention("lr", t.o["lr"]),
-            " now), clip gradients (", Mention("clip_grad_norm", 1.0), "), standardise the data "
-            "(zero mean and unit variance per feature) and check it for extreme values or "
-            "duplicates (continuous densities on repeated points grow without bound).",
+            " now), clip gradients (", Mention("clip_grad_norm", 1.0), "), ",
+            "" if _standardizes(t.model) else
+            "standardise the data (zero mean and unit variance per feature) and ",
+            "check the data for extreme values or duplicates (continuous densities on repeated "
+            "points grow without bound).",
         ]
     parts.append(
         " The model holds the "
@@ -448,6 +452,11 @@ def _schedule_parts(name: str | None) -> tuple[str | Mention, ...]:
     if name == _UNRECORDED:
         return ("a learning-rate schedule",)
     return (Mention("lr_schedule", name),)
+
+
+def _standardizes(model: nn.Module) -> bool:
+    """Whether the model standardizes its data itself (a flowkit Standardize set from it)."""
+    return any(isinstance(m, Standardize) and bool(m.initialized) for m in model.modules())
 
 
 def _copy(model: nn.Module) -> dict[str, Tensor]:
