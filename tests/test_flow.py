@@ -433,3 +433,8 @@ def test_maf_and_iaf_share_one_typed_signature():
         MAF(2, foo=1)
     with pytest.raises(TypeError, match=r"^IAF\(\): missing a required argument: 'features'"):
         IAF()
+
+
+def test_building_under_a_meta_default_device_is_refused_with_the_way_out():
+    with torch.device("meta"), pytest.raises(RuntimeError, match="build the flow on the CPU"):
+        flowkit.MAF(3)

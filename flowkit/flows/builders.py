@@ -108,6 +108,12 @@ def _autoregressive_flow(
     """The stack both builders make, its layers in ``direction``: the one signature of
     :func:`MAF` and :func:`IAF` (see :func:`_builder`), documented in :func:`MAF`."""
     # MADE checks hidden_features and residual; the rest is checked here.
+    if torch.empty(0).device.type == "meta":
+        raise RuntimeError(
+            "flowkit flows compute their structure (orderings, masks, permutations) into buffers "
+            "when they are built, which a 'meta' default device cannot hold (and to_empty() "
+            "would not fill): build the flow on the CPU and move it with .to(device)"
+        )
     features = check_int("features", features, 1)
     layers = check_int("layers", layers, 1)
     context_features = check_int("context_features", context_features, 0)
