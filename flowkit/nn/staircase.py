@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterator
 from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -94,12 +95,18 @@ def blocks(prefix: list[int], width: int) -> tuple[list[Block], float, float]:
 
 def _cost(plan: list[Block], rows: int) -> float:
     """The estimated time of ``plan``'s column chunks (see :data:`PACK`)."""
-    cost, done = 0.0, 0
+    return sum((rows - r0 + PACK) * (c1 - c0) + WRITE * (rows - r0) + CALL
+               for r0, c0, c1 in _chunk_edges(plan))
+
+
+def _chunk_edges(plan: list[Block]) -> Iterator[tuple[int, int, int]]:
+    """The column chunks of ``plan``, ``(r0, c0, c1)``: block ``i`` adds the columns
+    ``[L_{i-1}, L_i)``, which its rows (from ``r0`` on) and all later rows read."""
+    done = 0
     for r0, _, n in plan:
         if n > done:
-            cost += (rows - r0 + PACK) * (n - done) + WRITE * (rows - r0) + CALL
+            yield r0, done, n
             done = n
-    return cost
 
 
 def _round_up(n: int, multiple: int, limit: int) -> int:
@@ -267,14 +274,8 @@ def _sorted(weight: Tensor, lp: LayerPlan) -> Tensor:
 
 
 def _chunks(weight: Tensor, plan: list[Block]) -> list[Chunk]:
-    """The column chunks of a sorted weight: block ``i`` adds the columns ``[L_{i-1}, L_i)``,
-    which its rows and all later rows read."""
-    chunks, done = [], 0
-    for r0, _, n in plan:
-        if n > done:
-            chunks.append((r0, done, n, weight[r0:, done:n].t()))
-            done = n
-    return chunks
+    """The column chunks (:func:`_chunk_edges`) of a sorted weight."""
+    return [(r0, c0, c1, weight[r0:, c0:c1].t()) for r0, c0, c1 in _chunk_edges(plan)]
 
 
 def _product(x: Tensor, chunks: list[Chunk], bias: Tensor | None, width: int,
@@ -332,12 +333,8 @@ class _StaircaseLinear(torch.autograd.Function):
 def _masked_chunks(weight: Tensor, mask: Tensor, plan: list[Block]) -> list[Chunk]:
     """:func:`_chunks` of ``weight * mask`` (stored sorted), each chunk a product of its own:
     the entries outside the chunks are not computed."""
-    chunks, done = [], 0
-    for r0, _, n in plan:
-        if n > done:
-            chunks.append((r0, done, n, (weight[r0:, done:n] * mask[r0:, done:n]).t()))
-            done = n
-    return chunks
+    return [(r0, c0, c1, (weight[r0:, c0:c1] * mask[r0:, c0:c1]).t())
+            for r0, c0, c1 in _chunk_edges(plan)]
 
 
 def _grad_weight(grad: Tensor, x: Tensor, mask: Tensor, lp: LayerPlan) -> Tensor:
