@@ -318,8 +318,3 @@ def save_figure(
         fig.savefig(buffer, format="png", dpi=dpi)
     write_bytes_atomic(path, buffer.getvalue())
     return path
-    fig.set_dpi(dpi)
-    canvas.draw()
-    rgb = Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB")
-    rgb.quantize(256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
-    return path
