@@ -83,7 +83,11 @@ def check_same_settings(
 ) -> None:
     """Refuse to continue the run in ``where``, whose options were ``saved``, with options
     ``now`` that differ in a ``fixed`` one (named as its option, the first that differs), or
-    with fewer ``epochs`` than it was started for."""
+    with fewer ``epochs`` than it was started for. With a learning-rate ``schedule`` other
+    than ``"constant"``, ``epochs`` is fixed too (the schedule was built for the run's
+    length)."""
+    if now.get("schedule", "constant") != "constant":
+        fixed = (*fixed, "epochs")
     for key in fixed:
         if saved.get(key) != now.get(key):
             raise ValueError(

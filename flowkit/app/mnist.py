@@ -240,8 +240,7 @@ def _check_resume(args: argparse.Namespace, out: Path) -> None:
             "not written by 'flowkit mnist' (or by an older version, whose runs cannot be "
             "resumed); pick another --out"
         )
-    fixed = _FIXED_ON_RESUME + (("epochs",) if args.schedule != "constant" else ())
-    check_same_settings(json.loads(path.read_text()), _settings(args), fixed, out)
+    check_same_settings(json.loads(path.read_text()), _settings(args), _FIXED_ON_RESUME, out)
 
 
 def _write_settings(args: argparse.Namespace, path: Path) -> None:

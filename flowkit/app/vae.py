@@ -87,7 +87,7 @@ SETTINGS_NAME = "settings.json"
 _FIXED_ON_RESUME = ("quick", "latent", "hidden", "flow_layers", "flow_hidden", "context",
                     "batch_size", "lr", "schedule", "seed")
 """Options (as ``args`` names) that a resumed run must share with the run it continues; with
-the cosine schedule, ``epochs`` too."""
+the cosine schedule, ``epochs`` too (:func:`~flowkit.app.common.check_same_settings`)."""
 
 
 def _fingerprint(tensors: Iterable[Tensor]) -> str:
@@ -211,8 +211,8 @@ def _check_or_write_settings(args: argparse.Namespace, epochs: int, path: Path) 
     now["epochs"] = epochs
     prefix = "--resume: " if args.resume else ""
     if path.is_file():
-        fixed = _FIXED_ON_RESUME + (("epochs",) if args.schedule != "constant" else ())
-        check_same_settings(json.loads(path.read_text()), now, fixed, path.parent, prefix)
+        check_same_settings(json.loads(path.read_text()), now, _FIXED_ON_RESUME, path.parent,
+                            prefix)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, (json.dumps(now, indent=2) + "\n").encode())
 
