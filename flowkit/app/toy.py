@@ -264,9 +264,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     use_one_cpu_thread(args.device)
     if args.sweep:
         refuse_to_replace(args.out / "sweep.md", False, resumable=False)
-    else:
-        refuse_to_replace_gallery(args.out, args.datasets, args.flows, args.transformer)
-    if args.sweep:
         records = robustness_sweep(
             args.datasets,
             args.flows,
@@ -284,6 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "failed": sum(not r["finite"] for r in records),
             "records": records,
         }
+    refuse_to_replace_gallery(args.out, args.datasets, args.flows, args.transformer)
     metrics = run_toy(
         args.datasets,
         args.flows,
