@@ -147,7 +147,10 @@ class Trainer:
         self.pending: list[Tensor] = []  # losses of the steps since the last recording
         if s.ckpt is not None:
             self._resume(s.ckpt)
-        self.good_step, self.good = self.step, _copy(model)  # the last weights found finite
+        # the last weights found finite: copied when the run starts (after check() of run()
+        # has set the standardization), then at every recording whose weights pass
+        self.good_step = self.step
+        self.good: dict[str, Tensor] | None = None
         self.bar = _Bar(plan.steps, self.step, s.objective, o["progress"] and s.dist.is_main)
         self.wall_start, self.t0 = self.history.wall_time, time.perf_counter()
 
@@ -256,7 +259,7 @@ class Trainer:
                     with torch.random.fork_rng(devices=cuda), validate_values(True):
                         check(args)
                     checked = True
-                    self.good = _copy(self.model)  # with the standardization check() set
+                    self.good = _copy(self.model)
                 self._train_step(runner, args)
                 self._between_steps()
             self._record()
