@@ -262,7 +262,7 @@ class TensorSource:
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         if "rows" not in state:  # written before these were recorded
             return
-        check_same_batch_size(state, self.batch_size)
+        _check_same_batch_size(state, self.batch_size)
         rows = self.x.shape[0]
         if state["rows"] != rows or not torch.allclose(
             state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
@@ -289,7 +289,7 @@ def _fingerprint(x: Tensor, c: Tensor | None) -> Tensor:
     return torch.cat(sums).cpu()
 
 
-def check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
+def _check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
     """Refuse to resume a run written with another batch size (recorded as ``batch_size``)."""
     if state.get("batch_size", batch_size) != batch_size:
         raise ArgumentError(
@@ -331,7 +331,7 @@ class SamplerSource:
         return {"generator": self.generator.get_state(), "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        check_same_batch_size(state, self.batch_size)
+        _check_same_batch_size(state, self.batch_size)
         self.generator.set_state(state["generator"])
 
 
