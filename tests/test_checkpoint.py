@@ -519,23 +519,23 @@ def test_a_spline_flow_of_config_version_1_loads_with_identity_tails(tmp_path):
         loaded = load_model(path)
         tails = {m.transformer.tails for m in loaded.modules() if hasattr(m, "transformer")}
         assert tails == {"identity"}
-        assert loaded.config["version"] == 2
+        assert loaded.config["version"] == 3
         assert loaded.config["kwargs"]["transformer_kwargs"] == {"tails": "identity", "bins": 4}
         assert torch.equal(loaded.log_prob(x), old.eval().log_prob(x))
 
 
 def test_a_new_spline_flow_records_its_version_and_has_linear_tails(tmp_path):
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,), transformer="spline")
-    assert flow.config["version"] == 2
+    assert flow.config["version"] == 3
     assert flow.transform.transforms[1].transformer.tails == "linear"
     save_model(flow, tmp_path / "m.pt")
     assert load_model(tmp_path / "m.pt").config == flow.config
 
 
 def test_a_config_version_from_a_newer_flowkit_is_refused(tmp_path):
-    config = {**MODELS["maf"]().config, "version": 3}
+    config = {**MODELS["maf"]().config, "version": 4}
     _model_file(tmp_path / "m.pt", config)
-    with pytest.raises(CheckpointError, match="config version 3, written by a newer flowkit"):
+    with pytest.raises(CheckpointError, match="config version 4, written by a newer flowkit"):
         load_model(tmp_path / "m.pt")
 
 

@@ -34,7 +34,7 @@ def test_npz_key_and_context_array_with_spline(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     m = _metrics(out)
     assert (m["features"], m["context_features"], m["transformer"]) == (2, 1, "spline")
-    assert m["standardize"] is True
+    assert m["standardize"] == flowkit.flows.builders.DEFAULT_STANDARDIZATION
     assert (out / "samples.png").stat().st_size > 0 and (out / "loss.png").exists()
     flow = flowkit.load_model(out / "checkpoint.pt")
     assert flow.context_features == 1 and flow.standardize_context.initialized
@@ -173,3 +173,19 @@ def test_resume_with_another_lr_schedule_names_the_option(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "was written by a run with --lr-schedule none, not --lr-schedule cosine; pass " \
            "--lr-schedule none to resume it" in err
+
+
+def test_full_standardization_from_the_command_line(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    u = rng.normal(size=(80, 2))
+    np.save(tmp_path / "d.npy", np.c_[u[:, 0] * 100.0, u[:, 0] + 0.1 * u[:, 1]])
+    out = tmp_path / "full"
+    assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--standardize", "full", *FAST,
+                     "--out", str(out)]) == 0
+    std = flowkit.load_model(out / "checkpoint.pt").transform.transforms[0]
+    assert std.covariance == "full" and std.cholesky[1, 0] > 0.9  # the columns' correlation
+    assert _metrics(out)["standardize"] == "full"
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--standardize", "full",
+                  "--no-standardize", *FAST, "--out", str(tmp_path / "both")])
+    assert "not allowed with argument" in capsys.readouterr().err

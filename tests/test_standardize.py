@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flowkit import MADE, Flow, StandardNormal
-from flowkit.flows.builders import make_transformer
+from flowkit.flows.builders import DEFAULT_STANDARDIZATION, make_transformer
 from flowkit.transforms import Compose, MaskedAutoregressive, Permutation, Standardize
 from flowkit.transforms.standardize import set_from_data, unset
 
@@ -206,7 +206,8 @@ def test_builders_standardize_data_and_context_by_default():
         assert isinstance(first, Standardize) and first.features == 3
         assert isinstance(flow.standardize_context, Standardize)
         assert flow.standardize_context.features == 2
-        assert flow.config["kwargs"]["standardize"] is True
+        assert first.covariance == DEFAULT_STANDARDIZATION
+        assert flow.config["kwargs"]["standardize"] == DEFAULT_STANDARDIZATION  # what True means now
         assert len(unset(flow)) == 2
         plain = build(3, layers=2, hidden_features=(8,), context_features=2, standardize=False)
         assert not unset(plain) and plain.standardize_context is None
@@ -464,3 +465,169 @@ def test_a_look_without_gradients_gives_way_to_the_first_step_of_a_hand_written_
     shift = data_std.shift.clone()
     flow.log_prob(x[:64] * 2.0, c[:64])  # a later step
     assert torch.equal(data_std.shift, shift)
+
+
+# ------------------------------------------------------------------ full covariance
+
+
+def _correlated(n, generator, dtype=torch.float64):
+    mixing = torch.tensor([[1.0, 0.0, 0.0], [0.9, 0.3, 0.0], [-0.5, 0.7, 0.2]], dtype=dtype)
+    x = torch.randn(n, 3, generator=generator, dtype=dtype) @ mixing.T
+    return x * torch.tensor([1e3, 1.0, 1e-3], dtype=dtype) + torch.tensor([5e3, -2.0, 0.0])
+
+
+def test_full_covariance_whitens_the_data_it_was_set_from(monkeypatch):
+    """Without shrinkage the standardized rows have exactly the identity covariance; with it,
+    (1 - a) R + a I = L L^T, and log|det| is -sum log scale - sum log diag L."""
+    x = _correlated(2000, torch.Generator().manual_seed(0))
+    monkeypatch.setattr(Standardize, "SHRINKAGE", 0.0)
+    t = Standardize.from_data(x, covariance="full")
+    z, log_det = t(x)
+    assert torch.allclose(z.mean(0), torch.zeros(3, dtype=torch.float64), atol=1e-10)
+    assert torch.allclose(torch.cov(z.T, correction=0), torch.eye(3, dtype=torch.float64),
+                          atol=1e-10)
+    covariance = torch.cov(x.T, correction=0)
+    assert torch.allclose(log_det, torch.full((2000,), -0.5 * torch.logdet(covariance).item(),
+                                              dtype=torch.float64), atol=1e-9)
+    monkeypatch.setattr(Standardize, "SHRINKAGE", 0.25)
+    shrunk = Standardize.from_data(x, covariance="full")
+    correlation = torch.corrcoef(x.T)
+    expected = 0.75 * correlation + 0.25 * torch.eye(3, dtype=torch.float64)
+    assert torch.allclose(shrunk.cholesky @ shrunk.cholesky.T, expected, atol=1e-10)
+    assert torch.equal(torch.triu(shrunk.cholesky, 1), torch.zeros(3, 3, dtype=torch.float64))
+
+
+def test_full_covariance_round_trip_and_log_det_against_autograd():
+    x = _correlated(500, torch.Generator().manual_seed(1))
+    t = Standardize.from_data(x, covariance="full")
+    z, log_det = t(x[:7])
+    back, inverse_log_det = t.inverse(z)
+    assert torch.allclose(back, x[:7], rtol=1e-12, atol=1e-9)
+    assert torch.allclose(log_det, -inverse_log_det, rtol=0, atol=1e-12)
+    for row, value in zip(x[:7], log_det):
+        jacobian = torch.autograd.functional.jacobian(lambda v: t(v[None])[0][0], row)
+        assert torch.allclose(torch.logdet(jacobian), value, rtol=0, atol=1e-10)
+        assert torch.equal(torch.triu(jacobian, 1), torch.zeros(3, 3, dtype=torch.float64))
+
+
+def test_full_covariance_from_many_batches_equals_one_pass():
+    """Co-moments merged batch by batch (uneven batches, data far from zero) give the values
+    of one pass over all rows (to the float64 resolution of the third feature: deviations of
+    1e-3 at 1e6)."""
+    x = _correlated(3000, torch.Generator().manual_seed(2)) + 1e6
+    one = Standardize.from_data(x, covariance="full")
+    model = Compose([Standardize(3, covariance="full"), Permutation.reverse(3)]).double()
+    (many,) = set_from_data(model, [(chunk,) for chunk in x.split(700)], call=model)
+    for name in ("shift", "scale", "cholesky"):
+        assert torch.allclose(getattr(many, name), getattr(one, name), rtol=1e-7, atol=1e-7)
+
+
+def test_full_covariance_with_constant_and_collinear_features():
+    """A constant feature is only shifted (scale 1, uncorrelated); exactly collinear features
+    and fewer rows than features still give a finite, invertible map (the shrinkage)."""
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(200, 2, generator=g, dtype=torch.float64)
+    x = torch.cat([u, u[:, :1] + u[:, 1:], torch.full((200, 1), 747.0, dtype=torch.float64)], 1)
+    t = Standardize.from_data(x, covariance="full")
+    assert t.scale[3] == 1.0 and torch.equal(t.cholesky[3], torch.tensor([0.0, 0, 0, 1]).double())
+    z, log_det = t(x)
+    assert torch.isfinite(z).all() and torch.isfinite(log_det).all()
+    assert torch.allclose(t.inverse(z)[0], x, atol=1e-9)
+    few = Standardize.from_data(torch.randn(3, 6, generator=g, dtype=torch.float64),
+                                covariance="full")
+    assert torch.isfinite(few.cholesky).all() and (torch.diagonal(few.cholesky) > 0).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"covariance": "block"}, r"'covariance' should be 'diagonal' or 'full', got 'block'"),
+        ({"cholesky": torch.eye(2)}, r"'cholesky' was given but 'covariance' is 'diagonal'"),
+        ({"covariance": "full", "shift": [0.0, 0.0], "scale": [1.0, 1.0]},
+         r"pass 'shift', 'scale' and 'cholesky' together"),
+        ({"covariance": "full", "cholesky": torch.eye(2)},
+         r"pass 'shift', 'scale' and 'cholesky' together"),
+        ({"covariance": "full", "shift": [0.0, 0.0], "scale": [1.0, 1.0],
+          "cholesky": torch.eye(3)}, r"'cholesky' should have shape \(2, 2\)"),
+        ({"covariance": "full", "shift": [0.0, 0.0], "scale": [1.0, 1.0],
+          "cholesky": [[1.0, 0.5], [0.0, 1.0]]}, r"'cholesky' should be lower triangular"),
+        ({"covariance": "full", "shift": [0.0, 0.0], "scale": [1.0, 1.0],
+          "cholesky": [[1.0, 0.0], [0.5, 0.0]]}, r"'cholesky' should have a positive diagonal"),
+        ({"covariance": "full", "shift": [0.0, 0.0], "scale": [1.0, 1.0],
+          "cholesky": [[1.0, 0.0], [math.nan, 1.0]]}, r"'cholesky' should be finite"),
+    ],
+)
+def test_bad_covariance_or_cholesky_is_refused_by_name(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Standardize(2, **kwargs)
+
+
+def test_a_diagonal_standardize_refuses_a_cholesky_in_set():
+    with pytest.raises(ValueError, match="covariance='diagonal'"):
+        Standardize(2).set([0.0, 0.0], [1.0, 1.0], torch.eye(2))
+    with pytest.raises(ValueError, match="covariance='full'"):
+        Standardize(2, covariance="full").set([0.0, 0.0], [1.0, 1.0])
+
+
+@pytest.mark.parametrize("transformer", ["affine", "spline"])
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_full_standardization_is_invariant_to_units_and_without_shrinkage_to_triangular_maps(
+    builder, transformer, monkeypatch
+):
+    """Fitted to y = A x + b, the flow gives log p(y) = log p(x) - log det A: for any positive
+    diagonal A (units), and without shrinkage for any lower-triangular A with a positive
+    diagonal (each feature also shifted by the ones before it; the shrunk correlation of A x is
+    not that of x carried over)."""
+    import flowkit
+
+    g = torch.Generator().manual_seed(4)
+    x = _correlated(400, g)
+    c = torch.randn(400, 2, generator=g, dtype=torch.float64)
+    units = torch.diag(torch.tensor([1e-3, 250.0, 40.0], dtype=torch.float64))
+    triangular = torch.tensor([[1e-3, 0.0, 0.0], [2e-3, 250.0, 0.0], [-1e-3, 0.5, 4e3]],
+                              dtype=torch.float64)
+    b = torch.tensor([7.0, -1e4, 3.0], dtype=torch.float64)
+
+    def flow():
+        torch.manual_seed(0)
+        f = getattr(flowkit, builder)(3, layers=2, hidden_features=(16,), context_features=2,
+                                      transformer=transformer, standardize="full").double()
+        with torch.no_grad():  # leave the identity
+            for p in f.parameters():
+                p.add_(0.2 * torch.randn_like(p))
+        return f
+
+    for a, shrinkage in ((units, Standardize.SHRINKAGE), (triangular, 0.0)):
+        monkeypatch.setattr(Standardize, "SHRINKAGE", shrinkage)
+        own, other = flow(), flow()
+        set_from_data(own, [(x, c)])
+        set_from_data(other, [(x @ a.T + b, c * 30.0)])
+        expected = own.log_prob(x[:20], c[:20]) - torch.logdet(a)
+        got = other.log_prob(x[:20] @ a.T + b, c[:20] * 30.0)
+        assert torch.allclose(got, expected, rtol=0, atol=1e-8)
+    assert other.standardize_context.covariance == "diagonal"  # the context: per feature
+
+
+def test_full_standardization_is_saved_and_loaded_and_old_configs_keep_the_diagonal(tmp_path):
+    import warnings
+
+    import flowkit
+
+    x = _correlated(300, torch.Generator().manual_seed(5)).float()
+    flow = flowkit.MAF(3, layers=2, hidden_features=(8,), standardize="full")
+    assert flow.config["kwargs"]["standardize"] == "full"
+    set_from_data(flow, [(x,)])
+    flowkit.save_model(flow, tmp_path / "full.pt")
+    loaded = flowkit.load_model(tmp_path / "full.pt")
+    assert loaded.transform.transforms[0].covariance == "full"
+    assert torch.equal(loaded.log_prob(x[:5]), flow.eval().log_prob(x[:5]))
+    # a file of config version 2 recorded standardize=True for the diagonal standardization
+    old = flowkit.MAF(3, layers=2, hidden_features=(8,), standardize="diagonal")
+    old.config["kwargs"]["standardize"] = True
+    old.config["version"] = 2
+    flowkit.save_model(old, tmp_path / "old.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = flowkit.load_model(tmp_path / "old.pt")
+    assert again.transform.transforms[0].covariance == "diagonal"
+    assert again.config["kwargs"]["standardize"] == "diagonal"

@@ -64,6 +64,9 @@ TRANSFORMS = {
     "permutation-random": lambda: Permutation.random(D, seed=1),
     "standardize": lambda: Standardize(D, shift=torch.randn(D), scale=torch.rand(D) + 0.1),
     "standardize-from-data": lambda: Standardize.from_data(torch.randn(50, D) * 30.0 + 7.0),
+    "standardize-full": lambda: Standardize.from_data(
+        torch.randn(50, D) @ torch.randn(D, D) * 30.0 + 7.0, covariance="full"
+    ),
     "inverse": lambda: Inverse(autoregressive("maf", "affine")),
     "compose": lambda: Compose(
         [Standardize(D, shift=torch.randn(D), scale=torch.rand(D) + 0.1),

@@ -144,7 +144,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="elementwise map of each layer (default: %(default)s)",
     )
     model.add_argument("--batch-norm", action="store_true", help="batch norm between layers")
-    model.add_argument(
+    standardization = model.add_mutually_exclusive_group()
+    standardization.add_argument(
+        "--standardize",
+        choices=("diagonal", "full"),
+        default=None,
+        help="how the flow standardizes its data: each column by its mean and standard "
+        "deviation (diagonal), or also dividing out the correlations between columns (full); "
+        "default: the library's (flowkit.MAF's standardize=True). The context is standardized "
+        "per column either way",
+    )
+    standardization.add_argument(
         "--no-standardize",
         action="store_true",
         help="do not standardize the data and context (the flow sees them as given)",
@@ -268,7 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             context_features=context_features,
             transformer=args.transformer,
             batch_norm=args.batch_norm,
-            standardize=not args.no_standardize,
+            standardize=_standardize(args),
             seed=args.seed,
         )
         history = fit(
@@ -296,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "transformer": args.transformer,
         "features": features,
         "context_features": context_features,
-        "standardize": not args.no_standardize,
+        "standardize": flow.config["kwargs"]["standardize"],  # the kind, or False
         "batch_size": args.batch_size,
         "parameters": sum(p.numel() for p in flow.parameters()),
         "steps": len(history.train_loss),
@@ -321,6 +331,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if features == 2:
             plot_samples(flow, shown, args.out / "samples.png", title)
     return metrics
+
+
+def _standardize(args: argparse.Namespace) -> bool | str:
+    """The builders' ``standardize`` for --standardize / --no-standardize."""
+    if args.no_standardize:
+        return False
+    return True if args.standardize is None else args.standardize
 
 
 def number_or_off(text: str) -> float | None:

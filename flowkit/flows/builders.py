@@ -101,7 +101,7 @@ def _autoregressive_flow(
     learnable_base: bool = False,
     conditional_base: bool = False,
     embedding: nn.Module | dict | None = None,
-    standardize: bool = True,
+    standardize: bool | Literal["diagonal", "full"] = True,
     seed: int = 0,
     base_context: Literal["embedded", "raw"] = "embedded",
 ) -> Flow:
@@ -121,7 +121,7 @@ def _autoregressive_flow(
     batch_norm = check_bool("batch_norm", batch_norm)
     learnable_base = check_bool("learnable_base", learnable_base)
     conditional_base = check_bool("conditional_base", conditional_base)
-    standardize = check_bool("standardize", standardize)
+    standardize = _standardization(standardize)
     activation_cls = activation_class(activation)
     if learnable_base and conditional_base:
         raise ValueError(
@@ -136,14 +136,16 @@ def _autoregressive_flow(
     # The context path: raw (N, C) -> Standardize -> embedding -> (N, H), read by every MADE
     # and by a conditional base (base_context="raw": the base reads the standardized (N, C)).
     standardize_context = None
-    if standardize and context_features:
+    if standardize is not None and context_features:
         standardize_context = Standardize(context_features)
     embedded = context_features
     if embedding is not None:
         embedding = build_embedding(embedding)
         embedded = embedded_features(embedding, context_features)
     permutations = _permutations(permutation, features, layers, seed)
-    transforms: list[Transform] = [Standardize(features)] if standardize else []
+    transforms: list[Transform] = []
+    if standardize is not None:
+        transforms.append(Standardize(features, covariance=standardize))
     for i in range(layers):
         tau = make_transformer(transformer, **(transformer_kwargs or {}))
         made = MADE(
@@ -179,6 +181,31 @@ def _autoregressive_flow(
     )
 
 
+#: What ``standardize=True`` builds (see :func:`MAF`).
+DEFAULT_STANDARDIZATION: Literal["diagonal", "full"] = "diagonal"
+
+
+def _standardization(standardize: object) -> Literal["diagonal", "full"] | None:
+    """The data standardization's ``covariance`` for the builders' ``standardize`` argument
+    (``None``: none)."""
+    if standardize is True:
+        return DEFAULT_STANDARDIZATION
+    if standardize is False:
+        return None
+    if standardize in ("diagonal", "full"):
+        return standardize  # type: ignore[return-value]
+    raise ValueError(
+        f"'standardize' should be True, False, 'diagonal' or 'full', got {standardize!r}"
+    )
+
+
+def _stored_standardize(standardize: object) -> object:
+    """The config's form of ``standardize``: what it builds (``True`` stored as the kind it
+    means now, so that a later change of the default does not change a saved model)."""
+    kind = _standardization(standardize)
+    return False if kind is None else kind
+
+
 def _stored_embedding(embedding: nn.Module | dict | None) -> dict | None:
     """The JSON form of the ``embedding`` argument in a builder's config (see
     :func:`flowkit.nn.embedding.embedding_config`); a stored config stays as it is."""
@@ -205,17 +232,24 @@ def _builder(direction: Direction, name: str, doc: str) -> Callable[..., Flow]:
     build.__name__ = build.__qualname__ = name
     build.__doc__ = doc
     return register_model(
-        store={"activation": activation_name, "embedding": _stored_embedding},
+        store={
+            "activation": activation_name,
+            "embedding": _stored_embedding,
+            "standardize": _stored_standardize,
+        },
         added={"standardize": False},  # files saved before it rebuild the unstandardized flow
-        version=2,
-        upgrade=_identity_tails,
+        version=3,
+        upgrade=_upgrade,
     )(build)
 
 
-def _identity_tails(kwargs: dict[str, Any], version: int) -> dict[str, Any]:
-    """The arguments of a file of config version 1, when a spline's tails were the identity by
-    default (version 2 made them linear): rebuilds its splines with identity tails."""
-    if kwargs.get("transformer") != "spline":
+def _upgrade(kwargs: dict[str, Any], version: int) -> dict[str, Any]:
+    """The arguments that rebuild a file of an older config version: version 1 (a spline's
+    tails were the identity by default; version 2 made them linear) and versions 1-2 (which
+    stored ``standardize=True`` for the diagonal standardization; version 3 stores the kind)."""
+    if kwargs.get("standardize") is True:
+        kwargs = {**kwargs, "standardize": "diagonal"}
+    if version >= 2 or kwargs.get("transformer") != "spline":
         return kwargs
     return {**kwargs, "transformer_kwargs": {"tails": "identity",
                                              **(kwargs.get("transformer_kwargs") or {})}}
@@ -264,7 +298,12 @@ MAF = _builder(
             training loop; see :mod:`flowkit.transforms.standardize`). The flow then does not
             depend on the units of the data or the context: fitted to ``a x + b`` it gives
             ``log p(a x + b) = log p(x) - sum(log|a|)``. Until set, each is the identity.
-            ``False`` builds the flow of flowkit 0.1 (which files saved by it rebuild).
+            ``"diagonal"`` standardizes each feature by its mean and standard deviation,
+            ``"full"`` also divides out the correlations between the features (a Cholesky
+            factor of their correlation, ``Standardize(D, covariance="full")``); ``True`` is
+            ``DEFAULT_STANDARDIZATION`` (see ``docs/defaults.md``). The context's
+            standardization is per feature in every case. ``False`` builds the flow of
+            flowkit 0.1 (which files saved by it rebuild).
         seed: seed of the MADE degrees and random permutations.
         base_context: what a conditional base's head reads: ``"embedded"``, the embedded
             context, as the layers; or ``"raw"``, the (standardized) context before the

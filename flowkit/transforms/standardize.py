@@ -36,11 +36,22 @@ initialise before compiling.
 
 A feature whose standard deviation is zero, or below the resolution of the model's floating
 type at its mean (a constant column), gets ``scale = 1``: it is only shifted.
+
+**Full covariance** (``Standardize(D, covariance="full")``): after the elementwise step, the
+lower Cholesky factor ``L`` of the features' correlation matrix is divided out,
+``z = L^{-1} (x - shift) / scale``, so that the training data have the identity covariance (not
+only unit variances) and a flow starts from a Gaussian fitted with all its correlations. ``L`` is
+lower triangular, so ``z_i`` depends on ``x_1..x_i`` only (the map is itself autoregressive), and
+``log|det dz/dx| = -\sum_d \log scale_d - \sum_d \log L_{dd}``. The correlation is shrunk
+towards the identity, ``(1 - a) R + a I`` with ``a = Standardize.SHRINKAGE``, so that nearly
+collinear features (or fewer rows than features) do not make ``L^{-1}`` blow up directions the
+training data barely vary in; a constant feature is uncorrelated with the rest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -50,14 +61,21 @@ from flowkit.validation import check_int, check_tensor
 
 
 class Standardize(Transform):
-    r"""Elementwise ``z = (x - shift) / scale`` with ``log|det dz/dx| = -\sum_d \log scale_d``.
+    r"""Elementwise ``z = (x - shift) / scale`` with ``log|det dz/dx| = -\sum_d \log scale_d``;
+    with ``covariance="full"``, ``z = L^{-1} (x - shift) / scale`` (see the module notes).
 
     Args:
         features: ``D``.
         shift: ``(D,)`` finite values (default: set from data, see the module notes).
         scale: ``(D,)`` positive finite values; given together with ``shift``.
+        covariance: ``"diagonal"`` (per-feature mean and standard deviation) or ``"full"``
+            (also the correlations between features).
+        cholesky: with ``covariance="full"``, the ``(D, D)`` lower-triangular factor ``L``
+            (positive diagonal) of the correlation of ``(x - shift) / scale``; given together
+            with ``shift`` and ``scale``.
 
-    Buffers: ``shift`` and ``scale`` ``(D,)``, ``initialized`` (a bool scalar).
+    Buffers: ``shift`` and ``scale`` ``(D,)``, ``initialized`` (a bool scalar); with
+    ``covariance="full"``, ``cholesky`` ``(D, D)``.
 
     Attributes:
         provisional: the values were set by a call (not given, set from data or loaded), and
@@ -75,48 +93,91 @@ class Standardize(Transform):
         (tensor([ 1., 20.]), tensor([ 1., 10.]))
     """
 
+    #: The weight ``a`` of the identity in the shrunk correlation ``(1 - a) R + a I`` that a
+    #: full-covariance standardization is set from (see the module notes).
+    SHRINKAGE = 0.01
+
     def __init__(
         self,
         features: int,
         shift: Tensor | Sequence[float] | None = None,
         scale: Tensor | Sequence[float] | None = None,
+        *,
+        covariance: Literal["diagonal", "full"] = "diagonal",
+        cholesky: Tensor | Sequence[Sequence[float]] | None = None,
     ):
         super().__init__()
         self.features = check_int("features", features, 1)
+        if covariance not in ("diagonal", "full"):
+            raise ValueError(f"'covariance' should be 'diagonal' or 'full', got {covariance!r}")
+        self.covariance = covariance
+        self.full = covariance == "full"
         if (shift is None) != (scale is None):
             raise ValueError(
                 "pass both 'shift' and 'scale' (a fixed standardization) or neither (set from "
                 f"data on first use), got shift={shift!r} and scale={scale!r}"
             )
+        if cholesky is not None and not self.full:
+            raise ValueError("'cholesky' was given but 'covariance' is 'diagonal'")
+        if self.full and (shift is None) != (cholesky is None):
+            raise ValueError(
+                "with covariance='full', pass 'shift', 'scale' and 'cholesky' together or none "
+                f"of them, got cholesky={'None' if cholesky is None else 'a value'} and "
+                f"shift={'None' if shift is None else 'a value'}"
+            )
         self.register_buffer("shift", torch.zeros(self.features))
         self.register_buffer("scale", torch.ones(self.features))
         self.register_buffer("initialized", torch.tensor(False))
+        if self.full:
+            self.register_buffer("cholesky", torch.eye(self.features))
+            # L^{-1}, computed in float64 whenever L is set or loaded (not saved)
+            self.register_buffer("cholesky_inverse", torch.eye(self.features), persistent=False)
         self._collector: _Collector | None = None
         self.provisional = False
         self._looked = False  # provisional, set by a call without gradients (see _forward)
         if shift is not None:
-            self.set(shift, scale)
+            self.set(shift, scale, cholesky)
 
     @classmethod
-    def from_data(cls, x: Tensor) -> Standardize:
-        """A fixed standardization by the mean and standard deviation of ``x`` ``(N, D)``,
-        with ``x``'s dtype and device."""
+    def from_data(
+        cls, x: Tensor, covariance: Literal["diagonal", "full"] = "diagonal"
+    ) -> Standardize:
+        """A fixed standardization by the mean and standard deviation (and, with
+        ``covariance="full"``, the correlation) of ``x`` ``(N, D)``, with ``x``'s dtype and
+        device."""
         x = check_tensor("x", x, ("N", "D"))
         if x.dim() != 2 or x.shape[0] == 0:
             raise ValueError(f"'x' should have shape (N, D) with N >= 1, got {tuple(x.shape)}")
-        moments = _Moments.of(x)
-        t = cls(x.shape[1]).to(device=x.device, dtype=x.dtype)
-        t.set(*moments.shift_and_scale(x.dtype))
+        t = cls(x.shape[1], covariance=covariance).to(device=x.device, dtype=x.dtype)
+        t._set_from(t._moments(x))
         return t
 
-    def set(self, shift: Tensor | Sequence[float], scale: Tensor | Sequence[float]) -> None:
-        """Fix ``shift`` and ``scale`` (each ``(D,)``; ``scale`` positive and finite) and mark
-        the transform initialised (not provisional). Values are copied into the buffers (their
-        dtype and device).
+    def _moments(self, x: Tensor | None = None) -> _Moments:
+        """Moments of this module's kind, of ``x`` when given."""
+        moments = _Moments(self.features, self.full)
+        if x is not None:
+            moments.add(x)
+        return moments
+
+    def _set_from(self, moments: _Moments) -> None:
+        self.set(*moments.values(self.shift.dtype, self.full))
+
+    def set(
+        self,
+        shift: Tensor | Sequence[float],
+        scale: Tensor | Sequence[float],
+        cholesky: Tensor | Sequence[Sequence[float]] | None = None,
+    ) -> None:
+        """Fix ``shift`` and ``scale`` (each ``(D,)``; ``scale`` positive and finite), with
+        ``covariance="full"`` also ``cholesky`` (``(D, D)`` lower triangular with a positive
+        diagonal), and mark the transform initialised (not provisional). Values are copied
+        into the buffers (their dtype and device).
 
         Raises:
-            ValueError: a shape other than ``(D,)``, a non-finite ``shift``, a non-finite or
-                non-positive ``scale``.
+            ValueError: a shape other than ``(D,)`` (``(D, D)``), a non-finite ``shift``, a
+                non-finite or non-positive ``scale``; a ``cholesky`` missing, given to a
+                diagonal standardization, not lower triangular or without a positive finite
+                diagonal.
         """
         values = {}
         for name, value in (("shift", shift), ("scale", scale)):
@@ -126,6 +187,13 @@ class Standardize(Transform):
                     f"'{name}' should have shape ({self.features},), got {tuple(given.shape)}"
                 )
             values[name] = given
+        if (cholesky is not None) != self.full:
+            raise ValueError(
+                "'cholesky' should be given with covariance='full' and only then; this "
+                f"Standardize has covariance={self.covariance!r}"
+            )
+        if cholesky is not None:
+            values["cholesky"] = _checked_cholesky(cholesky, self.features)
         if not torch.isfinite(values["shift"]).all():
             raise ValueError(f"'shift' should be finite, got {values['shift'].tolist()}")
         bad = ~(torch.isfinite(values["scale"]) & (values["scale"] > 0))
@@ -141,11 +209,32 @@ class Standardize(Transform):
         with torch.no_grad():
             self.shift.copy_(values["shift"])
             self.scale.copy_(values["scale"])
+            if self.full:
+                self.cholesky.copy_(values["cholesky"])
+                self._invert_cholesky()
             self.initialized.fill_(True)
         self.provisional = self._looked = False
 
+    def _invert_cholesky(self) -> None:
+        identity = torch.eye(self.features, dtype=torch.float64)
+        inverse = torch.linalg.solve_triangular(
+            self.cholesky.detach().to("cpu", torch.float64), identity, upper=False
+        )
+        with torch.no_grad():
+            self.cholesky_inverse.copy_(inverse)
+
+    def _apply(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # .to(dtype) / .double(): the inverse is recomputed from the converted factor, so that
+        # the two stay inverse to the new precision
+        result = super()._apply(fn, *args, **kwargs)
+        if self.full and self.cholesky.is_floating_point() and not self.cholesky.is_meta:
+            self._invert_cholesky()
+        return result
+
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super()._load_from_state_dict(*args, **kwargs)
+        if self.full:
+            self._invert_cholesky()
         self.provisional = self._looked = False  # a loaded value is the model's
 
     def _see(self, x: Tensor) -> None:
@@ -153,7 +242,7 @@ class Standardize(Transform):
         if self._collector is not None:
             self._collector.add(self, x.detach())
         elif self.training:
-            self.set(*_Moments.of(x.detach()).shift_and_scale(x.dtype))
+            self._set_from(self._moments(x.detach()))
             self.provisional, self._looked = True, not torch.is_grad_enabled()
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -164,7 +253,10 @@ class Standardize(Transform):
             or (self._looked and self.training and torch.is_grad_enabled())
         ):
             self._see(x)
-        return (x - self.shift) / self.scale, self._log_det(x, -1.0)
+        z = (x - self.shift) / self.scale
+        if self.full:
+            z = z @ self.cholesky_inverse.T
+        return z, self._log_det(x, -1.0)
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         if self.training and self._collector is None and not torch.compiler.is_compiling():
@@ -175,31 +267,54 @@ class Standardize(Transform):
             if torch.is_grad_enabled():
                 # trained through (reverse KL): the samples' map stays
                 self.provisional = self._looked = False
+        if self.full:
+            z = z @ self.cholesky.T
         return z * self.scale + self.shift, self._log_det(z, 1.0)
 
     def _log_det(self, like: Tensor, sign: float) -> Tensor:
-        return (sign * torch.log(self.scale).sum()).expand(like.shape[0])
+        log_scale = torch.log(self.scale).sum()
+        if self.full:
+            log_scale = log_scale + torch.log(torch.diagonal(self.cholesky)).sum()
+        return (sign * log_scale).expand(like.shape[0])
 
     def extra_repr(self) -> str:
+        text = f"features={self.features}" + (", covariance='full'" if self.full else "")
         if not self.initialized:
-            return f"features={self.features}, uninitialized"
-        return f"features={self.features}" + (", provisional" if self.provisional else "")
+            return text + ", uninitialized"
+        return text + (", provisional" if self.provisional else "")
+
+
+def _checked_cholesky(value: Tensor | Sequence[Sequence[float]], features: int) -> Tensor:
+    """``value`` as a float64 CPU tensor, checked to be a ``(D, D)`` lower-triangular matrix
+    with a positive finite diagonal (a Cholesky factor)."""
+    given = torch.as_tensor(value, dtype=torch.float64, device="cpu")
+    if given.shape != (features, features):
+        raise ValueError(
+            f"'cholesky' should have shape ({features}, {features}), got {tuple(given.shape)}"
+        )
+    if not torch.isfinite(given).all():
+        raise ValueError("'cholesky' should be finite")
+    if (torch.triu(given, diagonal=1) != 0).any():
+        raise ValueError("'cholesky' should be lower triangular (zeros above the diagonal)")
+    diagonal = torch.diagonal(given)
+    if not (diagonal > 0).all():
+        raise ValueError(
+            f"'cholesky' should have a positive diagonal, got {diagonal.tolist()}"
+        )
+    return given
 
 
 class _Moments:
-    """Count, mean and sum of squared deviations per feature, in float64, merged batch by batch
-    (Chan, Golub and LeVeque 1979), so that data far from zero loses no precision."""
+    """Count, mean and sum of squared deviations per feature (with ``full``, the matrix of
+    summed products of deviations), in float64, merged batch by batch (Chan, Golub and LeVeque
+    1979), so that data far from zero loses no precision."""
 
-    def __init__(self, features: int):
+    def __init__(self, features: int, full: bool = False):
         self.count = 0
+        self.full = full
         self.mean = torch.zeros(features, dtype=torch.float64)
-        self.m2 = torch.zeros(features, dtype=torch.float64)
-
-    @classmethod
-    def of(cls, x: Tensor) -> _Moments:
-        moments = cls(x.shape[1])
-        moments.add(x)
-        return moments
+        shape = (features, features) if full else (features,)
+        self.m2 = torch.zeros(shape, dtype=torch.float64)
 
     def add(self, x: Tensor) -> None:
         if x.shape[0] == 0:
@@ -210,22 +325,38 @@ class _Moments:
                 "'x' contains NaN or Inf values: a Standardize cannot be set from them"
             )
         n, mean = x.shape[0], x.mean(0)
-        m2 = ((x - mean) ** 2).sum(0)
+        centred = x - mean
+        m2 = centred.T @ centred if self.full else (centred**2).sum(0)
         total = self.count + n
         delta = mean - self.mean
+        spread = torch.outer(delta, delta) if self.full else delta**2
         self.mean = self.mean + delta * (n / total)
-        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)
+        self.m2 = self.m2 + m2 + spread * (self.count * n / total)
         self.count = total
 
-    def shift_and_scale(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """Mean and standard deviation; 1 where the deviation is zero or below ``dtype``'s
-        resolution at the mean (a constant feature)."""
+    def values(
+        self, dtype: torch.dtype, full: bool
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+        """Mean and standard deviation, 1 where the deviation is zero or below ``dtype``'s
+        resolution at the mean (a constant feature); with ``full``, also the Cholesky factor of
+        the shrunk correlation (see the module notes), in which a constant feature is
+        uncorrelated with the others."""
         if self.count == 0:
             raise ValueError("a Standardize cannot be set from an empty batch")
-        std = (self.m2 / self.count).sqrt()
+        variance = torch.diagonal(self.m2) if self.full else self.m2
+        std = (variance / self.count).sqrt()
         constant = std <= torch.finfo(dtype).eps * self.mean.abs()
         constant |= std == 0
-        return self.mean, torch.where(constant, torch.ones_like(std), std)
+        scale = torch.where(constant, torch.ones_like(std), std)
+        if not full:
+            return self.mean, scale
+        varying = (~constant).double()
+        correlation = self.m2 / self.count / torch.outer(scale, scale)
+        correlation = correlation * torch.outer(varying, varying)
+        correlation.fill_diagonal_(1.0)
+        a = Standardize.SHRINKAGE
+        shrunk = (1.0 - a) * correlation + a * torch.eye(len(std), dtype=torch.float64)
+        return self.mean, scale, torch.linalg.cholesky(shrunk)
 
 
 def unset(model: nn.Module) -> list[Standardize]:
@@ -295,7 +426,7 @@ def set_from_data(
                 first = collector.first
                 if first is None:  # no module saw data
                     break
-                first.set(*collector.moments[first].shift_and_scale(first.shift.dtype))
+                first._set_from(collector.moments[first])
                 done.append(first)
                 pending = [m for m in pending if m is not first]
     finally:
@@ -311,7 +442,7 @@ class _Collector:
     """The moments recorded by the modules that :func:`set_from_data` is setting."""
 
     def __init__(self, modules: list[Standardize]):
-        self.moments = {m: _Moments(m.features) for m in modules}
+        self.moments = {m: m._moments() for m in modules}
         self.seen: set[Standardize] = set()
         self.first: Standardize | None = None  # the first to see data: the one set this pass
         for m in modules:
