@@ -207,7 +207,7 @@ def test_builders_standardize_data_and_context_by_default():
         assert isinstance(flow.standardize_context, Standardize)
         assert flow.standardize_context.features == 2
         assert first.covariance == DEFAULT_STANDARDIZATION
-        assert flow.config["kwargs"]["standardize"] == DEFAULT_STANDARDIZATION  # what True means now
+        assert flow.config["kwargs"]["standardize"] == DEFAULT_STANDARDIZATION  # True, as stored
         assert len(unset(flow)) == 2
         plain = build(3, layers=2, hidden_features=(8,), context_features=2, standardize=False)
         assert not unset(plain) and plain.standardize_context is None
@@ -504,7 +504,7 @@ def test_full_covariance_round_trip_and_log_det_against_autograd():
     back, inverse_log_det = t.inverse(z)
     assert torch.allclose(back, x[:7], rtol=1e-12, atol=1e-9)
     assert torch.allclose(log_det, -inverse_log_det, rtol=0, atol=1e-12)
-    for row, value in zip(x[:7], log_det):
+    for row, value in zip(x[:7], log_det, strict=True):
         jacobian = torch.autograd.functional.jacobian(lambda v: t(v[None])[0][0], row)
         assert torch.allclose(torch.logdet(jacobian), value, rtol=0, atol=1e-10)
         assert torch.equal(torch.triu(jacobian, 1), torch.zeros(3, 3, dtype=torch.float64))
