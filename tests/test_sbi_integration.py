@@ -141,3 +141,16 @@ def test_standardization_is_the_builders_set_from_the_simulations():
     plain = posterior_nn(layers=2, hidden_features=(16,), standardize=False)(theta, x)
     assert plain.net.standardize_context is None
     assert not any(isinstance(m, Standardize) for m in plain.modules())
+
+
+def test_full_standardization_of_theta_is_set_from_the_simulations():
+    """standardize='full' passes through to the builder: theta's correlation divided out,
+    the condition standardized per element."""
+    theta, x = simulations()
+    theta = torch.stack([theta[:, 0], theta[:, 0] + 0.3 * theta[:, 1]], 1)
+    est = posterior_nn(layers=2, hidden_features=(16,), standardize="full")(theta, x)
+    standardize_theta = est.net.transform.transforms[0]
+    assert standardize_theta.covariance == "full"
+    assert est.net.standardize_context.covariance == "diagonal"
+    z, _ = standardize_theta(theta)
+    assert torch.corrcoef(z.T)[0, 1].abs() < 0.05 < torch.corrcoef(theta.T)[0, 1].abs()
