@@ -1380,6 +1380,20 @@ def test_isolated_far_off_batches_are_not_a_divergence():
     assert len(h.train_loss) == 60 and max(h.train_loss) > 1e4
 
 
+
+def test_divergence_benchmark_reports_fits_statistic():
+    """benchmarks/divergence.py (quoted in docs/training.md) computes the statistic that fit
+    checks: the rise of the median of the last 11 losses above its lowest value so far, in
+    units of max(1, |lowest|). One far-off batch does not move it; a sustained rise does."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "divergence.py"
+    spec = importlib.util.spec_from_file_location("divergence_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.excursion([2.0] * 5 + [1e4] + [2.0] * 5) == 0.0
+    assert module.excursion([2.0] * 11 + [8.0] * 11) == pytest.approx(3.0)  # (8 - 2) / 2
+
 def test_a_run_that_fails_at_once_keeps_its_standardization_and_says_no_more_to_standardize():
     """The weights given back after a failure at the first recording are those after fit set the
     standardization (they were those before it: an unset Standardize); the message does not tell
