@@ -170,6 +170,7 @@ def test_grid_search_and_pipeline():
         (dict(batch_size=2.5), "'batch_size' should be an integer >= 1, got 2.5"),
         (dict(n_iter_no_change=0), "'n_iter_no_change' should be >= 1, got 0"),
         (dict(lr=0.0), "'lr' should be positive, got 0.0"),
+        (dict(lr_schedule="step"), "'lr_schedule' should be None, 'cosine', 'linear'"),
         (dict(weight_decay=-1.0), "'weight_decay' should be >= 0"),
         (dict(validation_fraction=1.0), r"'validation_fraction' should be in \[0, 1\)"),
         (dict(dtype="float16"), "'dtype' should be 'float32' or 'float64'"),
@@ -301,3 +302,22 @@ def test_data_warnings_name_X_and_its_values():
         _small().fit(X)
     assert len([w for w in caught if issubclass(w.category, DataWarning)]) == 1
     assert all(w.filename == __file__ for w in caught)
+
+
+def test_learning_rate_is_constant_unless_a_schedule_is_chosen(monkeypatch):
+    """FlowDensity trains at a constant rate by default (fit's own default decays it) and
+    passes a chosen schedule on to fit."""
+    import flowkit.sklearn as module
+
+    schedules = []
+    real_fit = module.fit_flow
+
+    def recording(flow, *args, **kwargs):
+        history = real_fit(flow, *args, **kwargs)
+        schedules.append(kwargs["lr_schedule"])
+        return history
+
+    monkeypatch.setattr(module, "fit_flow", recording)
+    _small(max_epochs=2, validation_fraction=0.0).fit(_data(40))
+    _small(max_epochs=2, validation_fraction=0.0, lr_schedule="cosine").fit(_data(40))
+    assert schedules == [None, "cosine"]

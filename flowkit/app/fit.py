@@ -185,8 +185,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=number_or_off,
         default=DEFAULTS["divergence_threshold"],
         metavar="T",
-        help="stop when the smoothed training loss rises more than T x max(1, |best|) above its "
-        "best; 'off' turns the check off (default: %(default)s)",
+        help="stop when the running median of the last 11 training losses rises more than "
+        "T x max(1, |best|) above its lowest value; 'off' turns the check off "
+        "(default: %(default)s)",
     )
     train.add_argument(
         "--valid-every",
