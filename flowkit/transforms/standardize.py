@@ -160,7 +160,7 @@ class Standardize(Transform):
         return moments
 
     def _set_from(self, moments: _Moments) -> None:
-        self.set(*moments.values(self.shift.dtype, self.full))
+        self.set(*moments.values(self.shift.dtype))
 
     def set(
         self,
@@ -334,9 +334,7 @@ class _Moments:
         self.m2 = self.m2 + m2 + spread * (self.count * n / total)
         self.count = total
 
-    def values(
-        self, dtype: torch.dtype, full: bool
-    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    def values(self, dtype: torch.dtype) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
         """Mean and standard deviation, 1 where the deviation is zero or below ``dtype``'s
         resolution at the mean (a constant feature); with ``full``, also the Cholesky factor of
         the shrunk correlation (see the module notes), in which a constant feature is
@@ -348,7 +346,7 @@ class _Moments:
         constant = std <= torch.finfo(dtype).eps * self.mean.abs()
         constant |= std == 0
         scale = torch.where(constant, torch.ones_like(std), std)
-        if not full:
+        if not self.full:
             return self.mean, scale
         varying = (~constant).double()
         correlation = self.m2 / self.count / torch.outer(scale, scale)
