@@ -1180,6 +1180,22 @@ def test_valid_as_a_fraction_holds_out_rows_of_the_data():
             **QUIET)
 
 
+def test_data_as_a_list_pair_trains_as_the_tuple_does():
+    # ``valid`` took [x, context] but ``data`` refused it, although its message asks for a pair
+    torch.manual_seed(0)
+    x, c = torch.randn(64, 2), torch.randn(64, 3)
+    losses = []
+    for data in ((x, c), [x, c], [x.numpy(), c.numpy()]):
+        torch.manual_seed(0)
+        flow = flowkit.MAF(2, context_features=3, hidden_features=(8,), layers=1)
+        history = fit(flow, data, valid=[x[:16], c[:16]], steps=3, batch_size=16, seed=0,
+                      **QUIET)
+        losses.append(history.train_loss)
+    assert losses[0] == losses[1] == losses[2]
+    with pytest.raises(TypeError, match=r"'data' should be a tensor, a numpy array, a pair"):
+        fit(flowkit.MAF(2), [x, c, c], steps=1, **QUIET)
+
+
 def test_fit_warns_about_a_constant_column():
     x = gaussian(200)
     x[:, 1] = 3.0

@@ -65,8 +65,9 @@ def fit(
             have shape ``(N, features)``; otherwise any ``(N, ...)`` its ``log_prob`` accepts.
         data: the training data, one of
 
-            * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` with
-              ``context`` of shape ``(N, C)``; copied to ``device`` once, reshuffled every epoch;
+            * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` (a
+              tuple, or a list of the two arrays) with ``context`` of shape ``(N, C)``; copied
+              to ``device`` once, reshuffled every epoch;
             * a :class:`~torch.utils.data.DataLoader` yielding ``x`` or ``(x, context)`` batches
               (under ``torchrun`` it must use a ``DistributedSampler``);
             * a function ``sample(n, generator) -> x`` or ``-> (x, context)`` drawing ``n`` fresh
@@ -281,6 +282,10 @@ def _make_source(
     """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
     fraction) is given: a random subset of array data, drawn from the run's seed. ``density``:
     the model is a continuous density (array data is checked for degenerate columns)."""
+    if isinstance(data, list) and len(data) == 2 and all(
+        isinstance(v, Tensor | np.ndarray) for v in data
+    ):
+        data = tuple(data)  # a pair [x, context], as ``valid`` accepts it
     if holdout is not None and not isinstance(data, Tensor | np.ndarray | tuple):
         raise ArgumentError("valid", Mention("valid", holdout), " holds out a fraction of array "
                             f"data, but 'data' is a {type(data).__name__}: pass validation data")
