@@ -268,6 +268,10 @@ MAF = _builder(
         context_features: ``C``, the width of the conditioning vector as callers pass it (0:
             unconditional).
         transformer: ``"affine"`` or ``"spline"`` (rational-quadratic, Durkan et al. 2019).
+            With one feature (``D = 1``, e.g. a regression ``p(y | x)`` of one target) every
+            affine layer is an affine map of ``y``, so the whole affine flow is a Gaussian
+            whose mean and scale depend on the context, however many layers it has: use the
+            spline for any other shape.
         transformer_kwargs: e.g. ``{"bins": 8, "bound": 3.0}`` for the spline or
             ``{"log_scale_bound": 3.0}`` for the affine transformer.
         permutation: between layers: ``"reverse"``, ``"random"`` (seeded), ``"none"``, a
