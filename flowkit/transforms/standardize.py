@@ -111,7 +111,6 @@ class Standardize(Transform):
         if covariance not in ("diagonal", "full"):
             raise ValueError(f"'covariance' should be 'diagonal' or 'full', got {covariance!r}")
         self.covariance = covariance
-        self.full = covariance == "full"
         if (shift is None) != (scale is None):
             raise ValueError(
                 "pass both 'shift' and 'scale' (a fixed standardization) or neither (set from "
@@ -151,6 +150,11 @@ class Standardize(Transform):
         t = cls(x.shape[1], covariance=covariance).to(device=x.device, dtype=x.dtype)
         t._set_from(t._moments(x))
         return t
+
+    @property
+    def full(self) -> bool:
+        """Whether the correlations are divided out too (``covariance="full"``)."""
+        return self.covariance == "full"
 
     def _moments(self, x: Tensor | None = None) -> _Moments:
         """Moments of this module's kind, of ``x`` when given."""
