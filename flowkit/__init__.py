@@ -14,6 +14,7 @@ from flowkit.distributions import (
     StandardNormal,
 )
 from flowkit.flows import IAF, MAF, Flow
+from flowkit.graphed import GraphedSampler
 from flowkit.nn import MADE, MaskedLinear, MLPEmbedding
 from flowkit.train import History, fit, fit_reverse_kl
 
@@ -27,6 +28,7 @@ __all__ = [
     "DiagonalGaussian",
     "Flow",
     "FlowDistribution",
+    "GraphedSampler",
     "History",
     "IAF",
     "MADE",

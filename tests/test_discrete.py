@@ -514,7 +514,7 @@ def test_fit_trains_a_conditional_model_on_pairs(kind):
     c = 2.0 * s.float() - 1.0
     before = -model.log_prob(x, context=c).mean().item()
     history = flowkit.fit(model, (x, c), steps=150, batch_size=100, lr=2e-2, seed=0,
-                          progress=False)
+                          progress=False, device="cpu")
     after = -model.log_prob(x, context=c).mean().item()
     assert before > 1.9 and after < 1.1 and history.train_loss[-1] < before
     assert -model.log_prob(x, context=-c).mean().item() > 5.0  # the wrong context is unlikely
@@ -610,5 +610,6 @@ def test_fit_refuses_a_bad_value_anywhere_in_array_data_before_the_first_step(ki
     before = [p.detach().clone() for p in model.parameters()]
     data, valid = (x, good) if where == "data" else (good, x)
     with pytest.raises(ValueError, match=expected):
-        flowkit.fit(model, data, valid=valid, epochs=2, batch_size=100, progress=False)
+        flowkit.fit(model, data, valid=valid, epochs=2, batch_size=100, progress=False,
+                    device="cpu")
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

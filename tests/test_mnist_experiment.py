@@ -41,7 +41,7 @@ def parse(module, argv: list[str]) -> argparse.Namespace:
 
 def train(data, out, *extra: str) -> dict:
     argv = ["--data", str(data), "--hidden", "16", "--masks", "2", "--order", "random",
-            "--batch-size", "100", "--quiet", "--out", str(out), *extra]
+            "--batch-size", "100", "--quiet", "--device", "cpu", "--out", str(out), *extra]
     return mnist.run(parse(mnist, argv))
 
 
@@ -151,7 +151,8 @@ def test_eval_scores_npz_and_amat_files_like_the_model(data, tmp_path, capsys):
     with model.made.mask_set(0):
         expected = mnist.nll_stats(mnist.evaluate(model, torch.from_numpy(valid)))
     for source in (["--file", str(data), "--key", "valid"], ["--file", str(amat)]):
-        argv = [str(tmp_path / "run" / "model.pt"), *source, "--out", str(tmp_path / "eval")]
+        argv = [str(tmp_path / "run" / "model.pt"), *source, "--device", "cpu",
+                "--out", str(tmp_path / "eval")]
         result = mnist_eval.run(parse(mnist_eval, argv))
         assert result["nll"] == pytest.approx(expected[0])
         assert result["nll_se"] == pytest.approx(expected[1])

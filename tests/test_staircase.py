@@ -63,7 +63,8 @@ def _run(made: MADE, x, context, mode: str):
         with torch.no_grad():
             plain = made(x, context)
         out = made(*leaves) if context is not None else made(leaves[0])
-        weights = torch.linspace(-1, 1, out.numel(), **f64).reshape(out.shape)
+        weights = torch.linspace(-1, 1, out.numel(), **f64, device=out.device)
+        weights = weights.reshape(out.shape)
         grads = torch.autograd.grad((out * weights).sum(), [*leaves, *made.parameters()])
     return plain, out.detach(), grads
 
@@ -311,6 +312,13 @@ def test_cuda_equals_the_dense_product():
                       order="random")).cuda()
     x, context = _inputs(made, 33)
     _assert_same(made, x.cuda(), context.cuda())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_takes_the_dense_products_on_a_gpu():
+    made = MADE(64, (512, 512), params_per_feature=2).cuda()
+    assert made.product == "auto" and not staircase.applies(made, 1024)
+    assert staircase.applies(made.cpu(), 1024)
 
 
 @pytest.mark.parametrize("residual", [False, True])

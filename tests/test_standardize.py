@@ -255,7 +255,7 @@ def test_fit_sets_the_standardization_from_the_whole_training_set():
     x = torch.randn(3000, 2, generator=g) * torch.tensor([100.0, 0.01]) + torch.tensor([1e3, 0.0])
     c = torch.randn(3000, 1, generator=g) * 50.0
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
-    flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False)
+    flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False, device="cpu")
     data_std, context_std = flow.transform.transforms[0], flow.standardize_context
     assert torch.allclose(data_std.shift, x.double().mean(0).float())  # all rows, not a batch
     assert torch.allclose(data_std.scale, x.double().std(0, correction=0).float())
@@ -269,7 +269,7 @@ def test_fit_on_fresh_samples_sets_the_standardization_from_the_first_batch():
         return torch.randn(n, 2, generator=generator) * 30.0 + 500.0
 
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
-    flowkit.fit(flow, sample, steps=2, batch_size=512, seed=0, progress=False)
+    flowkit.fit(flow, sample, steps=2, batch_size=512, seed=0, progress=False, device="cpu")
     std = flow.transform.transforms[0]
     assert std.initialized and (std.shift - 500.0).abs().max() < 5.0
     assert ((std.scale - 30.0).abs() < 5.0).all()
@@ -323,7 +323,7 @@ def test_a_look_before_fit_does_not_decide_the_standardization(peek):
         with torch.no_grad():
             flow.log_prob(x[:3], c[:3])
     assert len(unset(flow)) == 2  # provisional
-    flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False)
+    flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False, device="cpu")
     data_std, context_std = flow.transform.transforms[0], flow.standardize_context
     assert not unset(flow)
     assert torch.allclose(data_std.shift, x.double().mean(0).float())
@@ -339,7 +339,7 @@ def test_fit_on_fresh_samples_replaces_a_provisional_standardization():
 
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
     flow.sample(3)  # provisional identity
-    flowkit.fit(flow, sample, steps=1, batch_size=512, seed=0, progress=False)
+    flowkit.fit(flow, sample, steps=1, batch_size=512, seed=0, progress=False, device="cpu")
     std = flow.transform.transforms[0]
     assert not std.provisional and (std.shift - 500.0).abs().max() < 5.0
 
@@ -370,7 +370,8 @@ def test_training_by_reverse_kl_fixes_the_identity_and_fit_keeps_it():
     flow.rsample(16)
     std = flow.transform.transforms[0]
     assert std.initialized and not std.provisional and not unset(flow)
-    flowkit.fit(flow, torch.randn(200, 2) * 50.0 + 7.0, steps=1, seed=0, progress=False)
+    flowkit.fit(flow, torch.randn(200, 2) * 50.0 + 7.0, steps=1, seed=0, progress=False,
+                device="cpu")
     assert torch.equal(std.shift, torch.zeros(2)) and torch.equal(std.scale, torch.ones(2))
     peeked = flowkit.MAF(2, layers=1, hidden_features=(8,))
     peeked.sample(4)  # a look first: provisional ...
@@ -440,7 +441,7 @@ def test_fit_sets_a_standardize_behind_another_from_the_standardized_data():
     torch.manual_seed(0)
     first, second = (flowkit.MAF(2, layers=1, hidden_features=(8,)) for _ in range(2))
     stacked = Flow(Compose([first.transform, second.transform]), StandardNormal(2))
-    flowkit.fit(stacked, x, steps=1, seed=0, progress=False)
+    flowkit.fit(stacked, x, steps=1, seed=0, progress=False, device="cpu")
     outer, inner = first.transform.transforms[0], second.transform.transforms[0]
     assert torch.allclose(outer.shift, x.double().mean(0).float())
     assert inner.shift.abs().max() < 1e-3 and (inner.scale - 1.0).abs().max() < 1e-3

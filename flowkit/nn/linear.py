@@ -88,7 +88,8 @@ class MaskedLinear(nn.Linear):
             cache is not None
             and cache.state == state
             and (torch.is_inference_mode_enabled() or not cache.product.is_inference())
-            and torch.equal(torch.take(self.weight.detach(), cache.where), cache.values)
+            and (_capturing() or torch.equal(torch.take(self.weight.detach(), cache.where),
+                                             cache.values))
         ):
             return cache.product
         with torch.no_grad():
@@ -128,6 +129,13 @@ class _Cache(NamedTuple):
     keep: tuple[Tensor, Tensor]
     where: Tensor
     values: Tensor
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph is being recorded (:class:`flowkit.GraphedSampler`): reading the
+    fingerprint back to the host is not allowed then, and the cache is trusted on its state
+    alone (the sampler checks the weights' state before each replay)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _spread(mask: Tensor) -> Tensor:

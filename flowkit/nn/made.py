@@ -315,8 +315,10 @@ class MADE(nn.Module):
     @property
     def product(self) -> str:
         """How the forward pass computes its masked products: ``"auto"`` (the default: the
-        block staircase of :mod:`flowkit.nn.staircase` where it is estimated to be faster for
-        the layers' shapes and the batch, else the dense ``W * M``), ``"dense"`` (always ``W *
+        block staircase of :mod:`flowkit.nn.staircase` on the CPU where it is estimated to be
+        faster for the layers' shapes and the batch, else the dense ``W * M``; always the dense
+        product on a GPU, where the staircase's extra kernel launches were measured 1.7-4x
+        slower, docs/performance.md), ``"dense"`` (always ``W *
         M``; a reference for tests and benchmarks) or ``"staircase"`` (always the staircase,
         except while ``torch.compile`` traces). Equal to rounding either way, gradients
         included. A run-time setting, not saved with the model."""

@@ -252,9 +252,11 @@ class Standardize(Transform):
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         # A value set by a look without gradients (sampling, a no_grad peek) gives way to the
         # first training-mode call with them: the first step of a hand-written training loop.
+        # In eval mode only a collector looks, and the flag is not read back from the device.
         if not torch.compiler.is_compiling() and (
-            self._collector is not None or not self.initialized
-            or (self._looked and self.training and torch.is_grad_enabled())
+            self._collector is not None
+            or (self.training and (not self.initialized
+                                   or (self._looked and torch.is_grad_enabled())))
         ):
             self._see(x)
         z = (x - self.shift) / self.scale

@@ -77,7 +77,11 @@ def sampling(bench: Bench, config: str, features: int, hidden: tuple[int, ...], 
                 b = calls[fast]()
         probes = {name: {**spec, "kind": kind, "call": name} for name in calls}
         naive_call = calls.pop(naive)
-        bench.measure("sampling", config, calls, {fast: one}, probes=probes)
+        reference = {fast: one}
+        if bench.cuda and kind == "maf":  # the same call replayed from a CUDA graph
+            graphed = f"{fast}, CUDA graph"
+            calls[graphed], reference[graphed] = graph_call(flow, x.shape[0]), one
+        bench.measure("sampling", config, calls, reference, probes=probes)
         stats = bench.measure("sampling", config, {naive: naive_call}, {},
                               repeats=bench.naive_repeats, probes=probes)
         row = next(r for r in bench.rows if r["config"] == config and r["what"] == fast)
@@ -85,6 +89,17 @@ def sampling(bench: Bench, config: str, features: int, hidden: tuple[int, ...], 
         row["max_abs_diff_vs_naive"] = (a - b).abs().max().item()
         bench.say(f"    {fast}: {speed(1 / row['vs_naive'])} than naive, "
                   f"max |difference| {row['max_abs_diff_vs_naive']:.2e}")
+
+
+def graph_call(model: torch.nn.Module, n: int) -> Callable[[], Tensor]:
+    """``model.sample(n)`` replayed from a CUDA graph (:class:`flowkit.GraphedSampler`, on an
+    eval-mode copy), without the value checks, as the eager calls it is compared with."""
+    sampler = flowkit.GraphedSampler(copy.deepcopy(model).eval(), n)
+
+    def call() -> Tensor:
+        with validate_values(False):
+            return sampler()
+    return call
 
 
 def bernoulli(bench: Bench, config: str, features: int, hidden: tuple[int, ...],
@@ -97,12 +112,17 @@ def bernoulli(bench: Bench, config: str, features: int, hidden: tuple[int, ...],
     naive = calls.pop("sample, naive")
     probes = {name: {**spec, "kind": "bernoulli", "call": name}
               for name in ("sample", "sample, naive")}
-    stats = bench.measure("bernoulli", config, calls, {"sample, cold": "sample"}, probes=probes)
+    reference = {"sample, cold": "sample"}
+    if bench.cuda:
+        calls["sample, CUDA graph"] = graph_call(model, samples)
+        reference["sample, CUDA graph"] = "sample"
+    stats = bench.measure("bernoulli", config, calls, reference, probes=probes)
     naive_stats = bench.measure("bernoulli", config, {"sample, naive": naive}, {},
                                 repeats=bench.naive_repeats, probes=probes)
-    for row in bench.rows[-3:-1]:
+    for row in bench.rows[-len(calls) - 1:-1]:
         row["vs_naive"] = naive_stats["sample, naive"]["ms"] / row["ms"]
-        row["identical_to_naive"] = same
+        if row["what"] != "sample, CUDA graph":  # the graph draws its own noise
+            row["identical_to_naive"] = same
     ratio = stats["sample"]["ms"] / naive_stats["sample, naive"]["ms"]
     bench.say(f"    sample: {speed(ratio)} than naive, identical samples: {same}")
 
