@@ -136,7 +136,7 @@ class GraphedSampler:
 
     def capture(self) -> None:
         """Record the graph anew: warm-up calls on a side stream, then one captured call."""
-        self._graph = None  # frees the previous graph's memory pool first
+        self._graph, self._out = None, ()  # frees the previous graph's memory pool first
         stream = torch.cuda.Stream(device=self._device)
         stream.wait_stream(torch.cuda.current_stream(stream.device))
         with validate_values(False), torch.cuda.stream(stream):

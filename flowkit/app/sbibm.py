@@ -52,6 +52,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "flowkit-spline": {"library": "flowkit", "model": "maf", "layers": 5,
                        "hidden_features": [64, 64], "transformer": "spline",
                        "transformer_kwargs": {"bins": 8, "bound": 4.0, "tails": "identity"}},
+    "flowkit-spline-defaults": {"library": "flowkit", "model": "maf",
+                                "transformer": "spline"},
     "flowkit-spline-res": _SPLINE_RES,
     "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
     "flowkit-spline-res-cb-noclip": {**_SPLINE_RES, "conditional_base": True,
@@ -59,14 +61,15 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 """The density estimators compared: sbi's defaults (5 transforms, 50 hidden units) and flowkit
 MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline with 8
-bins on [-4, 4]; ``flowkit-spline-res`` has the sizes of sbi's NSF: splines with 10 bins on
-[-3, 3], and MADEs of width 50 with as many linear maps as sbi's residual network of 2 blocks
-of 2 layers, the first hidden layer followed by 4 residual blocks); ``flowkit-spline-res-cb``
-is that flow on a conditional Gaussian base (mean and scale linear in the standardized
-observation), and ``flowkit-spline-res-cb-noclip`` the same trained without sbi's gradient
-clipping (``train``: keywords of sbi's ``train()``, otherwise sbi's defaults for every
-model). The splines keep the identity tails (as sbi's NSF) with which docs/sbi.md was
-measured."""
+bins on [-4, 4]; ``flowkit-spline-defaults`` is ``flowkit.MAF(D, transformer="spline")`` with
+every other setting the builders' default, what a user gets; ``flowkit-spline-res`` has the
+sizes of sbi's NSF: splines with 10 bins on [-3, 3], and MADEs of width 50 with as many linear
+maps as sbi's residual network of 2 blocks of 2 layers, the first hidden layer followed by 4
+residual blocks); ``flowkit-spline-res-cb`` is that flow on a conditional Gaussian base (mean
+and scale linear in the standardized observation), and ``flowkit-spline-res-cb-noclip`` the
+same trained without sbi's gradient clipping (``train``: keywords of sbi's ``train()``,
+otherwise sbi's defaults for every model). These splines but the defaults' keep the identity
+tails (as sbi's NSF) with which docs/sbi.md was measured."""
 
 
 def _sbibm() -> Any:

@@ -6,10 +6,12 @@ Sections (--sections, all by default):
              512x2, 5 layers, batch 1024); log_prob with the NaN/Inf check of the inputs off and on.
   sampling   MAF sampling and IAF density of outside points (both solve D equations per layer)
              vs (a) one pass of the same model in its cheap direction (MAF log_prob, IAF
-             sample_and_log_prob) and (b) the same call with the naive D-pass solver.
+             sample_and_log_prob) and (b) the same call with the naive D-pass solver; on
+             CUDA also MAF sampling replayed from a CUDA graph (flowkit.GraphedSampler).
   bernoulli  BernoulliMADE sampling of 100 vectors of 784 dims (hidden 500 and 2000x2000) vs
              the naive sampler, same noise, same samples; "cold" is the first call after a
-             weight update (the sorted weights are rebuilt), the others reuse them.
+             weight update (the sorted weights are rebuilt), the others reuse them; on CUDA
+             also sampling replayed from a CUDA graph.
   staircase  MAF log_prob and an Adam step with the block-staircase products (the default)
              vs the dense masked products and vs the unmasked MLPs: D=64 (hidden 512x2, 5
              layers, batch 1024, training batch 512) and D=784 (hidden 2000, one layer with a
