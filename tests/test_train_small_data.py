@@ -53,3 +53,27 @@ def test_validation_every_40_steps_misses_the_best_weights_of_a_tiny_data_set():
     _, _, sparse = tiny_run(restore_best=True, valid_every=40)
     assert sparse.valid_steps == [40]
     assert sparse.best_valid_loss > per_epoch.best_valid_loss + 2.0
+
+
+def test_a_fraction_holding_out_few_rows_warns_and_names_the_count():
+    x, _ = tiny_data()
+    with pytest.warns(flowkit.train.DataWarning, match=r"valid=0\.1 of 24 rows holds out 2") as w:
+        fit(flowkit.MAF(3), x, valid=0.1, steps=2, seed=0, **QUIET)
+    assert all(r.filename == __file__ for r in w if r.category is flowkit.train.DataWarning)
+
+
+def test_a_run_whose_first_validation_stays_the_best_warns():
+    """The tiny run above overfits from its first step on: the weights returned are step 1's,
+    hardly trained, and fit says so."""
+    with pytest.warns(UserWarning, match=r"the first validation \(step 1\) had the lowest "
+                      r"validation loss of the 40"):
+        _, _, h = tiny_run(restore_best=None)
+    assert h.best_step == h.valid_steps[0] == 1
+
+
+def test_a_run_that_improves_on_enough_validation_rows_does_not_warn(recwarn):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 2, generator=g) * torch.tensor([1.0, 0.2])
+    h = fit(flowkit.MAF(2), x, valid=0.1, steps=150, seed=0, **QUIET)
+    assert h.best_step != h.valid_steps[0]
+    assert not [r for r in recwarn if "validation" in str(r.message)]

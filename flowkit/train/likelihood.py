@@ -9,6 +9,7 @@ model's standardization from the data, and hands the loss
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from numbers import Real
 from typing import Any
@@ -24,6 +25,7 @@ from ..transforms import BatchNorm
 from ..transforms.standardize import set_from_data, unset
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int
 from .data import (
+    DataWarning,
     LoaderSource,
     SamplerSource,
     TensorSource,
@@ -185,7 +187,25 @@ def fit(
         keep_best = valid is not None if restore_best is None else restore_best
         plan = Plan(int(steps), valid_every, early_stopping_patience, keep_best)
         trainer = Trainer(s, model, Objective(model, nll), source, o, plan, validate)
-        return trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
+        history = trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
+    if keep_best:
+        _warn_if_never_improved(history)
+    return history
+
+
+def _warn_if_never_improved(history: History) -> None:
+    """Warn when the first of several validations was the best: the weights returned are those
+    of that early step (``restore_best``), and the training after it did not help on the
+    validation rows."""
+    if len(history.valid_loss) >= 3 and history.best_step == history.valid_steps[0]:
+        warnings.warn(
+            f"the first validation (step {history.best_step}) had the lowest validation loss of "
+            f"the {len(history.valid_loss)}, so fit returns the weights of step "
+            f"{history.best_step} (restore_best): the training after it never improved on the "
+            "validation data. With few validation rows, validate on more; otherwise lower "
+            "'lr', or check that the training and validation data come from the same "
+            "distribution", UserWarning, stacklevel=3,
+        )
 
 
 def _check_batches_for_batch_norm(source: TensorSource | LoaderSource | SamplerSource) -> None:
@@ -309,6 +329,10 @@ def _make_source(
     )
 
 
+MIN_VALID_ROWS = 20
+"""Fewest rows that ``valid=<fraction>`` holds out without a :class:`DataWarning`."""
+
+
 def _hold_out(
     arrays: tuple[Tensor, Tensor | None], fraction: float, seed: int
 ) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
@@ -319,6 +343,13 @@ def _hold_out(
     if not 1 <= k < n:
         raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out {k}; "
                             "at least one row should validate and one train")
+    if k < MIN_VALID_ROWS:
+        warnings.warn(
+            f"valid={fraction!r} of {n} rows holds out {k}: a validation loss over so few rows "
+            "is noisy, and it chooses the weights fit returns (restore_best) and when early "
+            "stopping ends the run; hold out more rows, pass your own validation data, or "
+            "restore_best=False", DataWarning, stacklevel=4,
+        )
     g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
     rows = torch.randperm(n, generator=g).to(x.device)
 
