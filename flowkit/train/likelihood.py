@@ -200,10 +200,10 @@ def _warn_if_never_improved(history: History) -> None:
     if len(history.valid_loss) >= 3 and history.best_step == history.valid_steps[0]:
         warnings.warn(
             f"the first validation (step {history.best_step}) had the lowest validation loss of "
-            f"the {len(history.valid_loss)}, so fit returns the weights of step "
+            f"the {len(history.valid_loss)}, so the weights returned are those of step "
             f"{history.best_step} (restore_best): the training after it never improved on the "
-            "validation data. With few validation rows, validate on more; otherwise lower "
-            "'lr', or check that the training and validation data come from the same "
+            "validation data. With few validation rows, validate on more; otherwise lower the "
+            "learning rate, or check that the training and validation data come from the same "
             "distribution", UserWarning, stacklevel=3,
         )
 
@@ -345,10 +345,11 @@ def _hold_out(
                             "at least one row should validate and one train")
     if k < MIN_VALID_ROWS:
         warnings.warn(
-            f"valid={fraction!r} of {n} rows holds out {k}: a validation loss over so few rows "
-            "is noisy, and it chooses the weights fit returns (restore_best) and when early "
-            "stopping ends the run; hold out more rows, pass your own validation data, or "
-            "restore_best=False", DataWarning, stacklevel=4,
+            f"holding out a fraction {fraction!r} of the {n} rows for validation leaves {k}: a "
+            "validation loss over so few rows is noisy, and it chooses the weights returned "
+            "and when early stopping ends the run; hold out a larger fraction, pass "
+            "validation data of your own, or keep the last weights (restore_best=False)",
+            DataWarning, stacklevel=4,
         )
     g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
     rows = torch.randperm(n, generator=g).to(x.device)
