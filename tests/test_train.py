@@ -1013,11 +1013,15 @@ def test_a_failed_run_that_keeps_its_best_weights_ends_with_them():
 
     model = _RisingLoss(at=35, jump=1000.0)
     with pytest.raises(DivergenceError, match=r"holds the weights of its best validation "
-                       r"\(step 10\)"):
+                       r"\(step 10\)") as info:
         fit(model, gaussian, valid=valid, steps=100, batch_size=64, valid_every=10,
             restore_best=True, lr=1e-2, log_every=10, seed=0, **QUIET)
     assert len(seen) == 3 and not torch.equal(seen[0], seen[-1])
     assert torch.equal(model.loc.detach(), seen[0])
+    # the error carries the run's history up to the last recording: what was lost is only the
+    # return value
+    h = info.value.history
+    assert h.valid_steps == [10, 20, 30] and h.best_step == 10 and len(h.train_loss) == 30
 
 
 def test_a_large_learning_rate_ends_in_a_clear_error_and_finite_weights():

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..validation import Mention, WordedError
 from .distributed import Dist
+from .history import History
 
 
 class NonFiniteLossError(WordedError, FloatingPointError):
@@ -36,11 +37,14 @@ class NonFiniteLossError(WordedError, FloatingPointError):
         step: the first step (1-based) whose loss was not finite, or the step at which
             non-finite weights were found.
         value: that loss, or the first non-finite value of those weights.
+        history: the run's :class:`~flowkit.train.History` up to the last recording before
+            (None where the error was raised outside a run).
     """
 
-    def __init__(self, *parts: str | Mention, step: int, value: float):
+    def __init__(self, *parts: str | Mention, step: int, value: float,
+                 history: History | None = None):
         super().__init__(*parts)
-        self.step, self.value = step, value
+        self.step, self.value, self.history = step, value, history
 
 
 class DivergenceError(WordedError, FloatingPointError):
@@ -54,11 +58,14 @@ class DivergenceError(WordedError, FloatingPointError):
         step: the step at which the running median of the loss crossed the threshold.
         value: that median.
         best: its lowest value before.
+        history: the run's :class:`~flowkit.train.History` up to the last recording before (its
+            validations, best step and losses; the model holds the weights it names).
     """
 
-    def __init__(self, *parts: str | Mention, step: int, value: float, best: float):
+    def __init__(self, *parts: str | Mention, step: int, value: float, best: float,
+                 history: History | None = None):
         super().__init__(*parts)
-        self.step, self.value, self.best = step, value, best
+        self.step, self.value, self.best, self.history = step, value, best, history
 
 
 class Divergence:

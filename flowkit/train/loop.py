@@ -382,7 +382,8 @@ class Trainer:
         fixes unless ``fixes`` is False: ``problem`` then says what to do)."""
         self.model.load_state_dict(self.good if self.best.state is None else self.best.state)
         self.model.eval()
-        raise error(*_advice(problem, self, fixes), step=step, value=value, **extra)
+        raise error(*_advice(problem, self, fixes), step=step, value=value,
+                    history=self.history, **extra)
 
     def _clock(self) -> None:
         self.history.wall_time = self.wall_start + time.perf_counter() - self.t0
