@@ -632,3 +632,21 @@ def test_full_standardization_is_saved_and_loaded_and_old_configs_keep_the_diago
         again = flowkit.load_model(tmp_path / "old.pt")
     assert again.transform.transforms[0].covariance == "diagonal"
     assert again.config["kwargs"]["standardize"] == "diagonal"
+
+
+def test_the_host_copy_of_initialized_follows_loads_and_old_pickles():
+    """The flag is read on the host (no device sync per call): a loaded value counts as set,
+    and a module pickled before the host copy existed gets it from its buffer."""
+    import pickle
+
+    a = Standardize.from_data(torch.randn(50, 2) * 3 + 1)
+    b = Standardize(2)
+    b.load_state_dict(a.state_dict())
+    b.train()
+    b(torch.randn(10, 2) * 100)  # a training-mode call leaves a loaded value alone
+    assert torch.equal(b.shift, a.shift) and torch.equal(b.scale, a.scale)
+    del a.__dict__["_initialized"]
+    old = pickle.loads(pickle.dumps(a))
+    assert old._initialized is True and not unset(old)
+    fresh = Standardize(2)
+    assert pickle.loads(pickle.dumps(fresh))._initialized is False
