@@ -85,8 +85,10 @@ class MaskedAutoregressive(Transform):
             params = self.made._forward(x, context)
         else:
             # the solver also returns made(z), the parameters of the log-determinant
+            columns = x.t().contiguous()  # feature i's column is then a contiguous row
             _, params = _solve_with_params(
-                self.made, lambda p, i: self.transformer.forward(x.index_select(1, i), p)[0], x,
+                self.made,
+                lambda p, i: self.transformer.forward(columns.index_select(0, i).t(), p)[0], x,
                 context,
             )
         z, log_det = self.transformer.forward(x, params)
@@ -96,8 +98,10 @@ class MaskedAutoregressive(Transform):
         if self.direction == "iaf":
             params = self.made._forward(z, context)
         else:
+            columns = z.t().contiguous()  # feature i's column is then a contiguous row
             _, params = _solve_with_params(
-                self.made, lambda p, i: self.transformer.inverse(z.index_select(1, i), p)[0], z,
+                self.made,
+                lambda p, i: self.transformer.inverse(columns.index_select(0, i).t(), p)[0], z,
                 context,
             )
         x, log_det = self.transformer.inverse(z, params)
