@@ -14,13 +14,15 @@ What is fixed at capture, and what is not:
 
 * The sample shape, the context's shape, and the model's device and dtype. The model is in
   evaluation mode (``model.eval()``; checked at each call).
-* The weights are read where they are stored, so in-place updates of the parameters (an
-  optimizer step) are seen by the next replay. Values derived from them and cached between
-  calls (the masked products ``W * M`` and the sorted weights of the solver) would be stale:
-  the sampler compares what identifies the weights (:meth:`flowkit.nn.MaskedLinear`'s version
-  counters and optimizer-step counts, every parameter's and buffer's storage and version) with
-  what they were at capture, and captures again when they differ (as long as a few eager calls).
-  Writes through ``.data`` bump no counter: after those, call :meth:`GraphedSampler.capture`.
+* The graph reads the weights where they are stored, and values derived from them that the
+  model caches between calls (the masked products ``W * M``, the solver's sorted weights,
+  :mod:`flowkit.nn.caches`), which would be stale after an update. So before each replay the
+  sampler compares what identifies the weights (every parameter's and buffer's storage and
+  version counter, the optimizer steps that updated each masked weight) and the cached objects
+  with what they were at capture, and records the call again when they differ, which costs
+  about four eager calls: after every optimizer step, or after a call with autograd (which
+  drops the caches). It keeps the cached objects it read alive until then. Writes through
+  ``.data`` bump no counter: after those, call :meth:`GraphedSampler.capture`.
 * The context is copied into the buffer the graph reads (``sampler(context)``; ``sampler()``
   samples again given the last one, as for many posterior draws given one observation); its
   NaN check reads it back to the host, as in :meth:`flowkit.Flow.sample` (switch it off with
@@ -34,13 +36,18 @@ model's ``rsample``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor, nn
 
+from flowkit.nn.caches import cached
 from flowkit.nn.linear import MaskedLinear
-from flowkit.validation import check_batch_context, check_bool, check_int, validate_values
+from flowkit.validation import (
+    SampleShape,
+    check_batch_context,
+    check_bool,
+    check_sample_shape,
+    validate_values,
+)
 
 WARMUP = 3
 """Eager calls on a side stream before a capture: they build the caches (masked products,
@@ -49,19 +56,22 @@ their algorithms outside the capture, as :func:`torch.cuda.graph` requires."""
 
 
 class GraphedSampler:
-    r"""``model.sample(sample_shape, context)`` captured once in a CUDA graph and replayed.
+    r"""``model.sample(n, context)`` captured once in a CUDA graph and replayed.
 
     Args:
-        model: a CUDA model with ``sample(sample_shape, context)``: a :class:`flowkit.Flow`,
-            :class:`flowkit.BernoulliMADE` or :class:`flowkit.CategoricalMADE`.
-        sample_shape: the ``n`` of every call, an int or a tuple (as ``model.sample`` takes).
+        model: a CUDA model in evaluation mode with ``sample(n, context)``: a
+            :class:`flowkit.Flow`, :class:`flowkit.BernoulliMADE` or
+            :class:`flowkit.CategoricalMADE`.
+        n: the number of samples or sample shape of every call, as ``model.sample`` takes it
+            (an int, a tuple, or None for one sample per context row).
         context: an example context, ``(*B, C)``, for a conditional model (its shape is fixed;
             its values can change at each call); None otherwise.
         log_prob: also return the samples' log-density (``model.sample_and_log_prob``; a
             :class:`flowkit.Flow` only).
 
-    Calling the sampler returns what ``model.sample`` would, ``(*sample_shape, *B, D)`` (and
-    the log-density ``(*sample_shape, *B)`` with ``log_prob``), drawn with new noise.
+    Calling the sampler returns what ``model.sample(n, context)`` would,
+    ``(*sample_shape, *B, D)``, drawn with new noise; with ``log_prob`` the pair of the samples
+    and their log-density ``(*sample_shape, *B)``.
 
     Example (on a machine with a GPU)::
 
@@ -73,7 +83,7 @@ class GraphedSampler:
     def __init__(
         self,
         model: nn.Module,
-        sample_shape: int | Sequence[int],
+        n: SampleShape,
         context: Tensor | None = None,
         log_prob: bool = False,
     ):
@@ -87,12 +97,7 @@ class GraphedSampler:
             raise TypeError(
                 f"'log_prob' is True but {type(model).__name__} has no 'sample_and_log_prob'"
             )
-        if isinstance(sample_shape, Sequence) and not isinstance(sample_shape, str):
-            self.sample_shape = tuple(
-                check_int(f"sample_shape[{i}]", s, 1) for i, s in enumerate(sample_shape)
-            )
-        else:
-            self.sample_shape = check_int("sample_shape", sample_shape, 1)
+        self.sample_shape = check_sample_shape(n, context is not None)
         reference = next((t for t in [*model.parameters(), *model.buffers()]
                           if t.is_floating_point()), None)
         if reference is None or reference.device.type != "cuda":
@@ -106,16 +111,18 @@ class GraphedSampler:
         self._device = reference.device
         features = getattr(model, "context_features", 0)
         context = check_batch_context(context, features, reference)
-        self._context = None if context is None else context.clone()
+        self._context = None if context is None else context.detach().clone()
         self._graph: torch.cuda.CUDAGraph | None = None
         self._out: tuple[Tensor, ...] = ()
         self._state: tuple = ()
+        self._kept: tuple[object | None, ...] = ()
         self.capture()
 
     def _check_eval(self) -> None:
-        if self.model.training:
+        if any(m.training for m in self.model.modules()):
             raise ValueError(
-                "'model' is in training mode: call model.eval() before sampling from a graph "
+                "'model' (or one of its modules) is in training mode: call model.eval() before "
+            "sampling from a graph "
                 "(in training mode a flow's first samples set its standardization, which a "
                 "replayed graph would not redo)"
             )
@@ -128,15 +135,16 @@ class GraphedSampler:
             return (self.model.sample(self.sample_shape, self._context),)
 
     def _weights_state(self) -> tuple:
-        """What identifies the model's weights now (see the module docstring)."""
+        """What identifies the model's weights and their cached derived values now (see the
+        module docstring)."""
         tensors = tuple((t.data_ptr(), t._version)
                         for t in [*self.model.parameters(), *self.model.buffers()])
         masked = tuple(m._state() for m in self.model.modules() if isinstance(m, MaskedLinear))
-        return tensors, masked
+        return tensors, masked, tuple(map(id, cached(self.model)))
 
     def capture(self) -> None:
         """Record the graph anew: warm-up calls on a side stream, then one captured call."""
-        self._graph, self._out = None, ()  # frees the previous graph's memory pool first
+        self._graph, self._out, self._kept = None, (), ()  # frees the previous graph's memory
         stream = torch.cuda.Stream(device=self._device)
         stream.wait_stream(torch.cuda.current_stream(stream.device))
         with validate_values(False), torch.cuda.stream(stream):
@@ -153,7 +161,9 @@ class GraphedSampler:
                 "operation of the call is not allowed while capturing (a value read back to "
                 "the host, a new allocation outside the graph's pool); sample eagerly instead"
             ) from error
-        self._graph, self._state = graph, self._weights_state()
+        # what the graph read stays alive (the state compares identities, which a freed
+        # object's successor could otherwise take over)
+        self._graph, self._kept, self._state = graph, cached(self.model), self._weights_state()
 
     def __call__(self, context: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """New samples (and log-densities with ``log_prob``). A ``context`` replaces the
@@ -168,9 +178,10 @@ class GraphedSampler:
                     f"'context' should have the captured shape {tuple(self._context.shape)}, "
                     f"got {tuple(context.shape)} (capture another GraphedSampler for it)"
                 )
-            self._context.copy_(context)
+            with torch.no_grad():
+                self._context.copy_(context)
         self._check_eval()
-        if self._weights_state() != self._state:
+        if self._graph is None or self._weights_state() != self._state:
             self.capture()
         assert self._graph is not None
         self._graph.replay()

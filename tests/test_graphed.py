@@ -19,21 +19,23 @@ def test_a_model_on_the_cpu_is_a_clear_error():
 @cuda
 def test_a_model_in_training_mode_is_a_clear_error():
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,)).cuda()
-    with pytest.raises(ValueError, match="'model' is in training mode"):
+    training = r"'model' \(or one of its modules\) is in training mode"
+    with pytest.raises(ValueError, match=training):
         GraphedSampler(flow, 10)
     sampler = GraphedSampler(flow.eval(), 10)
-    flow.train()
-    with pytest.raises(ValueError, match="'model' is in training mode"):
+    flow.transform.transforms[0].train()  # one module put back into training mode
+    with pytest.raises(ValueError, match=training):
         sampler()
 
 
 @pytest.mark.parametrize("model, kwargs, error, message", [
-    (torch.nn.Linear(2, 2), dict(sample_shape=3), TypeError, "'model' should be a flowkit model"),
-    (flowkit.BernoulliMADE(3, (8,)), dict(sample_shape=3, log_prob=True), TypeError,
+    (torch.nn.Linear(2, 2), dict(n=3), TypeError, "'model' should be a flowkit model"),
+    (flowkit.BernoulliMADE(3, (8,)), dict(n=3, log_prob=True), TypeError,
      "BernoulliMADE has no 'sample_and_log_prob'"),
-    (flowkit.MAF(2, layers=1), dict(sample_shape=0), ValueError, "'sample_shape'"),
-    (flowkit.MAF(2, layers=1), dict(sample_shape=(4, 0)), ValueError, r"'sample_shape\[1\]'"),
-    (flowkit.MAF(2, layers=1), dict(sample_shape=4, log_prob=1), ValueError, "'log_prob'"),
+    (flowkit.MAF(2, layers=1), dict(n=0), ValueError, "'n' should be a positive"),
+    (flowkit.MAF(2, layers=1), dict(n=(4, 0)), ValueError, r"'n\[1\]'"),
+    (flowkit.MAF(2, layers=1), dict(n=None), ValueError, "'n' should be an integer"),
+    (flowkit.MAF(2, layers=1), dict(n=4, log_prob=1), ValueError, "'log_prob'"),
 ])
 def test_bad_arguments_name_the_argument(model, kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -136,3 +138,44 @@ def test_bad_context_at_call_names_the_argument():
         flat(torch.zeros(4, 1, device="cuda"))
     with pytest.raises(ValueError, match="'context'"):
         sampler(torch.full((4, 1), float("nan"), device="cuda"))
+
+
+def test_the_cached_objects_stay_the_same_until_a_call_with_autograd():
+    """What flowkit.nn.caches.cached reports, which GraphedSampler compares before each replay:
+    eager calls without autograd reuse the caches; a call with autograd drops them, and the
+    next call builds new objects (a graph reading the old ones must be recorded again)."""
+    from flowkit.nn.caches import cached
+
+    flow = _perturb(flowkit.MAF(3, layers=2, hidden_features=(16,), seed=0)).eval()
+    flow.sample(5)
+    before = cached(flow)
+    assert sum(c is not None for c in before) >= 4  # masked products and solver programs
+    flow.sample(5)
+    assert all(a is b for a, b in zip(cached(flow), before, strict=True))
+    flow.log_prob(torch.randn(4, 3)).sum().backward()  # eval mode, with autograd
+    flow.sample(5)
+    assert not any(a is b for a, b in zip(cached(flow), before, strict=True) if a is not None)
+
+
+@cuda
+def test_calls_replay_the_same_graph_until_the_caches_change():
+    flow = _perturb(flowkit.MAF(3, layers=2, hidden_features=(16,), seed=0,
+                                context_features=2)).cuda().eval()
+    context = torch.randn(4, 2, device="cuda")
+    sampler = GraphedSampler(flow, 8, context, log_prob=True)
+    graph = sampler._graph
+    sampler()
+    sampler(torch.randn(4, 2, device="cuda"))
+    flow.sample(3, context)  # eager calls without autograd keep the caches
+    sampler()
+    assert sampler._graph is graph
+    # a call with autograd drops the cached products the graph read: it is recorded again,
+    # and what it samples is still the flow's distribution after the memory is reused
+    x = torch.randn(5, 3, device="cuda", requires_grad=True)
+    torch.autograd.grad(flow.log_prob(x, context[:1]).sum(), x)
+    torch.cuda.empty_cache()
+    garbage = [torch.full((1 << 20,), float("nan"), device="cuda") for _ in range(25)]
+    samples, log_p = sampler()
+    assert sampler._graph is not graph
+    del garbage
+    torch.testing.assert_close(log_p, flow.log_prob(samples, context), rtol=1e-4, atol=1e-4)

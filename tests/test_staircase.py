@@ -314,11 +314,12 @@ def test_cuda_equals_the_dense_product():
     _assert_same(made, x.cuda(), context.cuda())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_auto_takes_the_dense_products_on_a_gpu():
-    made = MADE(64, (512, 512), params_per_feature=2).cuda()
-    assert made.product == "auto" and not staircase.applies(made, 1024)
-    assert staircase.applies(made.cpu(), 1024)
+def test_auto_takes_the_dense_products_off_the_cpu():
+    """The staircase was measured slower on a GPU (docs/performance.md): "auto" keeps it to
+    the CPU. A meta-device copy stands for any other device, so the rule is checked here."""
+    made = MADE(64, (512, 512), params_per_feature=2)
+    assert made.product == "auto" and staircase.applies(made, 1024)
+    assert not staircase.applies(made.to("meta"), 1024)
 
 
 @pytest.mark.parametrize("residual", [False, True])

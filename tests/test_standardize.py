@@ -634,19 +634,25 @@ def test_full_standardization_is_saved_and_loaded_and_old_configs_keep_the_diago
     assert again.config["kwargs"]["standardize"] == "diagonal"
 
 
-def test_the_host_copy_of_initialized_follows_loads_and_old_pickles():
-    """The flag is read on the host (no device sync per call): a loaded value counts as set,
-    and a module pickled before the host copy existed gets it from its buffer."""
+def test_is_initialized_follows_every_write_of_the_buffer():
+    """The flag is read on the host only when the buffer changed (no device read per call),
+    so loads, direct writes, pickles and buffers passed to torch.func.functional_call count."""
     import pickle
 
     a = Standardize.from_data(torch.randn(50, 2) * 3 + 1)
     b = Standardize(2)
+    assert not b.is_initialized
     b.load_state_dict(a.state_dict())
     b.train()
     b(torch.randn(10, 2) * 100)  # a training-mode call leaves a loaded value alone
-    assert torch.equal(b.shift, a.shift) and torch.equal(b.scale, a.scale)
-    del a.__dict__["_initialized"]
-    old = pickle.loads(pickle.dumps(a))
-    assert old._initialized is True and not unset(old)
-    fresh = Standardize(2)
-    assert pickle.loads(pickle.dumps(fresh))._initialized is False
+    assert b.is_initialized and torch.equal(b.shift, a.shift) and torch.equal(b.scale, a.scale)
+    b.initialized.fill_(False)
+    assert not b.is_initialized and unset(b) == [b]
+    b.initialized.fill_(True)
+    b.provisional = False
+    assert b.is_initialized and not unset(b)
+    assert pickle.loads(pickle.dumps(a)).is_initialized
+    fresh = Standardize(2).train()
+    state = {k: v.clone() for k, v in a.state_dict().items()}
+    torch.func.functional_call(fresh, state, (torch.randn(10, 2) * 100,))
+    assert torch.equal(state["shift"], a.shift)  # set values passed in are not re-estimated

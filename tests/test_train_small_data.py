@@ -65,11 +65,24 @@ def test_a_fraction_holding_out_few_rows_warns_and_names_the_count():
 
 def test_a_run_whose_first_validation_stays_the_best_warns():
     """The tiny run above overfits from its first step on: the weights returned are step 1's,
-    hardly trained, and fit says so."""
+    hardly trained, and fit says so, at the caller's line."""
     with pytest.warns(UserWarning, match=r"the first validation \(step 1\) had the lowest "
-                      r"validation loss of the 40"):
+                      r"validation loss of the 40, and it grew") as w:
         _, _, h = tiny_run(restore_best=None)
     assert h.best_step == h.valid_steps[0] == 1
+    assert [r.filename for r in w if "first validation" in str(r.message)] == [__file__]
+
+
+def test_a_run_on_data_the_flow_fits_from_the_start_does_not_warn(recwarn):
+    """A Gaussian, which the standardized flow fits at step 0: here the first validation stays
+    the best, by noise, and early stopping ends the run, but the validation loss does not
+    grow, so there is nothing to warn about."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2000, 2, generator=g) * torch.tensor([3.0, 0.5]) + 10
+    h = fit(flowkit.MAF(2, layers=2, hidden_features=(16,)), x, valid=0.2, steps=400,
+            batch_size=128, early_stopping_patience=2, seed=0, **QUIET)
+    assert h.best_step == h.valid_steps[0] and len(h.valid_loss) == 3  # the case in question
+    assert not [r for r in recwarn if "first validation" in str(r.message)]
 
 
 def test_a_run_that_improves_on_enough_validation_rows_does_not_warn(recwarn):

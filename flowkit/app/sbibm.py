@@ -68,8 +68,9 @@ maps as sbi's residual network of 2 blocks of 2 layers, the first hidden layer f
 residual blocks); ``flowkit-spline-res-cb`` is that flow on a conditional Gaussian base (mean
 and scale linear in the standardized observation), and ``flowkit-spline-res-cb-noclip`` the
 same trained without sbi's gradient clipping (``train``: keywords of sbi's ``train()``,
-otherwise sbi's defaults for every model). These splines but the defaults' keep the identity
-tails (as sbi's NSF) with which docs/sbi.md was measured."""
+otherwise sbi's defaults for every model). All flowkit splines except
+``flowkit-spline-defaults`` keep the identity tails (as sbi's NSF) with which docs/sbi.md was
+measured."""
 
 
 def _sbibm() -> Any:

@@ -193,19 +193,30 @@ def fit(
     return history
 
 
+WORSENED = 0.05
+"""How much worse than the first validation loss the last must be, relative to
+``max(1, |first|)``, for :func:`fit` to warn that it returns the weights of that first
+validation (a flat validation loss means the early weights are as good as any)."""
+
+
 def _warn_if_never_improved(history: History) -> None:
-    """Warn when the first of several validations was the best: the weights returned are those
-    of that early step (``restore_best``), and the training after it did not help on the
-    validation rows."""
-    if len(history.valid_loss) >= 3 and history.best_step == history.valid_steps[0]:
-        warnings.warn(
-            f"the first validation (step {history.best_step}) had the lowest validation loss of "
-            f"the {len(history.valid_loss)}, so the weights returned are those of step "
-            f"{history.best_step} (restore_best): the training after it never improved on the "
-            "validation data. With few validation rows, validate on more; otherwise lower the "
-            "learning rate, or check that the training and validation data come from the same "
-            "distribution", UserWarning, stacklevel=3,
-        )
+    """Warn when the first of several validations was the best and the validation loss then
+    grew: the weights returned are those of that early step (``restore_best``), and the
+    training after it only fitted the training rows."""
+    losses = history.valid_loss
+    if len(losses) < 3 or history.best_step != history.valid_steps[0]:
+        return
+    first, last = losses[0], losses[-1]
+    if last - first <= WORSENED * max(1.0, abs(first)):
+        return
+    warnings.warn(
+        f"the first validation (step {history.best_step}) had the lowest validation loss of "
+        f"the {len(losses)}, and it grew from {first:.4g} to {last:.4g}: the weights returned "
+        f"are those of step {history.best_step} (restore_best), and the training after it only "
+        "fitted the training data. With few validation rows, validate on more; otherwise lower "
+        "the learning rate, or check that the training and validation data come from the same "
+        "distribution", UserWarning, stacklevel=3,
+    )
 
 
 def _check_batches_for_batch_norm(source: TensorSource | LoaderSource | SamplerSource) -> None:

@@ -460,7 +460,7 @@ def _schedule_parts(name: str | None) -> tuple[str | Mention, ...]:
 
 def _standardizes(model: nn.Module) -> bool:
     """Whether the model standardizes its data itself (a flowkit Standardize set from it)."""
-    return any(isinstance(m, Standardize) and bool(m.initialized) for m in model.modules())
+    return any(isinstance(m, Standardize) and m.is_initialized for m in model.modules())
 
 
 def _copy(model: nn.Module) -> dict[str, Tensor]:

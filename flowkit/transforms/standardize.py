@@ -127,7 +127,7 @@ class Standardize(Transform):
         self.register_buffer("shift", torch.zeros(self.features))
         self.register_buffer("scale", torch.ones(self.features))
         self.register_buffer("initialized", torch.tensor(False))
-        self._initialized = False  # the buffer's value on the host: read without a device sync
+        self._flag: tuple[tuple[int, int], bool] | None = None  # see is_initialized
         if self.full:
             self.register_buffer("cholesky", torch.eye(self.features))
             # L^{-1}, computed in float64 whenever L is set or loaded (not saved)
@@ -151,6 +151,18 @@ class Standardize(Transform):
         t = cls(x.shape[1], covariance=covariance).to(device=x.device, dtype=x.dtype)
         t._set_from(t._moments(x))
         return t
+
+    @property
+    def is_initialized(self) -> bool:
+        """The ``initialized`` buffer's value, read back from the device only when the buffer
+        was written or replaced since the last read (its storage and version counter), so that
+        the calls of a training loop on a GPU make no synchronization for it."""
+        flag = self.initialized
+        key = (flag.data_ptr(), flag._version)
+        known = getattr(self, "_flag", None)  # absent in modules pickled by older versions
+        if known is None or known[0] != key:
+            known = self._flag = (key, bool(flag))
+        return known[1]
 
     @property
     def full(self) -> bool:
@@ -218,7 +230,6 @@ class Standardize(Transform):
                 self.cholesky.copy_(values["cholesky"])
                 self._invert_cholesky()
             self.initialized.fill_(True)
-        self._initialized = True
         self.provisional = self._looked = False
 
     def _invert_cholesky(self) -> None:
@@ -241,13 +252,7 @@ class Standardize(Transform):
         super()._load_from_state_dict(*args, **kwargs)
         if self.full:
             self._invert_cholesky()
-        self._initialized = bool(self.initialized)
         self.provisional = self._looked = False  # a loaded value is the model's
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        if "_initialized" not in state:  # pickled by a version without the host copy
-            self._initialized = bool(self.initialized)
 
     def _see(self, x: Tensor) -> None:
         """Data-dependent initialisation: the part of ``forward`` that reads the data."""
@@ -263,7 +268,7 @@ class Standardize(Transform):
         # In eval mode only a collector looks, and the flag is not read back from the device.
         if not torch.compiler.is_compiling() and (
             self._collector is not None
-            or (self.training and (not self._initialized
+            or (self.training and (not self.is_initialized
                                    or (self._looked and torch.is_grad_enabled())))
         ):
             self._see(x)
@@ -274,10 +279,9 @@ class Standardize(Transform):
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         if self.training and self._collector is None and not torch.compiler.is_compiling():
-            if not self._initialized:
+            if not self.is_initialized:
                 with torch.no_grad():
                     self.initialized.fill_(True)  # the identity
-                self._initialized = True
                 self.provisional, self._looked = True, True
             if torch.is_grad_enabled():
                 # trained through (reverse KL): the samples' map stays
@@ -294,7 +298,7 @@ class Standardize(Transform):
 
     def extra_repr(self) -> str:
         text = f"features={self.features}" + (", covariance='full'" if self.full else "")
-        if not self._initialized:
+        if not self.is_initialized:
             return text + ", uninitialized"
         return text + (", provisional" if self.provisional else "")
 
@@ -376,7 +380,7 @@ def unset(model: nn.Module) -> list[Standardize]:
     """The :class:`Standardize` modules of ``model`` that data should set: not initialised, or
     set provisionally by a call."""
     return [m for m in model.modules()
-            if isinstance(m, Standardize) and (m.provisional or not m._initialized)]
+            if isinstance(m, Standardize) and (m.provisional or not m.is_initialized)]
 
 
 def set_from_data(
