@@ -122,9 +122,8 @@ class GraphedSampler:
         if any(m.training for m in self.model.modules()):
             raise ValueError(
                 "'model' (or one of its modules) is in training mode: call model.eval() before "
-            "sampling from a graph "
-                "(in training mode a flow's first samples set its standardization, which a "
-                "replayed graph would not redo)"
+                "sampling from a graph (in training mode a flow's first samples set its "
+                "standardization, which a replayed graph would not redo)"
             )
 
     def _draw(self) -> tuple[Tensor, ...]:
