@@ -358,9 +358,8 @@ def _hold_out(
         warnings.warn(
             f"holding out a fraction {fraction!r} of the {n} rows for validation leaves {k}: a "
             "validation loss over so few rows is noisy, and it chooses the weights returned "
-            "and when early stopping ends the run; hold out a larger fraction, pass "
-            "validation data of your own, or keep the last weights (restore_best=False)",
-            DataWarning, stacklevel=4,
+            "and when early stopping ends the run; hold out a larger fraction or pass "
+            "validation data of your own", DataWarning, stacklevel=4,
         )
     g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
     rows = torch.randperm(n, generator=g).to(x.device)
