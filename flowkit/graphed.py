@@ -46,6 +46,7 @@ from flowkit.validation import (
     check_batch_context,
     check_bool,
     check_sample_shape,
+    reference,
     validate_values,
 )
 
@@ -98,19 +99,18 @@ class GraphedSampler:
                 f"'log_prob' is True but {type(model).__name__} has no 'sample_and_log_prob'"
             )
         self.sample_shape = check_sample_shape(n, context is not None)
-        reference = next((t for t in [*model.parameters(), *model.buffers()]
-                          if t.is_floating_point()), None)
-        if reference is None or reference.device.type != "cuda":
-            where = "no floating-point tensors" if reference is None else reference.device
+        ref = reference(model)
+        if ref is None or ref.device.type != "cuda":
+            where = "no floating-point tensors" if ref is None else ref.device
             raise ValueError(
                 f"'model' should be on a CUDA device (model.cuda()), it is on {where}: CUDA "
                 "graphs record GPU work only"
             )
         self.model = model
         self._check_eval()
-        self._device = reference.device
+        self._device = ref.device
         features = getattr(model, "context_features", 0)
-        context = check_batch_context(context, features, reference)
+        context = check_batch_context(context, features, ref)
         self._context = None if context is None else context.detach().clone()
         self._graph: torch.cuda.CUDAGraph | None = None
         self._out: tuple[Tensor, ...] = ()

@@ -88,8 +88,8 @@ class MaskedLinear(nn.Linear):
             cache is not None
             and cache.state == state
             and (torch.is_inference_mode_enabled() or not cache.product.is_inference())
-            and (_capturing() or torch.equal(torch.take(self.weight.detach(), cache.where),
-                                             cache.values))
+            and (self._capturing() or torch.equal(torch.take(self.weight.detach(), cache.where),
+                                                  cache.values))
         ):
             return cache.product
         with torch.no_grad():
@@ -101,6 +101,13 @@ class MaskedLinear(nn.Linear):
         keep = (self.weight.detach(), self.mask)
         self._cache = None if state is None else _Cache(state, product, keep, where, values)
         return product
+
+    def _capturing(self) -> bool:
+        """Whether a CUDA graph that reads this layer is being recorded
+        (:class:`flowkit.GraphedSampler`): reading the fingerprint back to the host is not
+        allowed then, and the cache is trusted on its state alone (the sampler checks the
+        weights' state before each replay)."""
+        return self.weight.is_cuda and torch.cuda.is_current_stream_capturing()
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight(), self.bias)
@@ -129,13 +136,6 @@ class _Cache(NamedTuple):
     keep: tuple[Tensor, Tensor]
     where: Tensor
     values: Tensor
-
-
-def _capturing() -> bool:
-    """Whether a CUDA graph is being recorded (:class:`flowkit.GraphedSampler`): reading the
-    fingerprint back to the host is not allowed then, and the cache is trusted on its state
-    alone (the sampler checks the weights' state before each replay)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _spread(mask: Tensor) -> Tensor:
