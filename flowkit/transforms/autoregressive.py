@@ -17,6 +17,7 @@ In both cases the Jacobian ``dz/dx`` is triangular in the ordering, so
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 import torch
@@ -85,11 +86,9 @@ class MaskedAutoregressive(Transform):
             params = self.made._forward(x, context)
         else:
             # the solver also returns made(z), the parameters of the log-determinant
-            columns = x.t().contiguous()  # feature i's column is then a contiguous row
+            column = _column_reader(x)
             _, params = _solve_with_params(
-                self.made,
-                lambda p, i: self.transformer.forward(columns.index_select(0, i).t(), p)[0], x,
-                context,
+                self.made, lambda p, i: self.transformer.forward(column(i), p)[0], x, context
             )
         z, log_det = self.transformer.forward(x, params)
         return z, log_det.sum(-1)
@@ -98,17 +97,23 @@ class MaskedAutoregressive(Transform):
         if self.direction == "iaf":
             params = self.made._forward(z, context)
         else:
-            columns = z.t().contiguous()  # feature i's column is then a contiguous row
+            column = _column_reader(z)
             _, params = _solve_with_params(
-                self.made,
-                lambda p, i: self.transformer.inverse(columns.index_select(0, i).t(), p)[0], z,
-                context,
+                self.made, lambda p, i: self.transformer.inverse(column(i), p)[0], z, context
             )
         x, log_det = self.transformer.inverse(z, params)
         return x, log_det.sum(-1)
 
     def extra_repr(self) -> str:
         return f"direction={self.direction!r}, transformer={self.transformer!r}"
+
+
+def _column_reader(t: Tensor) -> Callable[[Tensor], Tensor]:
+    """``column(i)``: the columns ``i`` ``(m,)`` of ``t`` ``(N, D)``, ``(N, m)``, read from a
+    transposed copy made once, where each is a contiguous row (a solver step reads one column
+    per step; gathering it from the rows of ``t`` touches a cache line per row)."""
+    rows = t.t().contiguous()
+    return lambda i: rows.index_select(0, i).t()
 
 
 class MaskedAffineAutoregressive(MaskedAutoregressive):
