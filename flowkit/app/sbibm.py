@@ -54,6 +54,8 @@ MODELS: dict[str, dict[str, Any]] = {
                        "transformer_kwargs": {"bins": 8, "bound": 4.0, "tails": "identity"}},
     "flowkit-spline-defaults": {"library": "flowkit", "model": "maf",
                                 "transformer": "spline"},
+    "flowkit-spline-defaults-lu": {"library": "flowkit", "model": "maf",
+                                   "transformer": "spline", "lu_linear": True},
     "flowkit-spline-res": _SPLINE_RES,
     "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
     "flowkit-spline-res-cb-noclip": {**_SPLINE_RES, "conditional_base": True,

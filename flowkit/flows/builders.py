@@ -24,6 +24,7 @@ from flowkit.nn.made import MADE
 from flowkit.transforms.autoregressive import BatchNorm, Direction, MaskedAutoregressive
 from flowkit.transforms.base import Compose, Permutation, Transform
 from flowkit.transforms.elementwise import Affine
+from flowkit.transforms.linear import LULinear
 from flowkit.transforms.spline import RationalQuadraticSpline
 from flowkit.transforms.standardize import Standardize
 from flowkit.validation import check_bool, check_int
@@ -95,6 +96,7 @@ def _autoregressive_flow(
     transformer: str = "affine",
     transformer_kwargs: dict | None = None,
     permutation: PermutationSpec = "reverse",
+    lu_linear: bool = False,
     batch_norm: bool = False,
     residual: bool = False,
     activation: ActivationSpec = "relu",
@@ -119,6 +121,7 @@ def _autoregressive_flow(
     context_features = check_int("context_features", context_features, 0)
     seed = check_int("seed", seed, 0)
     batch_norm = check_bool("batch_norm", batch_norm)
+    lu_linear = check_bool("lu_linear", lu_linear)
     learnable_base = check_bool("learnable_base", learnable_base)
     conditional_base = check_bool("conditional_base", conditional_base)
     standardize = _standardization(standardize)
@@ -164,6 +167,8 @@ def _autoregressive_flow(
             transforms.append(BatchNorm(features))
         if permutations[i] is not None:
             transforms.append(permutations[i])
+        if lu_linear:
+            transforms.append(LULinear(features))
     base: nn.Module
     if conditional_base:
         base = ConditionalDiagonalGaussian(
@@ -237,7 +242,8 @@ def _builder(direction: Direction, name: str, doc: str) -> Callable[..., Flow]:
             "embedding": _stored_embedding,
             "standardize": _stored_standardize,
         },
-        added={"standardize": False},  # files saved before it rebuild the unstandardized flow
+        # files saved before these arguments existed rebuild what they built then
+        added={"standardize": False, "lu_linear": False},
         version=3,
         upgrade=_upgrade,
     )(build)
@@ -277,6 +283,9 @@ MAF = _builder(
         permutation: between layers: ``"reverse"``, ``"random"`` (seeded), ``"none"``, a
             permutation of ``range(D)`` (the same after every layer), or ``layers - 1`` of them
             (one after each layer but the last); see :class:`flowkit.transforms.Permutation`.
+        lu_linear: after each permutation, a learned invertible linear map
+            (:class:`flowkit.transforms.LULinear`, the identity at construction), which mixes
+            the features between layers.
         batch_norm: insert :class:`flowkit.transforms.BatchNorm` between layers.
         residual: residual masked blocks ``h <- h + W act(h)`` in each MADE (hidden layers
             of one size).

@@ -8,6 +8,7 @@ from flowkit.transforms.autoregressive import (
 )
 from flowkit.transforms.base import Compose, Inverse, Permutation, Transform
 from flowkit.transforms.elementwise import Affine
+from flowkit.transforms.linear import LULinear
 from flowkit.transforms.spline import RationalQuadraticSpline
 from flowkit.transforms.standardize import Standardize
 
@@ -16,6 +17,7 @@ __all__ = [
     "BatchNorm",
     "Compose",
     "Inverse",
+    "LULinear",
     "MaskedAffineAutoregressive",
     "MaskedAutoregressive",
     "Permutation",

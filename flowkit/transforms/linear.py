@@ -1,0 +1,93 @@
+r"""``LULinear``: a learned invertible linear map, ``z = W x + b`` with ``W = L U``.
+
+Autoregressive layers separated by fixed permutations mix features only through the order in
+which the layers read them; a learned linear map between them lets the flow rotate and shear
+its features too (Kingma and Dhariwal's 1x1 convolutions in "Glow", 2018; the ``LULinear`` of
+nflows and sbi's neural spline flows).
+
+``W`` is kept in its LU factorization, which makes both directions and the log-determinant
+cheap and exact: ``L`` is lower triangular with ones on its diagonal and ``U`` upper triangular
+with a positive diagonal ``exp(log_diagonal)``, so ``det W = prod exp(log_diagonal) > 0`` and
+
+.. math::
+
+    \log |\det \partial z / \partial x| = \sum_d \mathrm{log\_diagonal}_d,
+
+the same for every row. ``inverse`` solves the two triangular systems (no matrix inverse is
+formed). Every invertible matrix of positive determinant is ``P L U`` for some permutation
+``P``; put a :class:`~flowkit.transforms.Permutation` before this transform for the ``P``.
+At construction ``W`` is the identity and ``b = 0``, so a flow starts as it would without it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from flowkit.transforms.base import Transform
+from flowkit.validation import check_int
+
+
+class LULinear(Transform):
+    r"""``z = x W^T + b``, ``W = L U`` (see the module notes), learned.
+
+    Args:
+        features: ``D``.
+
+    Parameters: ``lower`` ``(D, D)`` (its part below the diagonal is ``L``'s), ``upper``
+    ``(D, D)`` (its part above the diagonal is ``U``'s), ``log_diagonal`` ``(D,)`` (``U``'s
+    diagonal is its exponential), ``bias`` ``(D,)``. The entries of ``lower`` and ``upper`` on
+    and beyond the diagonal are not read (their gradients are zero).
+
+    ``forward``: ``x`` ``(N, D)`` to ``z = x W^T + b``, ``log|det dz/dx| = sum(log_diagonal)``
+    for every row. ``inverse``: ``x = (z - b) W^{-T}`` by two triangular solves,
+    ``log|det dx/dz| = -sum(log_diagonal)``.
+
+    Example:
+        >>> import torch
+        >>> t = LULinear(3)
+        >>> x = torch.randn(4, 3)
+        >>> z, log_det = t(x)              # the identity at construction
+        >>> torch.equal(z, x), log_det
+        (True, tensor([0., 0., 0., 0.]))
+    """
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.features = check_int("features", features, 1)
+        d = self.features
+        self.lower = nn.Parameter(torch.zeros(d, d))
+        self.upper = nn.Parameter(torch.zeros(d, d))
+        self.log_diagonal = nn.Parameter(torch.zeros(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+
+    def factors(self) -> tuple[Tensor, Tensor]:
+        """``(L, U)``, each ``(D, D)``: ``L`` unit lower triangular, ``U`` upper triangular
+        with diagonal ``exp(log_diagonal)``."""
+        eye = torch.eye(self.features, dtype=self.lower.dtype, device=self.lower.device)
+        lower = torch.tril(self.lower, -1) + eye
+        upper = torch.triu(self.upper, 1) + torch.diag_embed(torch.exp(self.log_diagonal))
+        return lower, upper
+
+    def weight(self) -> Tensor:
+        """``W = L U``, ``(D, D)``."""
+        lower, upper = self.factors()
+        return lower @ upper
+
+    def _log_det(self, x: Tensor) -> Tensor:
+        return self.log_diagonal.sum().expand(x.shape[0])
+
+    def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        return torch.addmm(self.bias, x, self.weight().T), self._log_det(x)
+
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        lower, upper = self.factors()
+        # x W^T = z - b with W^T = U^T L^T: solve y L^T = z - b, then x U^T = y.
+        y = torch.linalg.solve_triangular(
+            lower.T, z - self.bias, upper=True, left=False, unitriangular=True
+        )
+        x = torch.linalg.solve_triangular(upper.T, y, upper=False, left=False)
+        return x, -self._log_det(z)
+
+    def extra_repr(self) -> str:
+        return f"features={self.features}"
