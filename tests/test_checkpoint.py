@@ -33,6 +33,8 @@ MODELS = {
         3, hidden_features=(8,), layers=2, context_features=2, permutation="random", seed=3
     ),
     "maf-batchnorm": lambda: flowkit.MAF(2, hidden_features=(8,), layers=3, batch_norm=True),
+    "iaf-lu-linear": lambda: flowkit.IAF(3, hidden_features=(8,), layers=3, lu_linear=True,
+                                         transformer="spline"),
 }
 
 
@@ -522,6 +524,18 @@ def test_a_spline_flow_of_config_version_1_loads_with_identity_tails(tmp_path):
         assert loaded.config["version"] == 3
         assert loaded.config["kwargs"]["transformer_kwargs"] == {"tails": "identity", "bins": 4}
         assert torch.equal(loaded.log_prob(x), old.eval().log_prob(x))
+
+
+def test_a_file_saved_before_lu_linear_existed_loads_without_it(tmp_path):
+    old = flowkit.MAF(2, layers=2, hidden_features=(8,))
+    kwargs = dict(old.config["kwargs"])
+    del kwargs["lu_linear"]
+    old.config = {**old.config, "kwargs": kwargs}
+    save_model(old, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    assert loaded.config["kwargs"]["lu_linear"] is False
+    x = torch.randn(5, 2)
+    assert torch.equal(loaded.log_prob(x), old.eval().log_prob(x))
 
 
 def test_a_new_spline_flow_records_its_version_and_has_linear_tails(tmp_path):

@@ -145,6 +145,22 @@ def test_random_permutation_and_learnable_base():
     assert flow.base.loc.grad is not None
 
 
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_lu_linear_maps_follow_each_permutation_and_keep_the_density_exact(builder):
+    flow = BUILDERS[builder](2, layers=3, hidden_features=(16,), transformer="spline",
+                             lu_linear=True, seed=2).double()
+    kinds = [type(t).__name__ for t in flow.transform.transforms]
+    assert kinds == ["Standardize", "MaskedAutoregressive", "Permutation", "LULinear",
+                     "MaskedAutoregressive", "Permutation", "LULinear", "MaskedAutoregressive"]
+    with torch.no_grad():  # away from the identity the LU maps start at
+        for p in flow.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    flow.eval()
+    assert abs(grid_integral(flow, points=301) - 1) < 1e-3
+    x, log_p = flow.sample_and_log_prob(10)
+    assert torch.allclose(flow.log_prob(x), log_p, atol=1e-10)
+
+
 def test_seeded_sampling_is_reproducible():
     flow = MAF(2, layers=2, hidden_features=(8,))
     torch.manual_seed(5)
@@ -333,6 +349,7 @@ def test_context_that_is_not_a_tensor_is_a_type_error(conditional, method):
         (dict(seed=1.5), "'seed' should be an integer >= 0, got 1.5"),
         (dict(batch_norm="yes"), "'batch_norm' should be True or False, got 'yes'"),
         (dict(residual=1), "'residual' should be True or False, got 1"),
+        (dict(lu_linear="lu"), "'lu_linear' should be True or False, got 'lu'"),
         (dict(learnable_base="no"), "'learnable_base' should be True or False, got 'no'"),
         (dict(permutation="shuffle"), "'permutation' should be 'reverse', 'random', 'none', a "),
         (dict(permutation=[0, 1, 2]), r"'permutation' should be .* of range\(2\)"),

@@ -11,6 +11,7 @@ from flowkit.transforms import (
     BatchNorm,
     Compose,
     Inverse,
+    LULinear,
     MaskedAffineAutoregressive,
     MaskedAutoregressive,
     Permutation,
@@ -62,6 +63,7 @@ TRANSFORMS = {
     "batch-norm": batch_norm,
     "permutation-reverse": lambda: Permutation.reverse(D),
     "permutation-random": lambda: Permutation.random(D, seed=1),
+    "lu-linear": lambda: perturbed(LULinear(D)),
     "standardize": lambda: Standardize(D, shift=torch.randn(D), scale=torch.rand(D) + 0.1),
     "standardize-from-data": lambda: Standardize.from_data(torch.randn(50, D) * 30.0 + 7.0),
     "standardize-full": lambda: Standardize.from_data(
@@ -71,7 +73,7 @@ TRANSFORMS = {
     "compose": lambda: Compose(
         [Standardize(D, shift=torch.randn(D), scale=torch.rand(D) + 0.1),
          autoregressive("maf", "spline", context=C), batch_norm(), Permutation.reverse(D),
-         autoregressive("iaf", "affine", context=C)]
+         perturbed(LULinear(D)), autoregressive("iaf", "affine", context=C)]
     ),
 }
 
@@ -241,6 +243,28 @@ def test_masked_affine_autoregressive_is_the_affine_layer(direction):
         MaskedAffineAutoregressive(MADE(D, (8,), 3))
     with pytest.raises(ValueError, match="'identity_init' should be True or False"):
         MaskedAffineAutoregressive(MADE(D, (8,), 2), identity_init="no")
+
+
+def test_lu_linear_is_the_identity_at_construction_and_its_factors_make_its_weight():
+    t = LULinear(D).double()
+    x = torch.randn(5, D, dtype=torch.float64)
+    z, log_det = t(x)
+    assert torch.equal(z, x) and torch.equal(log_det, torch.zeros(5, dtype=torch.float64))
+    perturbed(t)
+    lower, upper = t.factors()
+    assert torch.equal(lower.diagonal(), torch.ones(D, dtype=torch.float64))
+    assert torch.equal(lower.triu(1), torch.zeros(D, D, dtype=torch.float64))
+    assert torch.equal(upper.tril(-1), torch.zeros(D, D, dtype=torch.float64))
+    assert torch.allclose(t(x)[0], x @ (lower @ upper).T + t.bias, atol=1e-12)
+    # the unread entries (on and beyond each factor's diagonal) get no gradient
+    t(x)[0].square().sum().backward()
+    assert torch.equal(t.lower.grad.triu(), torch.zeros(D, D, dtype=torch.float64))
+    assert torch.equal(t.upper.grad.tril(), torch.zeros(D, D, dtype=torch.float64))
+
+
+def test_lu_linear_bad_features():
+    with pytest.raises(ValueError, match="'features'"):
+        LULinear(0)
 
 
 def test_batch_norm_state_is_in_buffers():
