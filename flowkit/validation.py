@@ -373,6 +373,23 @@ SampleShape = int | Sequence[int] | None
 """What ``sample`` takes: a number of samples, a sample shape, or None (one per context row)."""
 
 
+def check_sample_arguments(
+    n: object, context: object, features: int, like: Tensor | None
+) -> tuple[torch.Size, Tensor | None]:
+    """The ``n`` and ``context`` of a ``sample(n, context)`` call, checked as given: ``n`` as
+    a sample shape (:func:`check_sample_shape`) and the context, ``(..., features)`` and not
+    empty (:func:`check_batch_context`). A tensor passed as ``n`` (a context given by
+    position, as nflows takes it) is named as such, before the missing context."""
+    if isinstance(n, Tensor) and n.dim() > 0:
+        raise ValueError(f"'n' should be an integer number of samples, got a tensor of shape "
+                         f"{tuple(n.shape)}; pass a context by keyword: sample(n, context=c), "
+                         "or sample(context=c) for one sample per row")
+    context = check_batch_context(context, features, like)
+    if context is not None:
+        check_not_empty("context", context, context.shape[:-1])
+    return check_sample_shape(n, context is not None), context
+
+
 def check_sample_shape(n: object, context_given: bool) -> torch.Size:
     """The ``n`` of a ``sample(n, context)`` call as a sample shape: an integer ``n`` (checked
     by :func:`check_n`) is ``(n,)``, a sequence of integers >= 1 is itself, and ``None`` is

@@ -212,6 +212,79 @@ def test_reverse_kl_blames_a_target_that_is_not_finite(call, rows, value, messag
     assert info.value.step == call
 
 
+@pytest.mark.parametrize("where", ["x", "context"])
+def test_fit_blames_nan_in_a_later_batch_of_a_data_loader(where):
+    """A DataLoader's first batch is checked before training, the others are not read back;
+    a NaN among them makes the loss NaN, and the error says so (it blamed the learning rate)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from flowkit.train import NonFiniteLossError
+
+    x, c = torch.randn(320, 2), torch.randn(320, 1)
+    (x if where == "x" else c)[200, 0] = NAN  # batch 7 of 32 rows
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
+    with pytest.raises(NonFiniteLossError) as info:
+        flowkit.fit(flow, DataLoader(TensorDataset(x, c), batch_size=32), steps=20, seed=0,
+                    progress=False, device="cpu")
+    text = str(info.value)
+    what = "x" if where == "x" else "the context"
+    assert text.startswith(f"the batch of step 7 from 'data' holds NaN or Inf values in 1 row(s) "
+                           f"of {what}")
+    assert "Usual fixes" not in text and info.value.step == 7
+
+
+def test_fit_names_nan_in_the_first_batch_of_a_loader_or_sampling_function():
+    """It was "'x' contains NaN values", an argument the user did not pass."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x = torch.randn(100, 2)
+    x[3, 1] = NAN
+    message = r"^the first batch of 'data' holds NaN or Inf values in x \(row 3 of the batch\)$"
+    for data in (DataLoader(TensorDataset(x), batch_size=32), lambda n, generator: x[:n]):
+        with pytest.raises(ValueError, match=message):
+            flowkit.fit(flowkit.MAF(2, layers=1), data, steps=2, batch_size=100, progress=False,
+                        device="cpu")
+    with pytest.raises(ValueError, match=r"^'data' x contains NaN or Inf values \(first at row "
+                       r"3\)$"):
+        flowkit.fit(flowkit.MAF(2, layers=1), x, steps=2, progress=False, device="cpu")
+
+
+def test_fit_names_a_context_of_the_wrong_width_as_the_user_passed_it():
+    """It was "'context' should have shape (..., 1), got (2, 2)": the shape of fit's two-row
+    probe, and an argument the user did not pass."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
+    y, c = torch.randn(300, 2), torch.randn(300, 1)
+    message = (r"the context of '{}' should have 1 features to match the model "
+               r"\(model.context_features=1\), got shape \({}, 2\)")
+    with pytest.raises(ValueError, match=message.format("data", 300)):
+        flowkit.fit(flow, (y, torch.randn(300, 2)), steps=1, progress=False, device="cpu")
+    with pytest.raises(ValueError, match=message.format("data", 32)):
+        flowkit.fit(flow, DataLoader(TensorDataset(y, torch.randn(300, 2)), batch_size=32),
+                    steps=1, progress=False, device="cpu")
+    with pytest.raises(ValueError, match=message.format("valid", 10)):
+        flowkit.fit(flow, (y, c), valid=(y[:10], torch.randn(10, 2)), steps=1, progress=False,
+                    device="cpu")
+
+
+@pytest.mark.parametrize("value", [NAN, INF])
+def test_fit_refuses_nan_in_a_later_batch_of_a_validation_loader(value):
+    """They made every validation loss NaN, which is never the best: early stopping then ended
+    the run and restore_best kept the last weights, without a word."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from flowkit.validation import ArgumentError
+
+    v = torch.randn(200, 2)
+    v[120, 1] = value
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    with pytest.raises(ArgumentError, match=r"^'valid' holds NaN or Inf values in 1 of its 200 "
+                       "rows"):
+        flowkit.fit(flow, torch.randn(640, 2), valid=DataLoader(TensorDataset(v), batch_size=50),
+                    steps=30, early_stopping_patience=3, seed=0, progress=False, device="cpu")
+
+
 def test_building_blocks_of_the_wrong_kind_are_named():
     """Errors name the argument (they were AttributeErrors, or 'unhashable type: list')."""
     from flowkit import MAF, Flow, StandardNormal

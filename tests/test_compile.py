@@ -4,6 +4,8 @@ graph without generating code, so these tests need no compiler and stay fast."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -71,6 +73,14 @@ def test_compiled_code_skips_only_the_value_check():
     assert torch.isnan(compiled(torch.full((2, 2), float("nan")))).all()
     with pytest.raises(ValueError, match="'x' contains NaN"):
         flow.log_prob(torch.full((2, 2), float("nan")))
+    # an infinite entry is still a point outside the support, log-density -inf (review 10: it
+    # was NaN), computed without a branch on the values; the other rows are unchanged
+    x = torch.tensor([[math.inf, 0.0], [0.5, -0.3], [1.0, -math.inf]])
+    flow.eval()  # (an eager training-mode call would set the standardization from its rows)
+    for fn in (flow.log_prob, lambda v: flow().log_prob(v)):
+        out = _compiled(fn)(x)
+        assert out[0] == -math.inf and out[2] == -math.inf
+        torch.testing.assert_close(out[1], flow.log_prob(x[1:2])[0])
     torch._dynamo.reset()  # raising ends a graph: without fullgraph, the error reaches the user
     with pytest.raises(ValueError, match=r"'x' should have shape \(\.\.\., 2\)"):
         torch.compile(flow.log_prob, backend="aot_eager")(torch.zeros(2, 3))

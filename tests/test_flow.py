@@ -299,6 +299,12 @@ def test_bad_sample_arguments(conditional):
         conditional.sample(3)
     with pytest.raises(ValueError, match="'context' should have shape"):
         conditional.sample(context=torch.randn(2, 2, 4))
+    # a context passed by position (nflows' sample(num_samples, context) has it second): named
+    # as the tensor it is, not as a missing context
+    for method in (conditional.sample, conditional.rsample, conditional.sample_and_log_prob):
+        with pytest.raises(ValueError, match=r"'n' should be an integer number of samples, got "
+                           r"a tensor of shape \(4, 3\); pass a context by keyword"):
+            method(torch.randn(4, 3))
 
 
 @pytest.mark.parametrize(("n", "problem"), [(2.5, "an integer"), (2.0, "an integer"),

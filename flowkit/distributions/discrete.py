@@ -59,8 +59,7 @@ from flowkit.validation import (
     check_batch_context,
     check_features,
     check_int,
-    check_not_empty,
-    check_sample_shape,
+    check_sample_arguments,
     is_int,
 )
 
@@ -139,11 +138,11 @@ class _DiscreteMADE(nn.Module):
         """The shape of the samples without ``D``, ``(*sample_shape, *context.shape[:-1])``,
         and the context of each of its ``rows``, ``(rows, C)`` (None without context).
         ``n`` is an int, a tuple, or None (one sample per context row)."""
-        context = check_batch_context(context, self.context_features, self._reference())
-        sample_shape = check_sample_shape(n, context is not None)
+        sample_shape, context = check_sample_arguments(
+            n, context, self.context_features, self._reference()
+        )
         if context is None:
             return sample_shape, None
-        check_not_empty("context", context, context.shape[:-1])
         shape = sample_shape + context.shape[:-1]
         c = self.context_features
         return shape, context.expand(*shape, c).reshape(-1, c)

@@ -18,7 +18,7 @@ from flowkit.validation import (
     check_batch_context,
     check_int,
     check_not_empty,
-    check_sample_shape,
+    check_sample_arguments,
     nonfinite_rows,
     reference,
 )
@@ -223,6 +223,12 @@ class Flow(nn.Module):
         ``(*A,)`` marks points with infinite entries (log-density ``-inf``). Each distinct
         context row is embedded once."""
         d = self.features
+        if torch.compiler.is_compiling():  # no branch on values: score all, mask infinite rows
+            infinite = torch.isinf(x).any(-1, keepdim=True)
+            x = x.masked_fill(infinite, 0.0).expand(*shape, d).reshape(-1, d)
+            h = None if context is None else self._embed_rows(context, shape)
+            log_p = self._log_prob(x, h).reshape(shape)
+            return log_p.masked_fill(infinite.squeeze(-1).expand(shape), -math.inf)
         if context is None and outside is None:  # i.i.d.: score each distinct point once
             return self._log_prob(x.reshape(-1, d), None).reshape(x.shape[:-1]).expand(shape)
         x = x.expand(*shape, d).reshape(-1, d)
@@ -291,10 +297,7 @@ class Flow(nn.Module):
         self, n: SampleShape, context: Tensor | None
     ) -> tuple[torch.Size, Tensor | None]:
         """The user's ``n`` as a sample shape and their context, checked as given."""
-        context = check_batch_context(context, self.context_features, self._reference())
-        if context is not None:
-            check_not_empty("context", context, context.shape[:-1])
-        return check_sample_shape(n, context is not None), context
+        return check_sample_arguments(n, context, self.context_features, self._reference())
 
     def rsample(self, n: SampleShape = None, context: Tensor | None = None) -> Tensor:
         """Reparameterized samples (gradients flow to the parameters and the context);

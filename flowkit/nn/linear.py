@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.hooks import RemovableHandle
 
+from flowkit.nn.optimizer_steps import steps_of
 from flowkit.nn.scratch import has_storage
 from flowkit.validation import check_bool, check_int
 
@@ -72,7 +70,7 @@ class MaskedLinear(nn.Linear):
             return None
         return (self.weight.data_ptr(), self.mask.data_ptr(), self.weight._version,
                 self.mask._version,
-                _optimizer_steps(self.weight))
+                steps_of(self.weight))
 
     def masked_weight(self) -> Tensor:
         r"""``W \odot M``, shape ``(out_features, in_features)``; cached when no gradient is
@@ -148,28 +146,3 @@ def _spread(mask: Tensor) -> Tensor:
     return unmasked[pick.round().long()]
 
 
-_steps: dict[int, int] = {}
-"""Per watched weight (by ``id``; the entry goes when the weight is freed), the number of
-``torch.optim`` steps whose parameters included it."""
-_step_hook: RemovableHandle | None = None
-
-
-def _count_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            key = id(p)
-            if key in _steps:
-                _steps[key] += 1
-
-
-def _optimizer_steps(weight: Tensor) -> int:
-    """Number of ``torch.optim`` steps that updated ``weight`` since it was first watched."""
-    global _step_hook
-    if _step_hook is None:
-        _step_hook = register_optimizer_step_post_hook(_count_step)
-    key = id(weight)
-    count = _steps.get(key)
-    if count is None:
-        count = _steps[key] = 0
-        weakref.finalize(weight, _steps.pop, key, None)
-    return count

@@ -19,7 +19,7 @@ position, so that a resumed run sees exactly the batches an uninterrupted run wo
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,8 +111,9 @@ def load_arrays(
     warns (:class:`DataWarning`) when a column of ``x`` is constant or takes few distinct values
     (:func:`warn_if_degenerate`)."""
     raw = split_pair(name, value)
+    rounded = []  # (a loop, not a comprehension: the warnings' stack level counts frames)
     for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
-        _warn_if_rounded(label, t, dtype)
+        rounded.append(_warn_if_rounded(label, t, dtype))
     x, c = as_batch(name, *raw, device, dtype)
     if x.dim() < 2:
         raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
@@ -124,13 +125,22 @@ def load_arrays(
                 f"the context of '{name}' should have shape ({x.shape[0]}, context_features) "
                 f"to pair with x of shape {tuple(x.shape)}, got {tuple(c.shape)}"
             )
-    for what, t in (("x", x), ("context", c)):
-        if t is not None and not torch.isfinite(t).all():
-            bad = int((~torch.isfinite(t)).any(dim=1).nonzero()[0])
-            raise ValueError(f"'{name}' {what} contains NaN or Inf values (first at row {bad})")
+    check_finite(name, x, c)
     if density:
-        warn_if_degenerate(name, x)
+        warn_if_degenerate(name, x, skip=rounded[0])  # columns the cast made constant: warned
     return x, c
+
+
+def check_finite(name: str, x: Tensor, context: Tensor | None, batch: bool = False) -> None:
+    """Fail if a floating ``x`` ``(N, ...)`` or ``context`` ``(N, C)`` holds NaN or Inf,
+    naming ``name`` (the first batch of it, with ``batch``) and the first such row."""
+    for part, t in (("x", x), ("context", context)):
+        if t is not None and t.is_floating_point() and not torch.isfinite(t).all():
+            row = int((~torch.isfinite(t)).reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
+            if batch:
+                raise ValueError(f"the first batch of '{name}' holds NaN or Inf values in "
+                                 f"{part} (row {row} of the batch)")
+            raise ValueError(f"'{name}' {part} contains NaN or Inf values (first at row {row})")
 
 
 MIN_LEVELS = 1000
@@ -151,13 +161,16 @@ FEW_VALUES = 0.05
 at least two) raises a :class:`DataWarning` (see :func:`warn_if_degenerate`)."""
 
 
-def warn_if_degenerate(name: str, x: Tensor, stacklevel: int = 6) -> None:
-    """Warn if a floating column of ``x`` ``(N, D)`` holds one value, or at most
-    ``FEW_VALUES * N`` distinct values. A density over such a column concentrates on those
-    values (a point mass for a constant column), which a flow approaches by contracting the
-    column at every layer: the training NLL falls without bound and the log-density of a value
-    between or outside them means nothing. ``stacklevel`` as :func:`warnings.warn` counts it
-    from the helper this calls (2: this function's caller; the default 6, fit's caller)."""
+def warn_if_degenerate(
+    name: str, x: Tensor, stacklevel: int = 6, skip: Sequence[int] = ()
+) -> None:
+    """Warn if a floating column of ``x`` ``(N, D)`` (other than those in ``skip``) holds one
+    value, or at most ``FEW_VALUES * N`` distinct values. A density over such a column
+    concentrates on those values (a point mass for a constant column), which a flow approaches
+    by contracting the column at every layer: the training NLL falls without bound and the
+    log-density of a value between or outside them means nothing. ``stacklevel`` as
+    :func:`warnings.warn` counts it from the helper this calls (2: this function's caller; the
+    default 6, fit's caller)."""
     if not x.is_floating_point() or x.dim() != 2:
         return
     if x.shape[0] == 1:
@@ -168,6 +181,7 @@ def warn_if_degenerate(name: str, x: Tensor, stacklevel: int = 6) -> None:
         return
     ordered = x.sort(dim=0).values
     distinct = 1 + (ordered[1:] != ordered[:-1]).sum(dim=0)
+    distinct[list(skip)] = x.shape[0]
     constant = (distinct == 1).nonzero().flatten().tolist()
     if constant:
         j = constant[0]
@@ -198,16 +212,16 @@ def _data_warning(
     warnings.warn(message, category, stacklevel=stacklevel)
 
 
-def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:
+def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> list[int]:
     """Warn if casting the floating array ``t`` ``(N, D)`` to ``dtype`` keeps fewer than
-    :data:`MIN_LEVELS` steps per standard deviation in some column: the step near ``v`` is about
-    ``eps(dtype) |v|``."""
+    :data:`MIN_LEVELS` steps per standard deviation in some column (the step near ``v`` is about
+    ``eps(dtype) |v|``); return those columns."""
     if isinstance(t, np.ndarray) and t.dtype.kind == "f":
         t = torch.from_numpy(t)
     if not (isinstance(t, Tensor) and t.is_floating_point() and t.dim() == 2 and len(t) > 1):
-        return
+        return []
     if torch.finfo(t.dtype).eps >= torch.finfo(dtype).eps:
-        return  # not a cast to a coarser type
+        return []  # not a cast to a coarser type
     t = t.detach().double()
     spread, size = t.std(dim=0), t.abs().amax(dim=0)
     levels = spread / (torch.finfo(dtype).eps * size).clamp_min(torch.finfo(dtype).tiny)
@@ -222,6 +236,7 @@ def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> None:
             "train a float64 model (model.double())",
             PrecisionWarning,
         )
+    return coarse
 
 
 class TensorSource:

@@ -3,7 +3,8 @@ r"""Maximum likelihood: :func:`fit`, and what it checks and builds before the fi
 :func:`fit` checks its settings, turns ``data`` into a batch source (:mod:`flowkit.train.data`)
 and ``valid`` into a validation function, checks the first batch against the model, sets the
 model's standardization from the data, and hands the loss
-(:func:`~flowkit.train.objectives.nll`) to the shared engine in :mod:`flowkit.train.loop`.
+(:class:`~flowkit.train.objectives.NegLogLikelihood`) to the shared engine in
+:mod:`flowkit.train.loop`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .data import (
     SamplerSource,
     TensorSource,
     as_batch,
+    check_finite,
     derive_seed,
     first_batch,
     load_arrays,
@@ -37,7 +39,13 @@ from .data import (
 )
 from .history import History
 from .loop import Plan, Trainer
-from .objectives import Objective, log_prob, nll, require_method
+from .objectives import (
+    NegLogLikelihood,
+    Objective,
+    count_nonfinite_rows,
+    log_prob,
+    require_method,
+)
 from .options import TrainOptions, Unpack, resolve
 from .session import Session, session
 
@@ -186,7 +194,7 @@ def fit(
             valid_every = valid_every or source.batches_per_epoch or 100
         keep_best = valid is not None if restore_best is None else restore_best
         plan = Plan(int(steps), valid_every, early_stopping_patience, keep_best)
-        trainer = Trainer(s, model, Objective(model, nll), source, o, plan, validate)
+        trainer = Trainer(s, model, Objective(model, NegLogLikelihood()), source, o, plan, validate)
         history = trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
     if keep_best:
         _warn_if_never_improved(history)
@@ -371,11 +379,11 @@ def _hold_out(
 
 
 def _check_first_batch(
-    model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data"
+    model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data", batch: bool = True
 ) -> None:
     """Fail before the first optimizer step if the data does not fit the model: ``x`` and
-    ``context`` are the first batch, or all of array data (whose every value a discrete model
-    then checks, rather than the step whose batch holds a bad one)."""
+    ``context`` are the first batch (``batch``), or all of array data (whose every value a
+    discrete model then checks, rather than the step whose batch holds a bad one)."""
     if x.dim() < 2 or x.shape[0] == 0:
         raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
     features = getattr(model, "features", None)
@@ -399,9 +407,15 @@ def _check_first_batch(
         )
     if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
         raise ValueError(
-            f"context batches should have shape ({x.shape[0]}, context_features), "
+            f"the context of '{name}' should have shape ({x.shape[0]}, context_features), "
             f"got {tuple(context.shape)}"
         )
+    if width and context.shape[1] != width:
+        raise ValueError(
+            f"the context of '{name}' should have {width} features to match the model "
+            f"(model.context_features={width}), got shape {tuple(context.shape)}"
+        )
+    check_finite(name, x, context, batch)
     if isinstance(model, _DiscreteMADE):
         model._check(x, name)
     was_training = model.training
@@ -433,9 +447,10 @@ def _check_first_batch_and_standardize(
     model's :class:`~flowkit.transforms.Standardize` modules that are not set yet, or only
     provisionally by an earlier call (a look at samples), from the whole training set when it
     is an array, else from the first batch. A resumed model has them set already."""
-    if isinstance(source, TensorSource):
+    arrays = isinstance(source, TensorSource)
+    if arrays:
         x, context = source.x, source.c
-    _check_first_batch(model, x, context)
+    _check_first_batch(model, x, context, batch=not arrays)
     if not unset(model):
         return
     chunks = x.split(_CHUNK)
@@ -462,7 +477,7 @@ def _make_validation(
                 yield as_batch("valid", *split_pair("valid", b), s.device, dtype)
     else:
         x, c = load_arrays("valid", valid, s.device, dtype)
-        _check_first_batch(model, x, c, "valid")
+        _check_first_batch(model, x, c, "valid", batch=False)
         # each process evaluates every world_size-th row; the sums are then added up
         r, w = s.dist.rank, s.dist.world_size
         x, c = x[r::w], None if c is None else c[r::w]
@@ -475,14 +490,22 @@ def _make_validation(
     def validate() -> float:
         was_training = model.training
         model.eval()
-        total = torch.zeros(2, device=s.device, dtype=torch.float64)
+        # NLL sum, rows, rows holding NaN/Inf (a DataLoader's later batches are not checked)
+        total = torch.zeros(3, device=s.device, dtype=torch.float64)
         with torch.no_grad():
             for xb, cb in batches():
                 total[0] -= log_prob(model, xb, cb).sum()
                 total[1] += xb.shape[0]
+                total[2] += count_nonfinite_rows(xb, xb) + count_nonfinite_rows(cb, xb)
         model.train(was_training)
-        total = s.dist.all_sum(total)
-        return (total[0] / total[1]).item()
+        nll, rows, bad = s.dist.all_sum(total).tolist()
+        if bad:
+            raise ArgumentError(
+                "valid", f"holds NaN or Inf values in {int(bad)} of its {int(rows)} rows (a "
+                "DataLoader is checked for them in its first batch only, before training; the "
+                "validation that found them stopped the run)"
+            )
+        return nll / rows
 
     return validate
 

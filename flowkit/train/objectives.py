@@ -1,6 +1,7 @@
 r"""The training losses, and the wrapper that makes a loss a module for the training engine.
 
-* :func:`nll`: the mean negative log-likelihood of a batch, for :func:`~flowkit.train.fit`;
+* :class:`NegLogLikelihood`: the mean negative log-likelihood of a batch, for
+  :func:`~flowkit.train.fit`;
 * :class:`NegElbo`: the negative evidence lower bound of the flow's own samples, for
   :func:`~flowkit.train.fit_reverse_kl`;
 * :class:`Objective`: a loss as the ``forward`` of a module (see there why).
@@ -41,14 +42,17 @@ class Objective(nn.Module):
 
     def cause(self, index: int, step: int, dist: Dist) -> tuple[str | Mention, ...] | None:
         """Why the loss of step ``step``, the ``index``-th since the last recording, was not
-        finite, when the loss can tell (:meth:`NegElbo.cause`), else None. A collective under
-        ``torchrun``: every process calls it, as they all see the same mean loss."""
-        return self.loss.cause(index, step, dist) if isinstance(self.loss, NegElbo) else None
+        finite, when the loss can tell (:meth:`NegLogLikelihood.cause`,
+        :meth:`NegElbo.cause`), else None. A collective under ``torchrun``: every process
+        calls it, as they all see the same mean loss."""
+        cause = getattr(self.loss, "cause", None)
+        return None if cause is None else cause(index, step, dist)
 
     def recorded(self) -> None:
         """The losses of the steps so far were recorded: forget what the loss kept of them."""
-        if isinstance(self.loss, NegElbo):
-            self.loss.nonfinite.clear()
+        nonfinite = getattr(self.loss, "nonfinite", None)
+        if nonfinite is not None:
+            nonfinite.clear()
 
 
 def log_prob(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
@@ -57,10 +61,51 @@ def log_prob(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
     return model.log_prob(x) if context is None else model.log_prob(x, context=context)
 
 
-def nll(model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
+class NegLogLikelihood:
     r"""The mean negative log-likelihood of a batch, :math:`-\frac{1}{N}\sum_i \log p(x_i \mid
-    c_i)`, in nats per sample."""
-    return -log_prob(model, x, context).mean()
+    c_i)`, in nats per sample.
+
+    Inputs are not checked for NaN/Inf at every step (a check reads a value back to the host);
+    instead each step counts, on the device, the rows of ``x`` and of the context that hold
+    one, and the engine reads the counts only for a loss that was not finite
+    (:meth:`cause`): a NaN in a later batch of a :class:`~torch.utils.data.DataLoader` is then
+    reported as such, not as a divergence.
+
+    Attributes:
+        nonfinite: per step since the last recording, ``(rows of x, rows of the context)``
+            holding NaN or Inf on this process.
+    """
+
+    def __init__(self) -> None:
+        self.nonfinite: list[Tensor] = []
+
+    def __call__(self, model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
+        rows = (count_nonfinite_rows(x, x), count_nonfinite_rows(context, x))
+        self.nonfinite.append(torch.stack(rows))
+        return -log_prob(model, x, context).mean()
+
+    def cause(self, index: int, step: int, dist: Dist) -> tuple[str | Mention, ...] | None:
+        """The message parts blaming the batch of step ``step`` (the ``index``-th since the
+        last recording), when it held NaN or Inf values on some process; else None."""
+        rows_x, rows_c = dist.all_sum(self.nonfinite[index]).tolist()
+        if rows_x == 0 and rows_c == 0:
+            return None
+        where = " and ".join(f"{k} row(s) of {what}" for what, k in
+                             (("x", rows_x), ("the context", rows_c)) if k)
+        return (
+            f"the batch of step {step} from ", Mention("data"), f" holds NaN or Inf values in "
+            f"{where}, so the loss is not finite: remove or impute them before fitting (a "
+            "DataLoader's batches are checked for them only at the first step).",
+        )
+
+
+def count_nonfinite_rows(t: Tensor | None, like: Tensor) -> Tensor:
+    """How many rows of ``t`` hold a NaN or an infinite value (0 for no tensor or integer
+    data), as a tensor on ``like``'s device."""
+    if t is None or not t.is_floating_point():
+        return torch.zeros((), dtype=torch.long, device=like.device)
+    bad = ~torch.isfinite(t)
+    return bad.reshape(bad.shape[0], -1).any(1).sum() if bad.dim() else bad.long()
 
 
 class NegElbo:

@@ -26,10 +26,13 @@ standardization. A value set by a call *without gradients* (``flow.sample``, a p
 ``torch.no_grad()``) also gives way to the first training-mode ``forward`` with gradients, the
 first step of a hand-written training loop, which sets it from its batch. Otherwise later
 calls never re-estimate it, so a transform being trained in your own loop stays the same. A
-training-mode ``inverse`` with gradients enabled (training by reverse KL, where the flow's
-samples are the data) fixes the value it used (the identity, when it was unset) for good.
-Values given, set by :func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file
-are fixed.
+training-mode ``inverse`` with gradients enabled (reparameterized samples: training by reverse
+KL, where the flow's samples are the data) keeps the value it used (the identity, when it was
+unset) from later calls, and for good once an optimizer takes a step after it (the samples were
+trained through); before that step, data still replace it, so that a Monte-Carlo look at a new
+flow (``flow().entropy()``, a ``kl_divergence``) before ``fit`` does not decide it. Values
+given, set by :func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file are
+fixed.
 
 Code compiled with :func:`torch.compile` skips the initialisation (it reads a flag on the host):
 initialise before compiling.
@@ -56,6 +59,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from flowkit.nn.optimizer_steps import total_steps
 from flowkit.transforms.base import Transform
 from flowkit.validation import check_int, check_tensor
 
@@ -76,10 +80,6 @@ class Standardize(Transform):
 
     Buffers: ``shift`` and ``scale`` ``(D,)``, ``initialized`` (a bool scalar); with
     ``covariance="full"``, ``cholesky`` ``(D, D)``.
-
-    Attributes:
-        provisional: the values were set by a call (not given, set from data or loaded), and
-            :func:`set_from_data` (so :func:`flowkit.fit`) replaces them; see the module notes.
 
     Example:
         >>> import torch
@@ -133,8 +133,9 @@ class Standardize(Transform):
             # L^{-1}, computed in float64 whenever L is set or loaded (not saved)
             self.register_buffer("cholesky_inverse", torch.eye(self.features), persistent=False)
         self._collector: _Collector | None = None
-        self.provisional = False
+        self._provisional = False
         self._looked = False  # provisional, set by a call without gradients (see _forward)
+        self._sampled_at: int | None = None  # see provisional
         if shift is not None:
             self.set(shift, scale, cholesky)
 
@@ -163,6 +164,23 @@ class Standardize(Transform):
         if known is None or known[0] != key:
             known = self._flag = (key, bool(flag))
         return known[1]
+
+    @property
+    def provisional(self) -> bool:
+        """Whether the values were set by a call (not given, set from data or loaded), so
+        that :func:`set_from_data` (and :func:`flowkit.fit`) replaces them. A value that a
+        training-mode ``inverse`` with gradients used (reparameterized samples: training by
+        reverse KL, or a Monte-Carlo ``entropy()`` of a new flow) stays provisional until an
+        optimizer (any ``torch.optim`` step) takes a step: then the samples were trained
+        through, and the value is the model's."""
+        # (modules pickled by older versions hold a plain 'provisional' attribute)
+        if not getattr(self, "_provisional", self.__dict__.get("provisional", False)):
+            return False
+        sampled_at = getattr(self, "_sampled_at", None)
+        return sampled_at is None or total_steps() == sampled_at
+
+    def _mark(self, provisional: bool, looked: bool) -> None:
+        self._provisional, self._looked, self._sampled_at = provisional, looked, None
 
     @property
     def full(self) -> bool:
@@ -230,7 +248,7 @@ class Standardize(Transform):
                 self.cholesky.copy_(values["cholesky"])
                 self._invert_cholesky()
             self.initialized.fill_(True)
-        self.provisional = self._looked = False
+        self._mark(provisional=False, looked=False)
 
     def _invert_cholesky(self) -> None:
         identity = torch.eye(self.features, dtype=torch.float64)
@@ -252,7 +270,7 @@ class Standardize(Transform):
         super()._load_from_state_dict(*args, **kwargs)
         if self.full:
             self._invert_cholesky()
-        self.provisional = self._looked = False  # a loaded value is the model's
+        self._mark(provisional=False, looked=False)  # a loaded value is the model's
 
     def _see(self, x: Tensor) -> None:
         """Data-dependent initialisation: the part of ``forward`` that reads the data."""
@@ -260,7 +278,7 @@ class Standardize(Transform):
             self._collector.add(self, x.detach())
         elif self.training:
             self._set_from(self._moments(x.detach()))
-            self.provisional, self._looked = True, not torch.is_grad_enabled()
+            self._mark(provisional=True, looked=not torch.is_grad_enabled())
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         # A value set by a look without gradients (sampling, a no_grad peek) gives way to the
@@ -282,10 +300,13 @@ class Standardize(Transform):
             if not self.is_initialized:
                 with torch.no_grad():
                     self.initialized.fill_(True)  # the identity
-                self.provisional, self._looked = True, True
+                self._mark(provisional=True, looked=True)
             if torch.is_grad_enabled():
-                # trained through (reverse KL): the samples' map stays
-                self.provisional = self._looked = False
+                # samples to train through (reverse KL): no later call re-estimates the map,
+                # and once an optimizer steps, data no longer replace it (see provisional)
+                self._looked = False
+                if self._sampled_at is None:
+                    self._sampled_at = total_steps()
         if self.full:
             z = z @ self.cholesky.T
         return z * self.scale + self.shift, self._log_det(z, 1.0)
