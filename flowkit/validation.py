@@ -249,22 +249,22 @@ def check_batch(name: str, value: object, features: int, like: Tensor | None) ->
 
 
 def check_batch_context(
-    context: object, context_features: int, like: Tensor | None
+    context: object, context_features: int, like: Tensor | None, name: str = "context"
 ) -> Tensor | None:
     """Check a context given to a public method: ``(..., C)`` (one vector per batch element,
     broadcast against the points), with ``like``'s dtype and device, finite, or None when the
-    model has ``C = 0`` (then a context is an error)."""
+    model has ``C = 0`` (then a context is an error). Errors call it ``name``."""
     if context_features == 0:
         if context is not None:
-            raise ValueError("'context' was given but the model has context_features=0")
+            raise ValueError(f"'{name}' was given but the model has context_features=0")
         return None
     shape = f"(..., {context_features})"
     if context is None:
-        raise ValueError(f"'context' is required: a tensor of shape {shape}")
-    context = check_tensor("context", context, shape, like)
+        raise ValueError(f"'{name}' is required: a tensor of shape {shape}")
+    context = check_tensor(name, context, shape, like)
     if context.dim() == 0 or context.shape[-1] != context_features:
-        raise ValueError(f"'context' should have shape {shape}, got {tuple(context.shape)}")
-    return _check_finite("context", context)
+        raise ValueError(f"'{name}' should have shape {shape}, got {tuple(context.shape)}")
+    return _check_finite(name, context)
 
 
 def broadcast_batch(name: str, value: Tensor, context: Tensor | None) -> torch.Size:

@@ -240,9 +240,9 @@ def test_fit_names_nan_in_the_first_batch_of_a_loader_or_sampling_function():
     x = torch.randn(100, 2)
     x[3, 1] = NAN
     message = r"^the first batch of 'data' holds NaN or Inf values in x \(row 3 of the batch\)$"
-    for data in (DataLoader(TensorDataset(x), batch_size=32), lambda n, generator: x[:n]):
+    for source in (DataLoader(TensorDataset(x), batch_size=32), lambda n, generator: x[:n]):
         with pytest.raises(ValueError, match=message):
-            flowkit.fit(flowkit.MAF(2, layers=1), data, steps=2, batch_size=100, progress=False,
+            flowkit.fit(flowkit.MAF(2, layers=1), source, steps=2, batch_size=100, progress=False,
                         device="cpu")
     with pytest.raises(ValueError, match=r"^'data' x contains NaN or Inf values \(first at row "
                        r"3\)$"):

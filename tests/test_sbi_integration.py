@@ -128,6 +128,30 @@ def test_bad_builder_options(make, match):
         make()
 
 
+def test_errors_name_sbis_arguments():
+    """sbi calls them input and condition; the flow's own names, 'x' and 'context', were
+    what its errors said (review 10)."""
+    estimator = posterior_nn("maf", layers=1, hidden_features=(8,))(torch.randn(50, 2),
+                                                                  torch.randn(50, 3))
+    theta, x = torch.randn(5, 2), torch.randn(5, 3)
+    nan = torch.full((5, 2), float("nan"))
+    cases = [
+        (lambda: estimator.log_prob(theta, x.double()), TypeError, "'condition' should have dtype"),
+        (lambda: estimator.log_prob(theta.double(), x), TypeError, "'input' should have dtype"),
+        (lambda: estimator.log_prob(nan, x), ValueError, "'input' contains NaN"),
+        (lambda: estimator.log_prob(theta, x * float("nan")), ValueError, "'condition' contains"),
+        (lambda: estimator.loss(nan, x), ValueError, "'input' contains NaN"),
+        (lambda: estimator.sample((3,), x.double()), TypeError, "'condition' should have dtype"),
+        (lambda: estimator.sample_and_log_prob((3,), x * float("nan")), ValueError,
+         "'condition' contains"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match):
+            call()
+    theta[0, 0] = float("inf")  # outside the support: -inf, as the flow gives it
+    assert estimator.log_prob(theta, x)[0, 0] == float("-inf")
+
+
 def test_standardization_is_the_builders_set_from_the_simulations():
     """One mechanism: the flow's own Standardize modules, set from the batch sbi passes; a
     parameter constant over the simulations is only shifted; standardize=False builds none."""

@@ -406,7 +406,8 @@ def poisoned_at(step: int):
 
 def test_nonfinite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     flow = small_maf()
-    with pytest.raises(NonFiniteLossError, match=r"(nan|inf) at step 15\. Usual fixes: lower") as info:
+    with pytest.raises(NonFiniteLossError,
+                       match=r"(nan|inf) at step 15\. Usual fixes: lower") as info:
         fit(
             flow,
             poisoned_at(15),

@@ -63,6 +63,7 @@ except ImportError as e:  # pragma: no cover - exercised only without sbi
 
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.transforms.standardize import set_from_data
+from flowkit.validation import check_batch, check_batch_context, nonfinite_rows, reference
 
 __all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn"]
 
@@ -115,8 +116,17 @@ class FlowkitEstimator(ConditionalDensityEstimator):
         self._check_input_shape(input)
         self._check_condition_shape(condition)
         input, condition = _flat(input, self.input_shape), _flat(condition, self.condition_shape)
+        self._check_values(input, condition)
         log_q = self.net.log_prob(input, condition)
         return log_q if log_q.dim() == 2 else log_q.unsqueeze(0)
+
+    def _check_values(self, input: Tensor | None, condition: Tensor) -> None:
+        """dtype, device and NaN checks under sbi's names (the flow would call them 'x' and
+        'context'); ``input`` and ``condition`` flattened."""
+        like = reference(self.net)
+        check_batch_context(condition, self.net.context_features, like, name="condition")
+        if input is not None:
+            nonfinite_rows("input", check_batch("input", input, self.net.features, like))
 
     def loss(self, input: Tensor, condition: Tensor) -> Tensor:
         """Negative log-density of a training batch, ``(B,)``."""
@@ -124,6 +134,7 @@ class FlowkitEstimator(ConditionalDensityEstimator):
 
     def _sample_shapes(self, sample_shape: Any, condition: Tensor) -> tuple[torch.Size, int]:
         self._check_condition_shape(condition)
+        self._check_values(None, _flat(condition, self.condition_shape))
         if condition.dim() != len(self.condition_shape) + 1:
             raise ValueError(
                 f"'condition' should have shape (B, {', '.join(map(str, self.condition_shape))})"
