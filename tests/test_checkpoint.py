@@ -147,6 +147,12 @@ def _truncated(path):
     path.write_bytes(data[: len(data) // 2])
 
 
+def _extended(path):
+    save_model(MODELS["maf"](), path)
+    data = path.read_bytes()
+    path.write_bytes(data[:100] + bytes(8) + data[100:])  # 8 bytes too many in the payload
+
+
 def _header_only(path):
     path.write_bytes(MAGIC[:5])
 
@@ -184,7 +190,9 @@ def _checksummed_foreign_payload(path):
 
 
 BAD_FILES = {
-    "truncated": (_truncated, "is damaged: its length field says .* bytes but the file has"),
+    "truncated": (_truncated, r"is damaged: its last bytes are not a length field \(the file "
+                  r"has \d+ bytes\) \(the file was truncated"),  # (not a nonsense length)
+    "extended": (_extended, "is damaged: its length field says .* bytes but the file has"),
     "header-only": (_header_only, "is truncated: 5 bytes"),
     "random-bytes": (_random_bytes, "is not a flowkit file"),
     "foreign-dict": (_foreign_torch_file, "holding a dict with 'flowkit_format': 1, got a dict"),

@@ -292,9 +292,13 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
         trailer = f.read()
     (length,) = _LENGTH.unpack_from(trailer)
     if length != len(payload) or len(trailer) != _TRAILER:
+        # a length beyond the file's size is no length: the last bytes are from the middle
+        said = (f"its length field says {length} payload bytes but the file has "
+                f"{len(payload)}" if length <= size else
+                f"its last bytes are not a length field (the file has {size} bytes)")
         raise CheckpointError(
-            f"'{path}' is damaged: its length field says {length} payload bytes but the file "
-            f"has {len(payload)} (the file was truncated or extended, or the field is corrupt)"
+            f"'{path}' is damaged: {said} (the file was truncated or extended, or its end is "
+            "corrupt)"
         )
     digest = hashlib.sha256(head)
     digest.update(payload)
