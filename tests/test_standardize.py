@@ -412,6 +412,27 @@ def test_a_monte_carlo_look_with_gradients_before_fit_does_not_decide_it(look):
     torch.testing.assert_close(std.shift, x.mean(0).double().float())
 
 
+def test_a_value_from_one_row_gives_way_to_the_first_training_batch():
+    """One row has no spread to measure: a look at one context (``flow(c[:1]).entropy()``)
+    or a check of one point sets a value that the first training-mode call with gradients on
+    more rows replaces (review 10: it stayed, shift = that row, scale = 1). Calls of one row
+    each (a policy acting on one state at a time) keep the first value."""
+    import flowkit
+
+    torch.manual_seed(0)
+    c = torch.randn(64, 3) * 10.0 + 5.0
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3)
+    flow(c[:1]).entropy(8)
+    std = flow.standardize_context
+    torch.testing.assert_close(std.shift, c[0])
+    flow.log_prob(torch.randn(64, 2), c).mean().backward()  # the loop's first step
+    torch.testing.assert_close(std.shift, c.mean(0).double().float())
+    one_at_a_time = Standardize(3)
+    for row in c[:5].split(1):
+        one_at_a_time(row)
+    torch.testing.assert_close(one_at_a_time.shift, c[0])
+
+
 def test_a_loaded_or_set_value_is_not_provisional(tmp_path):
     import flowkit
 

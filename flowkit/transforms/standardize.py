@@ -23,8 +23,9 @@ A value set by a call is **provisional** (:attr:`Standardize.provisional`):
 :func:`set_from_data`, and so :func:`flowkit.fit`, replace it, so that a look at a new flow's
 samples (``flow.sample``) or a ``log_prob`` on a few rows before ``fit`` does not decide the
 standardization. A value set by a call *without gradients* (``flow.sample``, a peek under
-``torch.no_grad()``) also gives way to the first training-mode ``forward`` with gradients, the
-first step of a hand-written training loop, which sets it from its batch. Otherwise later
+``torch.no_grad()``), or from a single row (which has no spread to measure), also gives way to
+the first training-mode ``forward`` with gradients on more than one row, the first step of a
+hand-written training loop, which sets it from its batch. Otherwise later
 calls never re-estimate it, so a transform being trained in your own loop stays the same. A
 training-mode ``inverse`` with gradients enabled (reparameterized samples: training by reverse
 KL, where the flow's samples are the data) keeps the value it used (the identity, when it was
@@ -278,16 +279,19 @@ class Standardize(Transform):
             self._collector.add(self, x.detach())
         elif self.training:
             self._set_from(self._moments(x.detach()))
-            self._mark(provisional=True, looked=not torch.is_grad_enabled())
+            rows = x.shape[0]
+            self._mark(provisional=True, looked=not torch.is_grad_enabled() or rows == 1)
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        # A value set by a look without gradients (sampling, a no_grad peek) gives way to the
-        # first training-mode call with them: the first step of a hand-written training loop.
-        # In eval mode only a collector looks, and the flag is not read back from the device.
+        # A value set by a look without gradients (sampling, a no_grad peek), or from a single
+        # row (no spread to measure: a check of one point, a Monte-Carlo look at one context),
+        # gives way to the first training-mode call with gradients on more rows: the first
+        # step of a hand-written training loop. In eval mode only a collector looks, and the
+        # flag is not read back from the device.
         if not torch.compiler.is_compiling() and (
             self._collector is not None
-            or (self.training and (not self.is_initialized
-                                   or (self._looked and torch.is_grad_enabled())))
+            or (self.training and (not self.is_initialized or (
+                self._looked and torch.is_grad_enabled() and x.shape[0] > 1)))
         ):
             self._see(x)
         z = (x - self.shift) / self.scale
