@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .options import positive_int
 
@@ -56,6 +57,8 @@ MODELS: dict[str, dict[str, Any]] = {
                                 "transformer": "spline"},
     "flowkit-spline-defaults-lu": {"library": "flowkit", "model": "maf",
                                    "transformer": "spline", "lu_linear": True},
+    "flowkit-spline-defaults-box": {"library": "flowkit", "model": "maf",
+                                    "transformer": "spline", "bounds": "prior"},
     "flowkit-spline-res": _SPLINE_RES,
     "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
     "flowkit-spline-res-cb-noclip": {**_SPLINE_RES, "conditional_base": True,
@@ -113,10 +116,12 @@ class _NoTracker:
         pass
 
 
-def _builder(name: str, seed: int) -> Callable:
+def _builder(name: str, seed: int, prior: Any) -> Callable:
     spec = dict(MODELS[name])
     library, model = spec.pop("library"), spec.pop("model")
     spec.pop("train", None)
+    if spec.get("bounds") == "prior":
+        spec["bounds"] = _prior_box(prior, name)
     if library == "sbi":
         from sbi.neural_nets import posterior_nn
 
@@ -124,6 +129,16 @@ def _builder(name: str, seed: int) -> Callable:
     from flowkit.integrations.sbi import posterior_nn
 
     return posterior_nn(model, seed=seed, **spec)
+
+
+def _prior_box(prior: Any, model: str) -> tuple[Tensor, Tensor]:
+    """``(low, high)`` of a uniform prior on a box (sbibm's ``Independent(Uniform)``)."""
+    support = getattr(prior.support, "base_constraint", None)
+    low, high = getattr(support, "lower_bound", None), getattr(support, "upper_bound", None)
+    if not (isinstance(low, Tensor) and isinstance(high, Tensor)):
+        raise ValueError(f"model {model!r} fits the prior's box, but this task's prior "
+                         f"({type(prior).__name__}, support {prior.support}) is not on a box")
+    return low, high
 
 
 def _train(inference: Any, model: str, max_epochs: int | None) -> Any:
@@ -162,7 +177,8 @@ def train_and_score(
     theta = prior.sample((simulations,))
     x = simulator(theta)
     torch.manual_seed(seed + 1)  # the same weights/data split stream for every model
-    inference = NPE(prior, density_estimator=_builder(model, seed), show_progress_bars=False,
+    inference = NPE(prior, density_estimator=_builder(model, seed, prior),
+                    show_progress_bars=False,
                     tracker=_NoTracker())
     t0 = time.perf_counter()
     estimator = _train(inference.append_simulations(theta, x), model, max_epochs)
@@ -204,7 +220,7 @@ def epoch_times(
     times: dict[str, list[float]] = {m: [] for m in models}
     for _ in range(rounds):
         for model in models:
-            inference = NPE(prior, density_estimator=_builder(model, seed),
+            inference = NPE(prior, density_estimator=_builder(model, seed, prior),
                             show_progress_bars=False, tracker=_NoTracker())
             _train(inference.append_simulations(theta, x), model, epochs)
             times[model] += inference._summary["epoch_durations_sec"]

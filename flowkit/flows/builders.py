@@ -23,6 +23,7 @@ from flowkit.nn.embedding import build_embedding, embedded_features, embedding_c
 from flowkit.nn.made import MADE
 from flowkit.transforms.autoregressive import BatchNorm, Direction, MaskedAutoregressive
 from flowkit.transforms.base import Compose, Permutation, Transform
+from flowkit.transforms.bounded import Logit
 from flowkit.transforms.elementwise import Affine
 from flowkit.transforms.linear import LULinear
 from flowkit.transforms.spline import RationalQuadraticSpline
@@ -104,6 +105,7 @@ def _autoregressive_flow(
     conditional_base: bool = False,
     embedding: nn.Module | dict | None = None,
     standardize: bool | Literal["diagonal", "full"] = True,
+    bounds: tuple[Sequence[float], Sequence[float]] | None = None,
     seed: int = 0,
     base_context: Literal["embedded", "raw"] = "embedded",
 ) -> Flow:
@@ -147,6 +149,8 @@ def _autoregressive_flow(
         embedded = embedded_features(embedding, context_features)
     permutations = _permutations(permutation, features, layers, seed)
     transforms: list[Transform] = []
+    if bounds is not None:
+        transforms.append(_bounds_transform(bounds, features))
     if standardize is not None:
         transforms.append(Standardize(features, covariance=standardize))
     for i in range(layers):
@@ -184,6 +188,18 @@ def _autoregressive_flow(
         context_features=context_features,
         base_context=base_context,
     )
+
+
+def _bounds_transform(bounds: object, features: int) -> Logit:
+    """The :class:`~flowkit.transforms.Logit` of the builders' ``bounds=(low, high)``."""
+    if not (isinstance(bounds, Sequence) and not isinstance(bounds, str) and len(bounds) == 2):
+        raise ValueError(f"'bounds' should be a pair (low, high) of {features} values each, got "
+                         f"{bounds!r}")
+    transform = Logit(*bounds)
+    if transform.features != features:
+        raise ValueError(f"'bounds' should hold {features} values each (one per feature), got "
+                         f"{transform.features}")
+    return transform
 
 
 #: What ``standardize=True`` builds (see :func:`MAF`).
@@ -243,7 +259,7 @@ def _builder(direction: Direction, name: str, doc: str) -> Callable[..., Flow]:
             "standardize": _stored_standardize,
         },
         # files saved before these arguments existed rebuild what they built then
-        added={"standardize": False, "lu_linear": False},
+        added={"standardize": False, "lu_linear": False, "bounds": None},
         version=3,
         upgrade=_upgrade,
     )(build)
@@ -317,6 +333,11 @@ MAF = _builder(
             ``DEFAULT_STANDARDIZATION`` (see ``docs/defaults.md``). The context's
             standardization is per feature in every case. ``False`` builds the flow of
             flowkit 0.1 (which files saved by it rebuild).
+        bounds: ``(low, high)``, each ``D`` values: data that lie in that box (the parameters
+            of a simulator under a uniform prior, fractions). A
+            :class:`flowkit.transforms.Logit` first maps the box onto the real line, so the
+            density is zero outside it and normalized inside; the standardization, if any,
+            then acts on the mapped values. ``None``: data anywhere.
         seed: seed of the MADE degrees and random permutations.
         base_context: what a conditional base's head reads: ``"embedded"``, the embedded
             context, as the layers; or ``"raw"``, the (standardized) context before the

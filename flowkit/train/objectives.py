@@ -9,6 +9,7 @@ r"""The training losses, and the wrapper that makes a loss a module for the trai
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -72,31 +73,42 @@ class NegLogLikelihood:
     reported as such, not as a divergence.
 
     Attributes:
-        nonfinite: per step since the last recording, ``(rows of x, rows of the context)``
-            holding NaN or Inf on this process.
+        nonfinite: per step since the last recording, ``(rows of x, rows of the context,
+            rows of log-density -inf)``: the rows holding NaN or Inf, and the finite points the
+            model puts outside its support, on this process.
     """
 
     def __init__(self) -> None:
         self.nonfinite: list[Tensor] = []
 
     def __call__(self, model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
-        rows = (count_nonfinite_rows(x, x), count_nonfinite_rows(context, x))
+        log_p = log_prob(model, x, context)
+        rows = (count_nonfinite_rows(x, x), count_nonfinite_rows(context, x),
+                (log_p == -math.inf).sum())
         self.nonfinite.append(torch.stack(rows))
-        return -log_prob(model, x, context).mean()
+        return -log_p.mean()
 
     def cause(self, index: int, step: int, dist: Dist) -> tuple[str | Mention, ...] | None:
         """The message parts blaming the batch of step ``step`` (the ``index``-th since the
-        last recording), when it held NaN or Inf values on some process; else None."""
-        rows_x, rows_c = dist.all_sum(self.nonfinite[index]).tolist()
-        if rows_x == 0 and rows_c == 0:
-            return None
-        where = " and ".join(f"{k} row(s) of {what}" for what, k in
-                             (("x", rows_x), ("the context", rows_c)) if k)
-        return (
-            f"the batch of step {step} from ", Mention("data"), f" holds NaN or Inf values in "
-            f"{where}, so the loss is not finite: remove or impute them before fitting (a "
-            "DataLoader's batches are checked for them only at the first step).",
-        )
+        last recording), when it held NaN or Inf values, or points of log-density ``-inf``, on
+        some process; else None."""
+        rows_x, rows_c, outside = dist.all_sum(self.nonfinite[index]).tolist()
+        batch = (f"the batch of step {step} from ", Mention("data"))
+        if rows_x or rows_c:
+            where = " and ".join(f"{k} row(s) of {what}" for what, k in
+                                 (("x", rows_x), ("the context", rows_c)) if k)
+            return (
+                *batch, f" holds NaN or Inf values in {where}, so the loss is not finite: remove "
+                "or impute them before fitting (a DataLoader's batches are checked for them only "
+                "at the first step).",
+            )
+        if outside:
+            return (
+                *batch, f" holds {outside} row(s) that the model gives log-density -inf: points "
+                "outside its support (a flow built with 'bounds' is zero outside its box), so "
+                "the loss is infinite. Fit data inside the support, or widen it.",
+            )
+        return None
 
 
 def count_nonfinite_rows(t: Tensor | None, like: Tensor) -> Tensor:

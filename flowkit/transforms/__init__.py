@@ -7,6 +7,7 @@ from flowkit.transforms.autoregressive import (
     Transformer,
 )
 from flowkit.transforms.base import Compose, Inverse, Permutation, Transform
+from flowkit.transforms.bounded import Logit
 from flowkit.transforms.elementwise import Affine
 from flowkit.transforms.linear import LULinear
 from flowkit.transforms.spline import RationalQuadraticSpline
@@ -18,6 +19,7 @@ __all__ = [
     "Compose",
     "Inverse",
     "LULinear",
+    "Logit",
     "MaskedAffineAutoregressive",
     "MaskedAutoregressive",
     "Permutation",
