@@ -1,6 +1,7 @@
 """Flow: normalized densities, sampling shapes, conditional use, and bad input."""
 
 import inspect
+import math
 from collections import Counter
 
 import numpy as np
@@ -159,6 +160,44 @@ def test_lu_linear_maps_follow_each_permutation_and_keep_the_density_exact(build
     assert abs(grid_integral(flow, points=301) - 1) < 1e-3
     x, log_p = flow.sample_and_log_prob(10)
     assert torch.allclose(flow.log_prob(x), log_p, atol=1e-10)
+
+
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_bounds_make_a_density_on_the_box(builder, tmp_path):
+    """bounds=(low, high): normalized over the box, zero outside it, samples inside it."""
+    low, high = [-1.0, 0.5], [2.0, 1.5]
+    flow = BUILDERS[builder](2, layers=2, hidden_features=(16,), transformer="spline",
+                             bounds=(low, high), seed=3).double()
+    assert type(flow.transform.transforms[0]).__name__ == "Logit"
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    flow.eval()
+    ax = [torch.linspace(lo, hi, 801, dtype=torch.float64)[1:-1]
+          for lo, hi in zip(low, high, strict=True)]
+    xx, yy = torch.meshgrid(*ax, indexing="ij")
+    with torch.no_grad():
+        density = flow.log_prob(torch.stack([xx.flatten(), yy.flatten()], -1)).exp()
+    integral = torch.trapezoid(torch.trapezoid(density.reshape(xx.shape), ax[1]), ax[0]).item()
+    assert abs(integral - 1) < 2e-3, integral
+    x, log_p = flow.sample_and_log_prob(500)
+    assert ((x > torch.tensor(low)) & (x < torch.tensor(high))).all()
+    assert torch.allclose(flow.log_prob(x), log_p, atol=1e-9)
+    outside = torch.tensor([[2.5, 1.0], [0.0, 0.4]], dtype=torch.float64)
+    assert (flow.log_prob(outside) == -math.inf).all()
+    flowkit.save_model(flow, tmp_path / "flow.pt")
+    loaded = flowkit.load_model(tmp_path / "flow.pt")
+    assert loaded.config["kwargs"]["bounds"] == [low, high]
+    assert torch.equal(loaded.log_prob(x), flow.log_prob(x))
+
+
+def test_fit_names_training_rows_outside_the_bounds():
+    flow = MAF(2, layers=1, hidden_features=(8,), bounds=([0.0, 0.0], [1.0, 1.0]))
+    x = torch.rand(256, 2)
+    x[5, 1] = 1.5
+    with pytest.raises(flowkit.train.NonFiniteLossError, match=r"holds 1 row\(s\) that the model "
+                       r"gives log-density -inf: points outside its support"):
+        flowkit.fit(flow, x, steps=5, batch_size=256, progress=False, device="cpu")
 
 
 def test_seeded_sampling_is_reproducible():
@@ -356,6 +395,9 @@ def test_context_that_is_not_a_tensor_is_a_type_error(conditional, method):
         (dict(batch_norm="yes"), "'batch_norm' should be True or False, got 'yes'"),
         (dict(residual=1), "'residual' should be True or False, got 1"),
         (dict(lu_linear="lu"), "'lu_linear' should be True or False, got 'lu'"),
+        (dict(bounds=[0.0, 1.0]), r"'bounds' should be a pair \(low, high\) of 2 values"),
+        (dict(bounds=([0.0], [1.0])), r"'bounds' should be a pair \(low, high\) of 2 values"),
+        (dict(bounds=([0.0, 1.0], [1.0, 1.0])), "'high' should be above 'low'"),
         (dict(learnable_base="no"), "'learnable_base' should be True or False, got 'no'"),
         (dict(permutation="shuffle"), "'permutation' should be 'reverse', 'random', 'none', a "),
         (dict(permutation=[0, 1, 2]), r"'permutation' should be .* of range\(2\)"),

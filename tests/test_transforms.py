@@ -1,5 +1,7 @@
 """Every transform: exact log-determinants, inverses, and gradients (float64)."""
 
+import math
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from flowkit.transforms import (
     BatchNorm,
     Compose,
     Inverse,
+    Logit,
     LULinear,
     MaskedAffineAutoregressive,
     MaskedAutoregressive,
@@ -64,6 +67,7 @@ TRANSFORMS = {
     "permutation-reverse": lambda: Permutation.reverse(D),
     "permutation-random": lambda: Permutation.random(D, seed=1),
     "lu-linear": lambda: perturbed(LULinear(D)),
+    "logit": lambda: Logit(-12.0 - torch.rand(D), 10.0 + torch.rand(D)),  # holds 2 * randn
     "standardize": lambda: Standardize(D, shift=torch.randn(D), scale=torch.rand(D) + 0.1),
     "standardize-from-data": lambda: Standardize.from_data(torch.randn(50, D) * 30.0 + 7.0),
     "standardize-full": lambda: Standardize.from_data(
@@ -116,7 +120,8 @@ def test_log_det_matches_autograd_jacobian(name):
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in TRANSFORMS if "permutation" not in n and "standardize" not in n]
+    "name",
+    [n for n in TRANSFORMS if n.split("-")[0] not in ("permutation", "standardize", "logit")],
 )
 def test_gradients_reach_every_parameter(name):
     t = make(name)
@@ -260,6 +265,33 @@ def test_lu_linear_is_the_identity_at_construction_and_its_factors_make_its_weig
     t(x)[0].square().sum().backward()
     assert torch.equal(t.lower.grad.triu(), torch.zeros(D, D, dtype=torch.float64))
     assert torch.equal(t.upper.grad.tril(), torch.zeros(D, D, dtype=torch.float64))
+
+
+def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_inside():
+    t = Logit([0.0, -1.0], [1.0, 3.0]).double()
+    x = torch.tensor([[0.5, 1.0], [1.5, 1.0], [0.5, -1.0001], [0.0, 3.0]], dtype=torch.float64)
+    z, log_det = t(x)
+    assert torch.isfinite(log_det[[0, 3]]).all() and (log_det[1:3] == -math.inf).all()
+    assert torch.isfinite(z).all() and torch.equal(z[1:3], torch.zeros(2, 2, dtype=torch.float64))
+    # the edge point is scored one rounding step inside: eps * width from each edge
+    eps = torch.finfo(torch.float64).eps
+    expected = torch.tensor([math.log(eps), -math.log(eps)], dtype=torch.float64)
+    assert torch.allclose(z[3], expected, rtol=1e-12, atol=0)
+    x = x[:1].clone().requires_grad_()
+    t(x)[1].sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize(
+    "low, high, match",
+    [([0.0], [0.0], "'high' should be above 'low' in every feature"),
+     ([0.0, 1.0], [1.0], "'low' and 'high' should have the same shape"),
+     ([[0.0]], [[1.0]], r"'low' should have shape \(D,\)"),
+     ([0.0], [math.inf], "'high' should be finite")],
+)
+def test_logit_bad_bounds(low, high, match):
+    with pytest.raises(ValueError, match=match):
+        Logit(low, high)
 
 
 def test_lu_linear_bad_features():

@@ -192,14 +192,16 @@ def _autoregressive_flow(
 
 def _bounds_transform(bounds: object, features: int) -> Logit:
     """The :class:`~flowkit.transforms.Logit` of the builders' ``bounds=(low, high)``."""
+    expected = f"'bounds' should be a pair (low, high) of {features} values each"
     if not (isinstance(bounds, Sequence) and not isinstance(bounds, str) and len(bounds) == 2):
-        raise ValueError(f"'bounds' should be a pair (low, high) of {features} values each, got "
-                         f"{bounds!r}")
-    transform = Logit(*bounds)
-    if transform.features != features:
-        raise ValueError(f"'bounds' should hold {features} values each (one per feature), got "
-                         f"{transform.features}")
-    return transform
+        raise ValueError(f"{expected}, got {bounds!r}")
+    try:
+        shapes = [tuple(torch.as_tensor(b).shape) for b in bounds]
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, not numbers
+        raise ValueError(f"{expected}, got {bounds!r}") from None
+    if shapes != [(features,), (features,)]:
+        raise ValueError(f"{expected}, got shapes {shapes[0]} and {shapes[1]}")
+    return Logit(*bounds)  # checks the values
 
 
 #: What ``standardize=True`` builds (see :func:`MAF`).
