@@ -51,6 +51,20 @@ def test_out_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
     assert target.read_text() == "keep me"
 
 
+def test_another_commands_results_are_not_replaced(tmp_path, capsys):
+    """Every subcommand writes --out/metrics.json: one pointed at a folder that holds another
+    command's results (scoring a model next to its training run) refuses, before any work."""
+    out = tmp_path / "run"
+    out.mkdir()
+    record = '{"command": "mnist", "metrics": {"valid_nll": 86.6}}\n'
+    (out / "metrics.json").write_text(record)
+    assert cli.main(["fit", "--data", "moons", "--steps", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds the results of flowkit mnist" in err
+    assert (out / "metrics.json").read_text() == record
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]
+
+
 def test_unknown_gymnasium_environment_is_a_one_line_error(tmp_path, capsys):
     pytest.importorskip("gymnasium")
     out = tmp_path / "rl"

@@ -9,7 +9,8 @@ Usage::
 Every subcommand gets the common options ``--device {auto,cpu,cuda}``, ``--seed``, ``--out``
 (output folder, default ``runs/<command>-<date>-<time>``) and ``--quiet`` (no progress bars).
 After the subcommand returns, the CLI writes ``<out>/metrics.json`` with the command, its
-arguments and the metrics it returned. Errors in the user's input (``ValueError``,
+arguments and the metrics it returned; an ``--out`` whose metrics.json another subcommand wrote
+is refused before the run. Errors in the user's input (``ValueError``,
 ``FileNotFoundError``, ``FloatingPointError``) are printed as one line, exit status 2.
 
 Adding a subcommand
@@ -187,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             created = _make_folder(args.out)
         # one writer per --out (rank 0 writes); fit() inside takes the same lock again
         with run_lock(args.out) if main_process else contextlib.nullcontext():
+            if main_process:
+                _refuse_another_commands_results(args.out / "metrics.json", args.command)
             metrics = module.run(args)
             if main_process:
                 record = {"command": args.command, "args": vars(args), "metrics": metrics}
@@ -203,6 +206,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if main_process:
         print(f"flowkit {args.command}: wrote {path}")
     return 0
+
+
+def _refuse_another_commands_results(path: Path, command: str) -> None:
+    """Fail if ``path`` (an ``--out``'s metrics.json) holds the results of another subcommand,
+    which this one would replace (``flowkit mnist-eval run/model.pt --out run`` after
+    ``flowkit mnist --out run``). A rerun of the same subcommand is that command's own check:
+    most refuse it or need ``--resume``; the benchmarks add cells to their ``--out``."""
+    if not path.exists():
+        return
+    try:
+        previous = json.loads(path.read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        previous = None
+    if previous != command:
+        written = f"flowkit {previous}" if isinstance(previous, str) else "another program"
+        raise ValueError(f"'{path}' holds the results of {written}, which this command would "
+                         "replace: pick another --out")
 
 
 def _make_folder(out: Path) -> list[Path]:
