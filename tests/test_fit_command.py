@@ -175,6 +175,26 @@ def test_resume_with_another_lr_schedule_names_the_option(tmp_path, capsys):
            "--lr-schedule none to resume it" in err
 
 
+def test_resume_with_other_model_or_data_options_names_them_as_typed(tmp_path, capsys):
+    """A changed --valid-fraction surfaced as a batch-size or row-count mismatch, a changed
+    --hidden as Python keywords (review 11); options.json records the options of the run."""
+    np.save(tmp_path / "d.npy", np.random.default_rng(7).normal(size=(300, 2)))
+    out = tmp_path / "o"
+    run = ["fit", "--data", str(tmp_path / "d.npy"), *FAST, "--out", str(out)]
+    assert cli.main(run) == 0
+    recorded = json.loads((out / "options.json").read_text())
+    assert recorded["hidden"] == [8] and recorded["valid_fraction"] is None
+    capsys.readouterr()
+    assert cli.main([*run, "--resume", "--valid-fraction", "0.3", "--no-standardize"]) == 2
+    err = capsys.readouterr().err
+    assert ("these differ: --valid-fraction 0.3 (started with no --valid-fraction); "
+            "--no-standardize (started with no --no-standardize)") in err
+    assert cli.main([*run, "--resume", "--steps", "6", "--lr-schedule", "none"]) == 2
+    assert "these differ" not in capsys.readouterr().err  # training options are fit's to check
+    assert cli.main(run) == 2  # a fresh run is refused and leaves the record as it was
+    assert json.loads((out / "options.json").read_text()) == recorded
+
+
 def test_full_standardization_from_the_command_line(tmp_path, capsys):
     rng = np.random.default_rng(3)
     u = rng.normal(size=(80, 2))

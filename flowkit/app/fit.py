@@ -14,7 +14,8 @@ rows before the first step), so data in any units can be passed as they are; --n
 turns that off.
 
 Writes to --out: checkpoint.pt (a training checkpoint: `flowkit.load_model` reads it, --resume
-continues from it, a run without --resume refuses to replace it), history.json (losses per step,
+continues from it, a run without --resume refuses to replace it), options.json (the options
+that define the model and data, which --resume must repeat), history.json (losses per step,
 and per epoch for files), loss.png and metrics.json. For toy datasets with an exact density,
 metrics.json also holds the entropy H(p) and the estimate KL(p || q) = valid_nll - H(p), where
 valid_nll is the saved flow's (the best validation's weights, which the run ends with). For 2-D
@@ -217,6 +218,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+RUN_OPTIONS = {
+    "data": "--data", "key": "--key", "context": "--context", "valid_size": "--valid-size",
+    "valid_fraction": "--valid-fraction", "flow": "--flow", "layers": "--layers",
+    "hidden": "--hidden", "transformer": "--transformer", "batch_norm": "--batch-norm",
+    "standardize": "--standardize", "no_standardize": "--no-standardize", "seed": "--seed",
+    "batch_size": "--batch-size",
+}
+"""The options that define a run's model and data, as typed: a ``--resume`` must repeat them
+(the training options, ``--lr`` and ``--steps`` among them, may change)."""
+
+
+def _check_same_run(args: argparse.Namespace, typed: dict[str, Any]) -> None:
+    """Record the run-defining options (:data:`RUN_OPTIONS`) in ``<out>/options.json`` at the
+    start of a run (``typed``: their values before any default was filled in; called once
+    the data loaded, so that a run refused for its data leaves nothing); on ``--resume``, fail
+    naming each option that differs from the recorded
+    one (an option that changes the data's split or the model would otherwise surface as a
+    mismatch of something derived from it: the batch size, the rows, the model's arguments)."""
+    path = args.out / "options.json"
+    if args.resume and path.exists():
+        try:
+            started = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"'{path}' cannot be read ({e}): it records the options of the "
+                             "run to resume") from None
+        typed = json.loads(json.dumps(typed))  # tuples as lists, as stored
+        changed = [f"{_typed(option, typed.get(name))} (started with "
+                   f"{_typed(option, started.get(name))})" for name, option in RUN_OPTIONS.items()
+                   if typed.get(name) != started.get(name)]
+        if changed:
+            raise ValueError("--resume continues a run with the options it was started with; "
+                             f"these differ: {'; '.join(changed)}")
+        return
+    fresh = not args.resume and not (args.out / CHECKPOINT_NAME).exists()  # (else fit refuses)
+    if fresh and is_main_process():
+        write_bytes_atomic(path, (json.dumps(typed, indent=2) + "\n").encode())
+
+
+def _typed(option: str, value: Any) -> str:
+    """An option as typed on the command line (``no --hidden`` when it was not given)."""
+    if value is None or value is False:
+        return f"no {option}"
+    if value is True:
+        return option
+    return f"{option} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import flowkit
     from flowkit.data import TOY_DATASETS, has_exact_density, toy_entropy
@@ -225,6 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.threads < 1:
             raise ValueError(f"'--threads' should be a positive integer, got {args.threads}")
         torch.set_num_threads(args.threads)
+    typed = {name: getattr(args, name) for name in RUN_OPTIONS}
     if args.data in TOY_DATASETS:
         if args.context is not None or args.key is not None:
             raise ValueError(
@@ -269,6 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
             args.batch_size = rows
+    _check_same_run(args, typed)
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     with as_options(OPTIONS, NONES):
         torch.manual_seed(args.seed)  # initial weights
