@@ -195,6 +195,42 @@ def test_resume_with_other_model_or_data_options_names_them_as_typed(tmp_path, c
     assert json.loads((out / "options.json").read_text()) == recorded
 
 
+@pytest.mark.parametrize(
+    "name, write, message",
+    [
+        ("t.csv", lambda p: p.write_text("a,b\n1,2\n"), "reads .npy and .npz files .* np.loadtxt"),
+        ("renamed.npy", lambda p: p.write_text("a,b\n1,2\n"), "is not a numpy .npy file"),
+        ("cut.npy", lambda p: p.write_bytes(_npy_bytes(np.ones((50, 2)))[:90]),
+         "cannot be read as a numpy .npy file"),
+        ("objects.npz", lambda p: np.savez(p, x=np.array([{"a": 1}], dtype=object)),
+         "holds Python objects, not an array of numbers"),
+        ("empty.npy", lambda p: np.save(p, np.zeros((0, 2))), r"is empty: shape \(0, 2\)"),
+        ("no-columns.npy", lambda p: np.save(p, np.zeros((5, 0))), r"is empty: shape \(5, 0\)"),
+    ],
+)
+def test_files_numpy_cannot_use_are_named_with_the_option(tmp_path, capsys, name, write, message):
+    """They gave numpy's own text, or errors about --batch-size and 'features' (review 11)."""
+    path = tmp_path / name
+    write(path)
+    assert cli.main(["fit", "--data", str(path), *FAST, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(f"'--data' .*{message}", err), err
+
+
+def _npy_bytes(array):
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_upper_case_suffixes_are_read(tmp_path):
+    (tmp_path / "D.NPY").write_bytes(_npy_bytes(np.random.default_rng(0).normal(size=(40, 2))))
+    assert cli.main(["fit", "--data", str(tmp_path / "D.NPY"), *FAST,
+                     "--out", str(tmp_path / "o")]) == 0
+
+
 def test_full_standardization_from_the_command_line(tmp_path, capsys):
     rng = np.random.default_rng(3)
     u = rng.normal(size=(80, 2))

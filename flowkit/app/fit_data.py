@@ -33,43 +33,73 @@ def load_file(
     path: Path, key: str | None, context: list[str] | None
 ) -> tuple[Any, int, int]:
     """The data of a file (``x`` or ``(x, context)``), ``D`` and ``C``."""
-    if path.suffix not in (".npy", ".npz") or not path.is_file():
+    suffix = path.suffix.lower()
+    if not path.is_file():
         from flowkit.data import TOY_DATASETS
 
         raise ValueError(
             f"'--data' should be a toy dataset ({', '.join(TOY_DATASETS)}) or an existing .npy "
-            f"or .npz file, got '{path}'"
+            f"or .npz file, got '{path}' (no such file)"
         )
-    if path.suffix == ".npy":
-        if key is not None:
-            raise ValueError(f"'--key' names an array of a .npz file; '{path}' is a .npy file")
-        arrays = {"x": np.load(path)}  # allow_pickle=False: arrays only
+    if suffix not in (".npy", ".npz"):
+        raise ValueError(
+            f"'--data' reads .npy and .npz files (numpy's own formats), got '{path}'; convert "
+            "a table first, e.g. for a CSV file with a header row: python -c \"import numpy as "
+            f"np; np.save('{path.with_suffix('.npy')}', np.loadtxt('{path}', delimiter=',', "
+            "skiprows=1))\""
+        )
+    if suffix == ".npy" and key is not None:
+        raise ValueError(f"'--key' names an array of a .npz file; '{path}' is a .npy file")
+    arrays = _read_arrays(path, suffix)
+    if suffix == ".npy":
         key = "x"
-    else:
-        with np.load(path) as archive:
-            arrays = {name: archive[name] for name in archive.files}
-        if key is None:
-            others = [n for n in arrays if not (context and n in context)]
-            if "x" not in arrays and len(others) != 1:
-                raise ValueError(
-                    f"'{path}' holds the arrays {sorted(arrays)}: name the one to model with "
-                    "--key (without it, the array 'x' or the only array is used)"
-                )
-            key = "x" if "x" in arrays else others[0]
-        elif key not in arrays:
-            raise ValueError(f"'--key' {key!r} is not an array of '{path}': {sorted(arrays)}")
+    elif key is None:
+        others = [n for n in arrays if not (context and n in context)]
+        if "x" not in arrays and len(others) != 1:
+            raise ValueError(
+                f"'{path}' holds the arrays {sorted(arrays)}: name the one to model with "
+                "--key (without it, the array 'x' or the only array is used)"
+            )
+        key = "x" if "x" in arrays else others[0]
+    elif key not in arrays:
+        raise ValueError(f"'--key' {key!r} is not an array of '{path}': {sorted(arrays)}")
     loaded = arrays[key]
     if loaded.ndim != 2:
         raise ValueError(
             f"'{path}' should hold an array of shape (N, D), got {loaded.shape} ({key!r})"
         )
-    named = f"'--data' '{path}'" + ("" if path.suffix == ".npy" else f" (array {key!r})")
+    named = f"'--data' '{path}'" + ("" if suffix == ".npy" else f" (array {key!r})")
+    if 0 in loaded.shape:
+        raise ValueError(f"{named} is empty: shape {loaded.shape}")
     _check_values(named, loaded, real=True)
     c = None
     if context is not None:
         loaded, c = _split_context(loaded, arrays, context, key, path)
     data = loaded if c is None else (loaded, c)
     return data, loaded.shape[1], 0 if c is None else c.shape[1]
+
+
+_MAGIC = {".npy": b"\x93NUMPY", ".npz": b"PK"}
+"""The first bytes of numpy's .npy files and of .npz files (zip archives)."""
+
+
+def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
+    """The arrays of a .npy (as ``"x"``) or .npz file, numbers only (no pickles); a file numpy
+    cannot read is a ValueError naming it and the option."""
+    with path.open("rb") as f:
+        head = f.read(6)
+    if head[: len(_MAGIC[suffix])] != _MAGIC[suffix]:
+        raise ValueError(f"'--data' '{path}' is not a numpy {suffix} file (it does not start "
+                         "as one: another format renamed, or a damaged file)")
+    try:
+        if suffix == ".npy":
+            return {"x": np.load(path)}  # allow_pickle=False: arrays only
+        with np.load(path) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (OSError, EOFError, ValueError) as e:
+        what = ("holds Python objects, not an array of numbers" if "allow_pickle" in str(e)
+                else f"cannot be read as a numpy {suffix} file ({e})")
+        raise ValueError(f"'--data' '{path}' {what}") from None
 
 
 def _split_context(
