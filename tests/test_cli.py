@@ -65,6 +65,12 @@ def test_another_commands_results_are_not_replaced(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]
 
 
+def test_metrics_json_is_strict_json():
+    """A one-seed standard deviation was written as a bare NaN (review 11)."""
+    record = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}, "e": "x"}
+    assert cli._finite(record) == {"a": None, "b": [1.0, None], "c": {"d": None}, "e": "x"}
+
+
 def test_unknown_gymnasium_environment_is_a_one_line_error(tmp_path, capsys):
     pytest.importorskip("gymnasium")
     out = tmp_path / "rl"

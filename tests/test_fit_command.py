@@ -225,10 +225,12 @@ def _npy_bytes(array):
     return buffer.getvalue()
 
 
-def test_upper_case_suffixes_are_read(tmp_path):
+def test_upper_case_suffixes_are_read_and_the_result_is_printed(tmp_path, capsys):
     (tmp_path / "D.NPY").write_bytes(_npy_bytes(np.random.default_rng(0).normal(size=(40, 2))))
     assert cli.main(["fit", "--data", str(tmp_path / "D.NPY"), *FAST,
                      "--out", str(tmp_path / "o")]) == 0
+    valid_nll = _metrics(tmp_path / "o")["valid_nll"]
+    assert f"flowkit fit: validation NLL {valid_nll:.4f} nats" in capsys.readouterr().out
 
 
 def test_full_standardization_from_the_command_line(tmp_path, capsys):

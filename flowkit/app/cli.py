@@ -40,11 +40,13 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from flowkit import __version__
 from flowkit.checkpoint import run_lock, write_bytes_atomic
@@ -194,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if main_process:
                 record = {"command": args.command, "args": vars(args), "metrics": metrics}
                 path = args.out / "metrics.json"
-                text = json.dumps(record, indent=2, default=str) + "\n"
+                text = json.dumps(_finite(record), indent=2, default=str) + "\n"
                 write_bytes_atomic(path, text.encode())
     except USER_ERRORS as e:
         print(f"flowkit {args.command}: error: {e}", file=sys.stderr)
@@ -206,6 +208,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if main_process:
         print(f"flowkit {args.command}: wrote {path}")
     return 0
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so that metrics.json is
+    strict JSON (Python's ``json`` writes them as the non-standard ``NaN`` and ``Infinity``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _refuse_another_commands_results(path: Path, command: str) -> None:

@@ -19,8 +19,10 @@ that define the model and data, which --resume must repeat), history.json (losse
 and per epoch for files), loss.png and metrics.json. For toy datasets with an exact density,
 metrics.json also holds the entropy H(p) and the estimate KL(p || q) = valid_nll - H(p), where
 valid_nll is the saved flow's (the best validation's weights, which the run ends with). For 2-D
-data, samples.png shows samples of the flow over the data (for a conditional flow, one sample
-per validation row, given its context).
+data, samples.png shows samples of the flow over the data: the validation points of a toy
+dataset, the first 5000 rows of a file, one sample per row (for a conditional flow, given that
+row's context). The result is printed as well: the validation NLL and, for toy datasets, the KL
+estimate.
 
 examples:
   flowkit fit --data moons --steps 2000 --out runs/moons
@@ -381,7 +383,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plot_losses(history, args.out / "loss.png", title, entropy=metrics.get("entropy"))
         if features == 2:
             plot_samples(flow, shown, args.out / "samples.png", title)
+        print(_summary(metrics), flush=True)
     return metrics
+
+
+def _summary(metrics: dict[str, Any]) -> str:
+    """The result in one line: the saved flow's validation NLL (and the KL estimate of a toy
+    dataset), or the training NLL of a run without validation."""
+    steps = f"{metrics['steps']} steps, {metrics['wall_time_s']:.1f} s"
+    if metrics["valid_nll"] is None:
+        return (f"flowkit fit: training NLL {metrics['train_nll_last_100']:.4f} nats (mean of the "
+                f"last 100 steps; no validation); {steps}")
+    text = (f"flowkit fit: validation NLL {metrics['valid_nll']:.4f} nats (best, at step "
+            f"{metrics['best_step']}; the saved flow's)")
+    if "kl_estimate" in metrics:
+        text += f", KL estimate {metrics['kl_estimate']:.4f} nats"
+    return f"{text}; {steps}"
 
 
 def _standardize(args: argparse.Namespace) -> bool | str:

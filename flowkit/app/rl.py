@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -138,7 +137,7 @@ def _summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         summary[policy] = {
             "seeds": [r["seed"] for r in runs],
             "final_return_mean": statistics.fmean(finals),
-            "final_return_std": statistics.stdev(finals) if len(finals) > 1 else math.nan,
+            "final_return_std": statistics.stdev(finals) if len(finals) > 1 else None,
             "final_returns": finals,
             "eval_steps": runs[0]["eval_steps"],
             "eval_return_mean": curves.mean(0).tolist(),
@@ -154,7 +153,8 @@ def _format_table(summary: dict[str, Any]) -> str:
             "wall s/run"]
     rows = [
         [policy, f"{s['policy_parameters']:,}", f"{len(s['seeds'])}",
-         f"{s['final_return_mean']:.1f} ± {s['final_return_std']:.1f}",
+         f"{s['final_return_mean']:.1f}" + ("" if s["final_return_std"] is None
+                                            else f" ± {s['final_return_std']:.1f}"),
          ", ".join(f"{v:.0f}" for v in s["final_returns"]), f"{s['wall_seconds_mean']:.0f}"]
         for policy, s in summary.items()
     ]
