@@ -65,6 +65,23 @@ def test_another_commands_results_are_not_replaced(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]
 
 
+def test_ctrl_c_is_one_line_that_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    from flowkit.app import fit
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"")
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit, "run", interrupted)
+    assert cli.main(["fit", "--out", str(out), "--resume"]) == 130
+    err = capsys.readouterr().err
+    assert err == (f"flowkit fit: interrupted; '{out / 'checkpoint.pt'}' holds the last "
+                   "checkpoint: run the same command with --resume to continue\n")
+
+
 def test_metrics_json_is_strict_json():
     """A one-seed standard deviation was written as a bare NaN (review 11)."""
     record = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}, "e": "x"}

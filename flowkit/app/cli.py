@@ -202,6 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flowkit {args.command}: error: {e}", file=sys.stderr)
         _remove_if_empty(created)
         return 2
+    except KeyboardInterrupt:
+        checkpoint = args.out / "checkpoint.pt"
+        kept = (f"; '{checkpoint}' holds the last checkpoint: run the same command with "
+                "--resume to continue" if checkpoint.exists() else "")
+        print(f"flowkit {args.command}: interrupted{kept}", file=sys.stderr)
+        _remove_if_empty(created)
+        return 130
     except BaseException:
         _remove_if_empty(created)
         raise
