@@ -233,11 +233,11 @@ RUN_OPTIONS = {
 
 def _check_same_run(args: argparse.Namespace, typed: dict[str, Any]) -> None:
     """Record the run-defining options (:data:`RUN_OPTIONS`) in ``<out>/options.json`` at the
-    start of a run (``typed``: their values before any default was filled in; called once
-    the data loaded, so that a run refused for its data leaves nothing); on ``--resume``, fail
-    naming each option that differs from the recorded
-    one (an option that changes the data's split or the model would otherwise surface as a
-    mismatch of something derived from it: the batch size, the rows, the model's arguments)."""
+    start of a run (``typed``: their values before any default was filled in; called once the
+    data loaded, so that a run refused for its data leaves nothing); on ``--resume``, fail
+    naming each option that differs from the recorded one (an option that changes the data's
+    split or the model would otherwise surface as a mismatch of something derived from it:
+    the batch size, the rows, the model's arguments)."""
     path = args.out / "options.json"
     if args.resume and path.exists():
         try:
