@@ -209,7 +209,9 @@ def posterior_nn(
             (see the ``embedding`` argument of :func:`flowkit.MAF`).
         **flow_kwargs: options of the flowkit builder, e.g. ``layers``, ``hidden_features``,
             ``transformer="spline"``, ``transformer_kwargs``, ``permutation``,
-            ``conditional_base``, ``standardize``, ``seed``.
+            ``conditional_base``, ``standardize``, ``seed``; for a uniform prior on a box,
+            ``bounds=(low, high)`` makes the posterior zero outside it (see
+            :class:`flowkit.transforms.Logit`).
 
     Returns:
         ``build(batch_theta, batch_x) -> FlowkitEstimator``, called by sbi with its training
