@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from flowkit.checkpoint import write_bytes_atomic
 from flowkit.train import (
     CHECKPOINT_NAME,
     DEFAULTS,
+    Callbacks,
     History,
     default_batch_size,
     fit,
@@ -231,13 +233,15 @@ RUN_OPTIONS = {
 (the training options, ``--lr`` and ``--steps`` among them, may change)."""
 
 
-def _check_same_run(args: argparse.Namespace, typed: dict[str, Any]) -> None:
-    """Record the run-defining options (:data:`RUN_OPTIONS`) in ``<out>/options.json`` at the
-    start of a run (``typed``: their values before any default was filled in; called once the
-    data loaded, so that a run refused for its data leaves nothing); on ``--resume``, fail
-    naming each option that differs from the recorded one (an option that changes the data's
-    split or the model would otherwise surface as a mismatch of something derived from it:
-    the batch size, the rows, the model's arguments)."""
+def _check_same_run(
+    args: argparse.Namespace, typed: dict[str, Any]
+) -> Callable[[Any], None] | None:
+    """On ``--resume``, fail naming each run-defining option (:data:`RUN_OPTIONS`; ``typed``:
+    their values before any default was filled in) that differs from those recorded in
+    ``<out>/options.json`` (an option that changes the data's split or the model would
+    otherwise surface as a mismatch of something derived from it: the batch size, the rows,
+    the model's arguments). Otherwise return the ``on_checkpoint`` callback that records
+    them there, beside the run's first checkpoint."""
     path = args.out / "options.json"
     if args.resume and path.exists():
         try:
@@ -252,10 +256,13 @@ def _check_same_run(args: argparse.Namespace, typed: dict[str, Any]) -> None:
         if changed:
             raise ValueError("--resume continues a run with the options it was started with; "
                              f"these differ: {'; '.join(changed)}")
-        return
-    fresh = not args.resume and not (args.out / CHECKPOINT_NAME).exists()  # (else fit refuses)
-    if fresh and is_main_process():
-        write_bytes_atomic(path, (json.dumps(typed, indent=2) + "\n").encode())
+        return None
+
+    def record(progress: Any) -> None:  # beside the first checkpoint (a run that fails
+        if is_main_process() and not path.exists():  # before it leaves no folder behind)
+            write_bytes_atomic(path, (json.dumps(typed, indent=2) + "\n").encode())
+
+    return record
 
 
 def _typed(option: str, value: Any) -> str:
@@ -320,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
             args.batch_size = rows
-    _check_same_run(args, typed)
+    record_options = _check_same_run(args, typed)
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     with as_options(OPTIONS, NONES):
         torch.manual_seed(args.seed)  # initial weights
@@ -352,6 +359,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
             progress=not args.quiet,
+            callbacks=None if record_options is None else Callbacks(on_checkpoint=record_options),
         )
     metrics: dict[str, Any] = {
         "data": args.data,
