@@ -46,13 +46,24 @@ def test_every_model_builds_a_density_estimator(name):
     """Each model of the table, built as the command builds it, gives finite log-densities and
     samples of sbi's shapes."""
     import torch
+    from sbi.utils import BoxUniform
 
     torch.manual_seed(0)
+    prior = BoxUniform(torch.full((2,), -4.0), torch.full((2,), 4.0))  # holds theta below
     theta, x = torch.randn(64, 2), torch.randn(64, 3)
-    estimator = sbibm._builder(name, seed=0)(theta, x)
+    estimator = sbibm._builder(name, seed=0, prior=prior)(theta, x)
     log_prob = estimator.log_prob(theta[None], x)
     assert log_prob.shape == (1, 64) and torch.isfinite(log_prob).all()
     assert estimator.sample((5,), x[:2]).shape == (5, 2, 2)
+
+
+def test_a_box_model_needs_a_prior_on_a_box():
+    import torch
+
+    prior = torch.distributions.MultivariateNormal(torch.zeros(2), torch.eye(2))
+    with pytest.raises(ValueError, match="'flowkit-spline-defaults-box' fits the prior's box, "
+                       "but this task's prior .* is not on a box"):
+        sbibm._builder("flowkit-spline-defaults-box", seed=0, prior=prior)
 
 
 def test_max_epochs_caps_the_epochs_and_an_older_result_of_one_more_is_refused(tmp_path, capsys):

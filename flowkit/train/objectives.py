@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..transforms.bounded import Logit
 from ..validation import Mention
 from .distributed import Dist
 
@@ -80,8 +81,11 @@ class NegLogLikelihood:
 
     def __init__(self) -> None:
         self.nonfinite: list[Tensor] = []
+        self.bounded: bool | None = None  # the model has a Logit: -inf outside its box
 
     def __call__(self, model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
+        if self.bounded is None:
+            self.bounded = any(isinstance(m, Logit) for m in model.modules())
         log_p = log_prob(model, x, context)
         rows = (count_nonfinite_rows(x, x), count_nonfinite_rows(context, x),
                 (log_p == -math.inf).sum())
@@ -102,11 +106,11 @@ class NegLogLikelihood:
                 "or impute them before fitting (a DataLoader's batches are checked for them only "
                 "at the first step).",
             )
-        if outside:
+        if outside and self.bounded:  # (else a log-density that overflowed: the usual fixes)
             return (
                 *batch, f" holds {outside} row(s) that the model gives log-density -inf: points "
                 "outside its support (a flow built with 'bounds' is zero outside its box), so "
-                "the loss is infinite. Fit data inside the support, or widen it.",
+                "the loss is infinite. Fit data inside the box, or widen it.",
             )
         return None
 
