@@ -415,7 +415,8 @@ def _check_first_batch(
             f"the context of '{name}' should have {width} features to match the model "
             f"(model.context_features={width}), got shape {tuple(context.shape)}"
         )
-    check_finite(name, x, context, batch)
+    if batch:  # (arrays were checked whole as they loaded)
+        check_finite(name, x, context, batch=True)
     if isinstance(model, _DiscreteMADE):
         model._check(x, name)
     was_training = model.training
