@@ -481,7 +481,9 @@ def test_two_runs_started_together_one_is_refused(tmp_path):
     results = [(p.wait(timeout=600), p.communicate()[1]) for p in runs]
     assert sorted(status for status, _ in results) == [0, 2], results
     refused = next(err for status, err in results if status == 2)
-    assert "in use by process" in refused or "exists: pass --resume" in refused
+    # "in use by another process" when the holder had not yet written who it is (a race that
+    # a loaded machine makes likely)
+    assert "is in use by" in refused or "exists: pass --resume" in refused
 
 
 # ------------------------------------------------------------------- kill -9, then resume
