@@ -128,6 +128,24 @@ def test_bad_builder_options(make, match):
         make()
 
 
+def test_a_posterior_on_the_priors_box():
+    """bounds=(low, high) through the builder: samples inside the box, -inf outside it, and
+    the standardization set from the mapped simulations."""
+    low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 5.0])
+    prior = BoxUniform(low, high)
+    theta = prior.sample((200,))
+    x = theta + 0.1 * torch.randn(200, 2)
+    estimator = posterior_nn("maf", layers=2, hidden_features=(8,), transformer="spline",
+                             bounds=(low, high))(theta, x)
+    samples = estimator.sample((100,), x[:3])
+    assert ((samples > low) & (samples < high)).all()
+    outside = torch.tensor([[[0.0, 6.0], [2.0, 1.0], [0.0, 1.0]]])
+    log_q = estimator.log_prob(outside, x[:3])
+    assert (log_q[0, :2] == float("-inf")).all() and torch.isfinite(log_q[0, 2])
+    logit = estimator.net.transform.transforms[0]
+    assert type(logit).__name__ == "Logit" and torch.equal(logit.low, low)
+
+
 def test_errors_name_sbis_arguments():
     """sbi calls them input and condition; the flow's own names, 'x' and 'context', were
     what its errors said (review 10)."""
