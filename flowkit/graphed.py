@@ -45,7 +45,7 @@ from flowkit.validation import (
     SampleShape,
     check_batch_context,
     check_bool,
-    check_sample_shape,
+    check_sample_arguments,
     reference,
     validate_values,
 )
@@ -98,8 +98,9 @@ class GraphedSampler:
             raise TypeError(
                 f"'log_prob' is True but {type(model).__name__} has no 'sample_and_log_prob'"
             )
-        self.sample_shape = check_sample_shape(n, context is not None)
         ref = reference(model)
+        features = getattr(model, "context_features", 0)
+        self.sample_shape, context = check_sample_arguments(n, context, features, ref)
         if ref is None or ref.device.type != "cuda":
             where = "no floating-point tensors" if ref is None else ref.device
             raise ValueError(
@@ -109,8 +110,6 @@ class GraphedSampler:
         self.model = model
         self._check_eval()
         self._device = ref.device
-        features = getattr(model, "context_features", 0)
-        context = check_batch_context(context, features, ref)
         self._context = None if context is None else context.detach().clone()
         self._graph: torch.cuda.CUDAGraph | None = None
         self._out: tuple[Tensor, ...] = ()
