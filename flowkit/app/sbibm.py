@@ -67,15 +67,17 @@ MODELS: dict[str, dict[str, Any]] = {
 """The density estimators compared: sbi's defaults (5 transforms, 50 hidden units) and flowkit
 MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline with 8
 bins on [-4, 4]; ``flowkit-spline-defaults`` is ``flowkit.MAF(D, transformer="spline")`` with
-every other setting the builders' default, what a user gets; ``flowkit-spline-res`` has the
+every other setting the builders' default, what a user gets, and ``-lu`` / ``-box`` add a
+learned LU-linear map after each permutation (``lu_linear=True``) / the prior's box
+(``bounds=(low, high)`` of a uniform prior); ``flowkit-spline-res`` has the
 sizes of sbi's NSF: splines with 10 bins on [-3, 3], and MADEs of width 50 with as many linear
 maps as sbi's residual network of 2 blocks of 2 layers, the first hidden layer followed by 4
 residual blocks); ``flowkit-spline-res-cb`` is that flow on a conditional Gaussian base (mean
 and scale linear in the standardized observation), and ``flowkit-spline-res-cb-noclip`` the
 same trained without sbi's gradient clipping (``train``: keywords of sbi's ``train()``,
-otherwise sbi's defaults for every model). All flowkit splines except
-``flowkit-spline-defaults`` keep the identity tails (as sbi's NSF) with which docs/sbi.md was
-measured."""
+otherwise sbi's defaults for every model). All flowkit splines except the
+``flowkit-spline-defaults`` family keep the identity tails (as sbi's NSF) with which
+docs/sbi.md was first measured."""
 
 
 def _sbibm() -> Any:
