@@ -10,10 +10,9 @@ from flowkit.distributions import (
     CategoricalMADE,
     ConditionalDiagonalGaussian,
     DiagonalGaussian,
-    FlowDistribution,
     StandardNormal,
 )
-from flowkit.flows import IAF, MAF, Flow
+from flowkit.flows import IAF, MAF, Flow, FlowDistribution
 from flowkit.graphed import GraphedSampler
 from flowkit.nn import MADE, MaskedLinear, MLPEmbedding
 from flowkit.train import History, fit, fit_reverse_kl

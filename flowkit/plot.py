@@ -30,7 +30,7 @@ from PIL import Image
 from torch import Tensor
 
 from flowkit.checkpoint import write_bytes_atomic
-from flowkit.data.toy import Box, box_grid
+from flowkit.data import Box, box_grid
 from flowkit.validation import check_int
 
 if TYPE_CHECKING:

@@ -34,10 +34,9 @@ from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from flowkit.flows.builders import MAF
-from flowkit.train import DataWarning
+from flowkit.flows import MAF
+from flowkit.train import DataWarning, warn_if_degenerate
 from flowkit.train import fit as fit_flow
-from flowkit.train.data import warn_if_degenerate
 from flowkit.validation import (
     ArgumentError,
     Mention,

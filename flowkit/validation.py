@@ -72,11 +72,6 @@ class WordedError(Exception):
         """Spell the mentioned arguments with ``spelling`` from now on (``str(error)``)."""
         self.spelling = spelling
 
-    @property
-    def mentions(self) -> list[str]:
-        """The names of the arguments the message mentions, in order."""
-        return [p.name for p in self.parts if isinstance(p, Mention)]
-
     def __str__(self) -> str:
         return "".join(p if isinstance(p, str) else self.spelling(p) for p in self.parts)
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributions import Independent, Normal, kl_divergence
 
 import flowkit
-from flowkit.distributions.flow_distribution import KL_SAMPLES, monte_carlo_kl
+from flowkit.flows import KL_SAMPLES, monte_carlo_kl
 from flowkit.flows.builders import activation_class
 
 D, C = 3, 5

@@ -7,7 +7,7 @@ import torch
 from torch.distributions import Independent, TanhTransform, TransformedDistribution
 
 import flowkit
-from flowkit.distributions.flow_distribution import FlowDistribution
+from flowkit.flows import FlowDistribution
 from flowkit.nn import MADE
 from flowkit.nn.inversion import _solve_with_params
 from flowkit.transforms import autoregressive

@@ -1,6 +1,15 @@
-"""The ``Flow`` model and the ``MAF``/``IAF`` builders."""
+"""The ``Flow`` model, the ``MAF``/``IAF`` builders, and a flow as a torch distribution."""
 
 from flowkit.flows.builders import IAF, MAF, activation_class
+from flowkit.flows.distribution import KL_SAMPLES, FlowDistribution, monte_carlo_kl
 from flowkit.flows.flow import Flow
 
-__all__ = ["IAF", "MAF", "Flow", "activation_class"]
+__all__ = [
+    "IAF",
+    "KL_SAMPLES",
+    "MAF",
+    "Flow",
+    "FlowDistribution",
+    "activation_class",
+    "monte_carlo_kl",
+]

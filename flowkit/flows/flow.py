@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from flowkit.distributions.flow_distribution import FlowDistribution
+from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Transform
 from flowkit.transforms.standardize import Standardize
@@ -68,7 +68,7 @@ class Flow(nn.Module):
         standardize_context: applied to every raw context first, a
             :class:`flowkit.transforms.Standardize` of width ``C`` (set from data like any
             other: by the first training-mode call with a context, log-density or sampling, or
-            by :func:`flowkit.transforms.standardize.set_from_data`).
+            by :func:`flowkit.transforms.set_from_data`).
         embedding: network mapping the (standardized) context ``(N, C)`` to ``(N, H)``, where
             ``H`` is the transform's (and conditional base's) ``context_features`` (see
             :mod:`flowkit.nn.embedding`).

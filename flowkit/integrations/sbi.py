@@ -62,7 +62,7 @@ except ImportError as e:  # pragma: no cover - exercised only without sbi
     ) from e
 
 from flowkit.flows import IAF, MAF, Flow
-from flowkit.transforms.standardize import set_from_data
+from flowkit.transforms import set_from_data
 from flowkit.validation import check_batch, check_batch_context, nonfinite_rows, reference
 
 __all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn"]

@@ -4,7 +4,7 @@ options (:class:`TrainOptions`), callbacks, checkpoints, resume and ``torchrun``
 
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
-from .data import DataWarning, PrecisionWarning
+from .data import DataWarning, PrecisionWarning, warn_if_degenerate
 from .distributed import is_main_process, resolve_device
 from .history import History
 from .likelihood import default_batch_size, fit
@@ -28,4 +28,5 @@ __all__ = [
     "fit_reverse_kl",
     "is_main_process",
     "resolve_device",
+    "warn_if_degenerate",
 ]

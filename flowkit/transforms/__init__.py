@@ -11,7 +11,7 @@ from flowkit.transforms.bounded import Logit
 from flowkit.transforms.elementwise import Affine
 from flowkit.transforms.linear import LULinear
 from flowkit.transforms.spline import RationalQuadraticSpline
-from flowkit.transforms.standardize import Standardize
+from flowkit.transforms.standardize import Standardize, set_from_data
 
 __all__ = [
     "Affine",
@@ -27,4 +27,5 @@ __all__ = [
     "Standardize",
     "Transform",
     "Transformer",
+    "set_from_data",
 ]
