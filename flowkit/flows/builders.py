@@ -8,7 +8,7 @@ Both builders are registered with :func:`flowkit.checkpoint.register_model`: eac
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -91,26 +91,25 @@ def _permutations(
 def _autoregressive_flow(
     direction: Direction,
     features: int,
-    layers: int = 5,
-    hidden_features: Sequence[int] = (64, 64),
-    context_features: int = 0,
-    transformer: str = "affine",
-    transformer_kwargs: dict | None = None,
-    permutation: PermutationSpec = "reverse",
-    lu_linear: bool = False,
-    batch_norm: bool = False,
-    residual: bool = False,
-    activation: ActivationSpec = "relu",
-    learnable_base: bool = False,
-    conditional_base: bool = False,
-    embedding: nn.Module | dict | None = None,
-    standardize: bool | Literal["diagonal", "full"] = True,
-    bounds: tuple[Sequence[float], Sequence[float]] | None = None,
-    seed: int = 0,
-    base_context: Literal["embedded", "raw"] = "embedded",
-) -> Flow:
-    """The stack both builders make, its layers in ``direction``: the one signature of
-    :func:`MAF` and :func:`IAF` (see :func:`_builder`), documented in :func:`MAF`."""
+    layers: int,
+    hidden_features: Sequence[int],
+    context_features: int,
+    transformer: str,
+    transformer_kwargs: dict | None,
+    permutation: PermutationSpec,
+    lu_linear: bool,
+    batch_norm: bool,
+    residual: bool,
+    activation: ActivationSpec,
+    learnable_base: bool,
+    conditional_base: bool,
+    embedding: nn.Module | dict | None,
+    standardize: bool | Literal["diagonal", "full"],
+    bounds: tuple[Sequence[float], Sequence[float]] | None,
+    seed: int,
+    base_context: Literal["embedded", "raw"],) -> Flow:
+    """The stack both builders make, its layers in ``direction``; the arguments are those of
+    :func:`MAF` and :func:`IAF`, documented in :func:`MAF`."""
     # MADE checks hidden_features and residual; the rest is checked here.
     if torch.empty(0).device.type == "meta":
         raise RuntimeError(
@@ -235,36 +234,17 @@ def _stored_embedding(embedding: nn.Module | dict | None) -> dict | None:
     return embedding_config(embedding) if isinstance(embedding, nn.Module) else embedding
 
 
-def _builder(direction: Direction, name: str, doc: str) -> Callable[..., Flow]:
-    """A public builder: :func:`_autoregressive_flow` with ``direction`` fixed, named ``name``
-    and documented by ``doc``. Its signature is that of :func:`_autoregressive_flow` without
-    ``direction`` (typed, with the defaults), which ``help()``, the docs and
-    :func:`flowkit.checkpoint.register_model` read; written once for both builders."""
-
-    signature = inspect.signature(_autoregressive_flow)
-    public = signature.replace(parameters=list(signature.parameters.values())[1:])
-
-    def build(*args: Any, **kwargs: Any) -> Flow:
-        try:
-            bound = public.bind(*args, **kwargs)
-        except TypeError as e:  # an unknown or missing argument, named as the caller wrote it
-            raise TypeError(f"{name}(): {e}") from None
-        return _autoregressive_flow(direction, *bound.args, **bound.kwargs)
-
-    build.__signature__ = public  # type: ignore[attr-defined]
-    build.__name__ = build.__qualname__ = name
-    build.__doc__ = doc
-    return register_model(
-        store={
-            "activation": activation_name,
-            "embedding": _stored_embedding,
-            "standardize": _stored_standardize,
-        },
-        # files saved before these arguments existed rebuild what they built then
-        added={"standardize": False, "lu_linear": False, "bounds": None},
-        version=3,
-        upgrade=_upgrade,
-    )(build)
+_REGISTRATION: dict[str, Any] = {
+    "store": {
+        "activation": activation_name,
+        "embedding": _stored_embedding,
+        "standardize": _stored_standardize,
+    },
+    # files saved before these arguments existed rebuild what they built then
+    "added": {"standardize": False, "lu_linear": False, "bounds": None},
+    "version": 3,
+}
+"""How :func:`MAF` and :func:`IAF` are registered for save/load (with :func:`_upgrade`)."""
 
 
 def _upgrade(kwargs: dict[str, Any], version: int) -> dict[str, Any]:
@@ -279,9 +259,27 @@ def _upgrade(kwargs: dict[str, Any], version: int) -> dict[str, Any]:
                                              **(kwargs.get("transformer_kwargs") or {})}}
 
 
-MAF = _builder(
-    "maf",
-    "MAF",
+@register_model(upgrade=_upgrade, **_REGISTRATION)
+def MAF(
+    features: int,
+    layers: int = 5,
+    hidden_features: Sequence[int] = (64, 64),
+    context_features: int = 0,
+    transformer: str = "affine",
+    transformer_kwargs: dict | None = None,
+    permutation: PermutationSpec = "reverse",
+    lu_linear: bool = False,
+    batch_norm: bool = False,
+    residual: bool = False,
+    activation: ActivationSpec = "relu",
+    learnable_base: bool = False,
+    conditional_base: bool = False,
+    embedding: nn.Module | dict | None = None,
+    standardize: bool | Literal["diagonal", "full"] = True,
+    bounds: tuple[Sequence[float], Sequence[float]] | None = None,
+    seed: int = 0,
+    base_context: Literal["embedded", "raw"] = "embedded",
+) -> Flow:
     """Masked Autoregressive Flow (Papamakarios et al. 2017): density in one pass per
     layer, sampling in ``D`` sequential steps per layer.
 
@@ -352,12 +350,34 @@ MAF = _builder(
         >>> flow = MAF(2, layers=3, hidden_features=(16, 16))
         >>> flow.log_prob(torch.randn(4, 2)).shape
         torch.Size([4])
-    """,
-)
+    """
+    return _autoregressive_flow(
+        "maf", features, layers, hidden_features, context_features, transformer,
+        transformer_kwargs, permutation, lu_linear, batch_norm, residual, activation,
+        learnable_base, conditional_base, embedding, standardize, bounds, seed, base_context,
+    )
 
-IAF = _builder(
-    "iaf",
-    "IAF",
+@register_model(upgrade=_upgrade, **_REGISTRATION)
+def IAF(
+    features: int,
+    layers: int = 5,
+    hidden_features: Sequence[int] = (64, 64),
+    context_features: int = 0,
+    transformer: str = "affine",
+    transformer_kwargs: dict | None = None,
+    permutation: PermutationSpec = "reverse",
+    lu_linear: bool = False,
+    batch_norm: bool = False,
+    residual: bool = False,
+    activation: ActivationSpec = "relu",
+    learnable_base: bool = False,
+    conditional_base: bool = False,
+    embedding: nn.Module | dict | None = None,
+    standardize: bool | Literal["diagonal", "full"] = True,
+    bounds: tuple[Sequence[float], Sequence[float]] | None = None,
+    seed: int = 0,
+    base_context: Literal["embedded", "raw"] = "embedded",
+) -> Flow:
     """Inverse Autoregressive Flow (Kingma et al. 2016): sampling and the density of its
     own samples in one pass per layer (:meth:`Flow.sample_and_log_prob`); the density of an
     outside point takes ``D`` sequential steps per layer. Arguments as :func:`MAF`.
@@ -368,5 +388,9 @@ IAF = _builder(
         >>> x, log_p = flow.sample_and_log_prob(4)
         >>> x.shape, log_p.shape
         (torch.Size([4, 2]), torch.Size([4]))
-    """,
-)
+    """
+    return _autoregressive_flow(
+        "iaf", features, layers, hidden_features, context_features, transformer,
+        transformer_kwargs, permutation, lu_linear, batch_norm, residual, activation,
+        learnable_base, conditional_base, embedding, standardize, bounds, seed, base_context,
+    )
