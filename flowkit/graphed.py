@@ -137,7 +137,7 @@ class GraphedSampler:
         module docstring)."""
         tensors = tuple((t.data_ptr(), t._version)
                         for t in [*self.model.parameters(), *self.model.buffers()])
-        masked = tuple(m._state() for m in self.model.modules() if isinstance(m, MaskedLinear))
+        masked = tuple(m.cache_key() for m in self.model.modules() if isinstance(m, MaskedLinear))
         return tensors, masked, tuple(map(id, cached(self.model)))
 
     def capture(self) -> None:

@@ -115,8 +115,10 @@ class _DiscreteMADE(nn.Module):
     def _reference(self) -> Tensor:
         return self.made.output.weight
 
-    def _check(self, x: object, name: str = "x") -> Tensor:
-        """``x`` checked (shape, dtype, values; errors name ``name``) and cast for the MADE."""
+    def check_data(self, x: object, name: str = "x") -> Tensor:
+        """``x`` checked (shape, dtype, values: binary, or category indices; errors name
+        ``name``) and cast for the MADE. :func:`flowkit.fit` calls it on the first batch of
+        its data and validation data, so that a wrong domain is named before training."""
         raise NotImplementedError
 
     def _context(self, context: object, rows: int) -> Tensor | None:
@@ -169,7 +171,7 @@ class _DiscreteMADE(nn.Module):
                 ``(N, C)``, one row per row of ``x``, or ``(C,)`` for every row; the model's
                 dtype and device, finite.
         """
-        x = self._check(x)
+        x = self.check_data(x)
         if isinstance(mask_ensemble, Tensor):
             raise TypeError(
                 "'mask_ensemble' should be None or an int, got a tensor; a context is passed "
@@ -254,7 +256,7 @@ class BernoulliMADE(_DiscreteMADE):
         )
         super().__init__(made)
 
-    def _check(self, x: object, name: str = "x") -> Tensor:
+    def check_data(self, x: object, name: str = "x") -> Tensor:
         ref = self._reference()
         x = check_features(name, x, self.features, ref, floating=False)
         if x.is_complex():
@@ -271,7 +273,7 @@ class BernoulliMADE(_DiscreteMADE):
     def logits(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         r"""Logits ``\ell`` of the conditionals, ``p(x_d = 1 | x_{<d}, c) = \sigma(\ell_d)``;
         ``x`` ``(N, D)`` -> ``(N, D)`` (``context`` as in :meth:`log_prob`)."""
-        x = self._check(x)
+        x = self.check_data(x)
         return self.made._forward(x, self._context(context, x.shape[0])).squeeze(-1)
 
     def _log_prob(self, x: Tensor, context: Tensor | None) -> Tensor:
@@ -371,7 +373,7 @@ class CategoricalMADE(_DiscreteMADE):
         super().__init__(made)
         self.classes = classes
 
-    def _check(self, x: object, name: str = "x") -> Tensor:
+    def check_data(self, x: object, name: str = "x") -> Tensor:
         x = check_features(name, x, self.features, self._reference(), floating=False)
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             raise TypeError(
@@ -392,7 +394,7 @@ class CategoricalMADE(_DiscreteMADE):
     def logits(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         r"""Unnormalized logits ``(N, D, K)`` of the conditionals ``p(x_d | x_{<d}, c)``
         (``context`` as in :meth:`log_prob`)."""
-        x = self._check(x)
+        x = self.check_data(x)
         return self.made._forward(self._one_hot()(x), self._context(context, x.shape[0]))
 
     def _log_prob(self, x: Tensor, context: Tensor | None) -> Tensor:

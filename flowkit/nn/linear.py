@@ -62,7 +62,7 @@ class MaskedLinear(nn.Linear):
         """Forget the cached ``W * M`` (needed only after writes through ``weight.data``)."""
         self._cache = None
 
-    def _state(self) -> tuple[int, ...] | None:
+    def cache_key(self) -> tuple[int, ...] | None:
         """What identifies the current ``W`` and ``M``: storage addresses, version counters and
         the number of ``torch.optim`` steps that updated ``W`` so far; None for tensors without
         storage (inside ``torch.func`` transforms), which are never cached."""
@@ -80,7 +80,7 @@ class MaskedLinear(nn.Linear):
         if torch.is_grad_enabled() and self.weight.requires_grad:
             self._cache = None
             return self.weight * self.mask
-        state = self._state()
+        state = self.cache_key()
         cache = self._cache
         if (
             cache is not None

@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from ..distributions.discrete import _DiscreteMADE
 from ..flows import Flow
 from ..transforms import BatchNorm
 from ..transforms.standardize import set_from_data, unset
@@ -72,7 +71,9 @@ def fit(
     Args:
         model: any ``nn.Module`` with ``log_prob(x) -> (N,)`` or ``log_prob(x, context) -> (N,)``
             (flows, discrete MADE models, your own). If it has a ``features`` attribute, data must
-            have shape ``(N, features)``; otherwise any ``(N, ...)`` its ``log_prob`` accepts.
+            have shape ``(N, features)``; otherwise any ``(N, ...)`` its ``log_prob`` accepts. If
+            it has a ``check_data(x, name)`` method (the discrete MADEs: binary values, category
+            indices), the first batch of ``data`` and of ``valid`` goes through it.
         data: the training data, one of
 
             * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` (a
@@ -417,8 +418,9 @@ def _check_first_batch(
         )
     if batch:  # (arrays were checked whole as they loaded)
         check_finite(name, x, context, batch=True)
-    if isinstance(model, _DiscreteMADE):
-        model._check(x, name)
+    check_data = getattr(model, "check_data", None)
+    if check_data is not None:  # a model that knows its data's domain (binary, categories)
+        check_data(x, name)
     was_training = model.training
     model.eval()
     try:
