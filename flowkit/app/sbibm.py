@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -34,6 +33,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from flowkit.checkpoint import write_bytes_atomic
 
 from .options import positive_int
 
@@ -370,11 +371,9 @@ def _reuse(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a temporary file renamed over it)."""
+    """Write ``text`` to ``path`` atomically, creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, text.encode())
 
 
 def _write(out: Path, results: list[dict], tasks: list[str], models: list[str]) -> dict:

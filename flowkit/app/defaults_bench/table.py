@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from flowkit.checkpoint import write_bytes_atomic
 
 __all__ = ["cell_path", "format_cell", "markdown_table", "read_cells", "summarize", "verdicts",
            "write_cell"]
@@ -26,11 +27,9 @@ def cell_path(folder: Path, task: str, model: str, seed: int) -> Path:
 
 
 def write_cell(path: Path, record: dict[str, Any]) -> None:
-    """Write ``record`` as JSON atomically (a temporary file renamed over ``path``)."""
+    """Write ``record`` as JSON atomically, creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_bytes_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
 
 
 def read_cells(
