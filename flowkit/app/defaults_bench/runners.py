@@ -55,32 +55,29 @@ class _Scored:
         return self.flow.log_prob(x) if c is None else self.flow.log_prob(x, c)
 
     def outside(self, x: torch.Tensor, c: torch.Tensor | None) -> float | None:
+        """Through the flow's transforms one by one (their public ``forward``), the largest
+        share of rows that a spline layer receives outside ``[-B, B]``; None without spline
+        layers. The layers read the standardized context (the benchmark's flows have no
+        embedding)."""
         from flowkit.transforms import MaskedAutoregressive, RationalQuadraticSpline
 
-        layers = [m for m in self.flow.modules() if isinstance(m, MaskedAutoregressive)
-                  and isinstance(m.transformer, RationalQuadraticSpline)]
-        if not layers:
+        def is_spline(t: object) -> bool:
+            return isinstance(t, MaskedAutoregressive) and isinstance(
+                t.transformer, RationalQuadraticSpline)
+
+        transforms = list(self.flow.transform.transforms)
+        if not any(map(is_spline, transforms)):
             return None
         shares: list[float] = []
-
-        def recording(module: MaskedAutoregressive) -> Callable:
-            run = module._forward  # what a Compose calls (so a forward hook would not fire)
-
-            def forward(x: torch.Tensor, context: torch.Tensor | None) -> Any:
-                bound = module.transformer.bound
-                shares.append(float((x.abs() > bound).any(dim=1).double().mean()))
-                return run(x, context)
-
-            return forward
-
-        for m in layers:
-            m._forward = recording(m)  # an instance attribute, removed below
-        try:
-            with torch.no_grad():
-                self(x, c)
-        finally:
-            for m in layers:
-                del m._forward
+        with torch.no_grad():
+            h = c
+            if c is not None and self.flow.standardize_context is not None:
+                h = self.flow.standardize_context(c)[0]
+            for t in transforms:
+                if is_spline(t):
+                    bound = t.transformer.bound
+                    shares.append(float((x.abs() > bound).any(dim=1).double().mean()))
+                x = t(x, h if getattr(t, "context_features", 0) else None)[0]
         return max(shares)
 
 
