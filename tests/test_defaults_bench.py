@@ -5,6 +5,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from flowkit.app import cli
 from flowkit.app.defaults_bench.suite import make_tasks
@@ -99,3 +100,29 @@ def test_options_given_win_over_quick():
     full = _settings(parser.parse_args(["bench-defaults", "--out", "o"]))
     assert (full.steps, full.target_steps, full.n_train, full.valid_every) == (3000, 3000, 10000,
                                                                               None)
+
+
+def test_flow_and_fit_options_reach_the_flowkit_cells_and_are_recorded(tmp_path, capsys):
+    base = ["bench-defaults", "--quick", "--tasks", "moons:own", "--models", "flowkit-spline",
+            "--quiet"]
+    assert cli.main([*base, "--out", str(tmp_path / "a")]) == 0
+    options = ["--flow-options", '{"layers": 1, "hidden_features": [8]}',
+               "--fit-options", '{"lr": 0.01}']
+    assert cli.main([*base, *options, "--out", str(tmp_path / "b")]) == 0
+    cell = "cells/seed0/moons_own__flowkit-spline.json"
+    plain = json.loads((tmp_path / "a" / cell).read_text())
+    varied = json.loads((tmp_path / "b" / cell).read_text())
+    assert "flow_options" not in plain["settings"]
+    assert varied["settings"]["flow_options"] == {"layers": 1, "hidden_features": [8]}
+    assert varied["settings"]["fit_options"] == {"lr": 0.01}
+    assert varied["nll"] != plain["nll"]
+    capsys.readouterr()
+    # the cells of one run are not taken for another's
+    assert cli.main([*base, "--out", str(tmp_path / "b")]) == 2
+    assert "--flow-options" in capsys.readouterr().err
+    # not a JSON object; a keyword the benchmark sets itself
+    with pytest.raises(SystemExit):
+        cli.main([*base, "--flow-options", "[1]", "--out", str(tmp_path / "c")])
+    assert "argument --flow-options: should be a JSON object" in capsys.readouterr().err
+    assert cli.main([*base, "--fit-options", '{"steps": 5}', "--out", str(tmp_path / "c")]) == 2
+    assert "'--fit-options' sets steps, which the benchmark sets" in capsys.readouterr().err

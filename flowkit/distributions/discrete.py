@@ -77,9 +77,9 @@ def _first_bad(x: Tensor, good: Tensor) -> str:
 
 class _DiscreteMADE(nn.Module):
     """What the Bernoulli and categorical models share: the MADE, its mask sets,
-    the mask ensemble and the checks. Subclasses define :meth:`_check` and :meth:`_log_prob`;
-    :func:`flowkit.fit` calls ``_check(data, "data")`` on a whole training array before the
-    first step."""
+    the mask ensemble and the checks. Subclasses define :meth:`check_data` and
+    :meth:`_log_prob`; :func:`flowkit.fit` calls ``check_data(data, "data")`` on a whole
+    training array before the first step."""
 
     made: MADE
 
@@ -93,6 +93,11 @@ class _DiscreteMADE(nn.Module):
     def num_masks(self) -> int:
         """Number of mask sets."""
         return self.made.num_masks
+
+    @property
+    def mask_set_index(self) -> int:
+        """Index of the active mask set."""
+        return self.made.mask_set_index
 
     @property
     def order(self) -> Tensor:

@@ -45,6 +45,7 @@ from the cells of the seeds run (--table-only: from every cell, without fitting)
 
 examples:
   flowkit bench-defaults --out runs/defaults
+  flowkit bench-defaults --models flowkit-spline --flow-options '{"layers": 8}' --out runs/l8
   flowkit bench-defaults --quick --out runs/defaults-quick       # seconds: a smoke test
   flowkit bench-defaults --tasks iris:raw iris:std --models flowkit-maf gmm --out runs/d
 """
@@ -60,6 +61,8 @@ from typing import Any
 
 import torch
 from threadpoolctl import threadpool_limits
+
+from flowkit.checkpoint import write_bytes_atomic
 
 from .runners import MODELS, cell, settings, target
 from .suite import Task, make_tasks
@@ -116,8 +119,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--patience", type=int, default=100,
                         help="validations without a new best after which a flow stops, the "
                         "same for every library; 0: never (default: %(default)s)")
+    parser.add_argument("--flow-options", type=_json_object, default={},
+                        metavar="JSON", help="keyword arguments of flowkit.MAF for the "
+                        "flowkit-maf and flowkit-spline cells, e.g. '{\"layers\": 8}' (not the "
+                        "checkerboard target, which measures the defaults; default: none)")
+    parser.add_argument("--fit-options", type=_json_object, default={},
+                        metavar="JSON", help="keyword arguments of flowkit.fit for those cells, "
+                        "e.g. '{\"lr\": 0.001}' (default: none)")
     parser.add_argument("--table-only", action="store_true",
                         help="rebuild OUT/table.md from the cells in OUT/cells, fit nothing")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object (keyword arguments); argparse names the option."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"should be a JSON object: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"should be a JSON object such as '{{\"layers\": 8}}', got {text!r}")
+    return value
 
 
 def _settings(args: argparse.Namespace) -> argparse.Namespace:
@@ -183,7 +205,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     text += f"\nhardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
     text += f"visible, {args.threads} thread(s); torch {torch.__version__}\n"
     print(text, flush=True)
-    Path(args.out, "table.md").write_text(text)
+    write_bytes_atomic(Path(args.out, "table.md"), text.encode())
     return {"cells": cells, "table": text}
 
 

@@ -81,6 +81,25 @@ class _Scored:
         return max(shares)
 
 
+_SET_BY_THE_BENCHMARK = {
+    "--flow-options": ("features", "context_features", "transformer"),
+    "--fit-options": ("valid", "steps", "batch_size", "valid_every", "early_stopping_patience",
+                      "restore_best", "seed", "device", "progress"),
+}
+
+
+def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--flow-options`` and ``--fit-options`` (empty when not given), refusing the keywords
+    the benchmark sets itself (its budget and stopping rule are options of their own)."""
+    given = {"--flow-options": vars(args).get("flow_options") or {},
+             "--fit-options": vars(args).get("fit_options") or {}}
+    for option, keys in _SET_BY_THE_BENCHMARK.items():
+        if taken := sorted(set(given[option]) & set(keys)):
+            raise ValueError(f"'{option}' sets {', '.join(taken)}, which the benchmark sets "
+                             "(use --models, --steps, --batch-size, --patience, ...)")
+    return given["--flow-options"], given["--fit-options"]
+
+
 def _batch_size(rows: int, args: argparse.Namespace) -> int:
     """Every flow's batch size: ``--batch-size`` capped by the training rows, or by default
     the one :func:`flowkit.fit` chooses for them."""
@@ -94,13 +113,14 @@ def _fit_flowkit(task: Task, transformer: str, steps: int, seed: int,
     ``--patience`` validations without a new best and ends with the best weights."""
     x, c = _tensors(task, 0)
     torch.manual_seed(seed)
+    flow_options, fit_options = _options(args)
     flow = flowkit.MAF(x.shape[1], context_features=0 if c is None else c.shape[1],
-                       transformer=transformer)
+                       transformer=transformer, **flow_options)
     try:
         flowkit.fit(flow, _pair(x, c), valid=_pair(*_tensors(task, 1)), steps=steps,
                     batch_size=_batch_size(len(x), args), valid_every=args.valid_every,
                     early_stopping_patience=args.patience or None, restore_best=True,
-                    seed=seed, device="cpu", progress=False)
+                    seed=seed, device="cpu", progress=False, **fit_options)
     except (NonFiniteLossError, DivergenceError) as e:
         # fit left the model with its best validation's weights: scored as zuko's side is
         return _Scored(flow, f"{type(e).__name__} at step {e.step}")
@@ -200,6 +220,10 @@ def settings(task: Task | None, model: str, args: argparse.Namespace) -> dict[st
         out |= {"steps": args.real_steps if task.real else args.steps,
                 "batch_size": args.batch_size, "patience": args.patience,
                 "valid_every": args.valid_every}
+    if model.startswith("flowkit-"):  # recorded when given (earlier cells have neither)
+        flow_options, fit_options = _options(args)
+        out |= {k: v for k, v in (("flow_options", flow_options),
+                                  ("fit_options", fit_options)) if v}
     return out
 
 
