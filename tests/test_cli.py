@@ -129,3 +129,35 @@ def test_options_with_a_default_have_help_text(command):
     for action in sub.choices[command]._actions:
         if action.option_strings and action.default not in (None, False, cli.argparse.SUPPRESS):
             assert action.help, action.option_strings
+
+
+TRAINING = ["fit", "toy", "energy", "mnist", "mnist-eval", "vae", "rl", "sklearn-compare"]
+"""The commands with ``--threads`` from :func:`flowkit.app.common.add_threads_option`."""
+
+
+def _given(command: str) -> list[str]:
+    """What ``command`` needs besides its options (mnist-eval: a model file)."""
+    return [command, "model.pt"] if command == "mnist-eval" else [command]
+
+
+@pytest.mark.parametrize("command", TRAINING)
+def test_threads_is_one_option_applied_before_any_work(command, tmp_path, capsys, monkeypatch):
+    import torch
+
+    text = " ".join(_help(command, capsys).split())
+    assert "--threads N CPU threads for torch" in text
+    calls = []
+
+    def record(n):
+        calls.append(n)
+        raise ValueError("stopped at set_num_threads")
+
+    monkeypatch.setattr(torch, "set_num_threads", record)
+    out = tmp_path / "out"
+    assert cli.main([*_given(command), "--threads", "3", "--device", "cpu", "--out", str(out)]) == 2
+    assert calls == [3]
+    assert "stopped at set_num_threads" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*_given(command), "--threads", "0", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert "argument --threads: should be an integer >= 1, got '0'" in capsys.readouterr().err

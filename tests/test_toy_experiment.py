@@ -29,7 +29,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """One CPU thread, as the commands use (see use_one_cpu_thread); restored afterwards."""
+    """One CPU thread, as the commands use (their default --threads 1); restored afterwards."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

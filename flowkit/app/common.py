@@ -1,6 +1,7 @@
 """Small helpers shared by the experiments: a mean with its standard error, a plain MLP, the
 refusal to replace an earlier run, the spelling of library arguments as command options, the
-options of a recipe trained by epochs and the minimums of integer options, a Markdown table."""
+options of a recipe trained by epochs, ``--threads`` and the minimums of integer options, a
+Markdown table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from flowkit.validation import Mention, WordedError, python_spelling
@@ -19,6 +21,7 @@ from .options import positive_float, positive_int
 
 __all__ = [
     "add_epoch_options",
+    "add_threads_option",
     "as_options",
     "check_minimums",
     "check_same_settings",
@@ -26,6 +29,7 @@ __all__ = [
     "mean_se",
     "mlp",
     "refuse_to_replace",
+    "use_threads",
 ]
 
 
@@ -197,6 +201,37 @@ def add_epoch_options(
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate")
     parser.add_argument("--schedule", choices=["constant", "cosine"], default=schedule,
                         help="learning-rate schedule over the steps of the run")
+
+
+def add_threads_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    default: int | None = None,
+    also: str = "",
+    why: str = "",
+) -> None:
+    """Add ``--threads N``, the CPU threads of torch (an integer >= 1), the same in every
+    training command; the command applies it with :func:`use_threads` before any work.
+
+    Args:
+        parser: the parser or argument group to add it to.
+        default: the default of ``--threads``; None keeps torch's default.
+        also: what else the option limits, e.g. ``"numpy's BLAS"``.
+        why: the reason for the default, shown after it.
+    """
+    shown = "torch's default" if default is None else str(default)
+    parser.add_argument(
+        "--threads", type=positive_int, default=default, metavar="N",
+        help=f"CPU threads for torch{f' and {also}' if also else ''} (default: {shown})"
+             f"{f'; {why}' if why else ''}",
+    )
+
+
+def use_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)``: the option of :func:`add_threads_option`; None keeps
+    torch's default."""
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def markdown_table(

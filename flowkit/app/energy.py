@@ -47,7 +47,7 @@ from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit_reverse_kl, resolve_device
 
-from .common import mean_se
+from .common import mean_se, use_threads
 from .experiment2d import (
     QUICK,
     FlowSettings,
@@ -61,7 +61,6 @@ from .experiment2d import (
     run_label,
     settings_from_args,
     timed,
-    use_one_cpu_thread,
 )
 from .options import positive_float
 
@@ -254,7 +253,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from_args(args, ENERGY_SETTINGS, replace(QUICK, bound=6.0))
-    use_one_cpu_thread(args.device)
+    use_threads(args.threads)
     refuse_to_replace_gallery(args.out, args.energies, args.flows, args.transformer)
     metrics = run_energy(
         args.energies,

@@ -16,9 +16,9 @@ import torch
 from flowkit.checkpoint import save_model, write_bytes_atomic
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.plot import Panel, loss_figure, panel_figure, save_figure
-from flowkit.train import History, resolve_device
+from flowkit.train import History
 
-from .common import refuse_to_replace
+from .common import add_threads_option, refuse_to_replace
 from .options import positive_float, positive_int
 
 FLOWS = {"maf": MAF, "iaf": IAF}
@@ -286,8 +286,9 @@ def names(allowed: Sequence[str]) -> Callable[[str], list[str]]:
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettings) -> None:
-    """One option per :class:`FlowSettings` field (``--batch-size`` for ``batch_size``...).
-    Options left out stay None, so that :func:`settings_from_args` can tell them apart."""
+    """One option per :class:`FlowSettings` field (``--batch-size`` for ``batch_size``...),
+    then ``--quick`` and ``--threads`` (default 1). Options of the fields left out stay None, so
+    that :func:`settings_from_args` can tell them apart."""
     group = parser.add_argument_group("model and training")
     for f in fields(FlowSettings):
         flag, default = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
@@ -312,6 +313,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettin
         help="tiny models, few steps: seconds, for smoke tests; the options above, when given, "
         "win",
     )
+    # on a shared machine the busy-waiting of a second thread made training several times slower
+    add_threads_option(parser, default=1,
+                       why="the 2-D models are tiny: more threads only add synchronisation")
 
 
 def settings_from_args(
@@ -325,14 +329,6 @@ def settings_from_args(
     if given.get("lr_schedule") == "none":
         given["lr_schedule"] = None
     return replace(quick if args.quick else defaults, **given)
-
-
-def use_one_cpu_thread(device: str) -> None:
-    """Run on one CPU thread when computing on the CPU. The 2-D models are tiny: a second
-    thread only adds synchronisation, and on a shared machine its busy-waiting made training
-    several times slower."""
-    if resolve_device(device).type == "cpu":
-        torch.set_num_threads(1)
 
 
 def add_flow_arguments(group: argparse._ArgumentGroup, flows: list[str], note: str = "") -> None:

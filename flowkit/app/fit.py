@@ -55,7 +55,7 @@ from flowkit.train import (
     is_main_process,
 )
 
-from .common import as_options
+from .common import add_threads_option, as_options, use_threads
 from .fit_data import load_file, load_toy
 from .options import positive_int
 
@@ -212,14 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-every", type=int, default=500, metavar="STEPS", help="(default: 500)"
     )
     train.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
-    train.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="CPU threads for torch (default: torch's default); 1 is often fastest for small "
-        "models on a busy machine",
-    )
+    add_threads_option(train, why="1 is often fastest for small models on a busy machine")
 
 
 RUN_OPTIONS = {
@@ -278,10 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import flowkit
     from flowkit.data import TOY_DATASETS, has_exact_density, toy_entropy
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"'--threads' should be a positive integer, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     typed = {name: getattr(args, name) for name in RUN_OPTIONS}
     if args.data in TOY_DATASETS:
         if args.context is not None or args.key is not None:

@@ -35,10 +35,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from flowkit.app.common import (
     add_epoch_options,
+    add_threads_option,
     as_options,
     check_minimums,
     check_same_settings,
     refuse_to_replace,
+    use_threads,
 )
 from flowkit.app.mnist_eval import (
     describe,
@@ -152,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help=f"write OUT/{CHECKPOINT_NAME} every E epochs and at the end (default: "
                            "1; a large model's checkpoint, with Adam's state, can take longer "
                            "to write than an epoch on a GPU)")
-    run_.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
+    add_threads_option(run_)
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
@@ -318,8 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(
             f"'--ensemble' should be at most --masks ({args.masks}), got {args.ensemble}"
         )
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     device = resolve_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

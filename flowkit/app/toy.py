@@ -44,7 +44,7 @@ from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit, resolve_device
 
-from .common import mean_se, refuse_to_replace
+from .common import mean_se, refuse_to_replace, use_threads
 from .experiment2d import (
     QUICK,
     FlowSettings,
@@ -58,7 +58,6 @@ from .experiment2d import (
     run_label,
     settings_from_args,
     timed,
-    use_one_cpu_thread,
 )
 from .toy_sweep import SWEEP_LRS, robustness_sweep, sweep_table
 
@@ -261,7 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from_args(args, FlowSettings(), QUICK)
-    use_one_cpu_thread(args.device)
+    use_threads(args.threads)
     if args.sweep:
         refuse_to_replace(args.out / "sweep.md", False, resumable=False)
         records = robustness_sweep(
