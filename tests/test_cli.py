@@ -161,3 +161,33 @@ def test_threads_is_one_option_applied_before_any_work(command, tmp_path, capsys
         cli.main([*_given(command), "--threads", "0", "--out", str(out)])
     assert exit_info.value.code == 2
     assert "argument --threads: should be an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def _parse(argv: list[str]):
+    return cli.build_parser(argv[0]).parse_args(argv)
+
+
+@pytest.mark.parametrize("command", ["fit", "toy", "energy", "mnist", "vae"])
+def test_the_learning_rate_schedule_is_lr_schedule_in_every_command(command, capsys):
+    text = _help(command, capsys)
+    assert "--lr-schedule" in text and "--schedule" not in text.replace("--lr-schedule", "")
+    assert _parse([command, "--lr-schedule", "cosine"]).lr_schedule == "cosine"
+
+
+@pytest.mark.parametrize("command", ["mnist", "vae"])
+def test_schedule_is_still_read_as_lr_schedule(command):
+    assert _parse([command]).lr_schedule == ("constant" if command == "mnist" else "cosine")
+    assert _parse([command, "--schedule", "cosine"]).lr_schedule == "cosine"
+    assert _parse([command, "--schedule", "constant"]).lr_schedule == "constant"
+
+
+def test_settings_saved_with_the_former_name_schedule_are_checked_on_resume(tmp_path):
+    from flowkit.app.common import check_same_settings
+
+    saved = {"lr": 0.001, "schedule": "constant", "epochs": 2}
+    now = {"lr": 0.001, "lr_schedule": "constant", "epochs": 3}
+    check_same_settings(saved, now, ("lr", "lr_schedule"), tmp_path)  # same: no error
+    with pytest.raises(ValueError, match="'--lr-schedule' is 'cosine' but the run in .* used "
+                                         "'constant'"):
+        check_same_settings(saved, {**now, "lr_schedule": "cosine"}, ("lr", "lr_schedule"),
+                            tmp_path)

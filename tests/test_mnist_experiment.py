@@ -86,7 +86,7 @@ def test_the_recipe_is_fit_with_callbacks(data, tmp_path):
             return mnist.evaluate(m, torch.from_numpy(images["valid"])).mean().item()
 
     fit(model, loader, valid=valid, epochs=2, restore_best=True, seed=0, device="cpu",
-        lr=1e-3, lr_schedule=None,  # the command's --lr and --schedule defaults
+        lr=1e-3, lr_schedule=None,  # the command's --lr and --lr-schedule defaults
         optimizer=functools.partial(torch.optim.AdamW, weight_decay=0.0, fused=True),
         progress=False,
         callbacks=Callbacks(after_step=lambda p: p.model.next_mask()))

@@ -87,10 +87,13 @@ def check_same_settings(
 ) -> None:
     """Refuse to continue the run in ``where``, whose options were ``saved``, with options
     ``now`` that differ in a ``fixed`` one (named as its option, the first that differs), or
-    with fewer ``epochs`` than it was started for. With a learning-rate ``schedule`` other
+    with fewer ``epochs`` than it was started for. With a learning-rate ``lr_schedule`` other
     than ``"constant"``, ``epochs`` is fixed too (the schedule was built for the run's
-    length)."""
-    if now.get("schedule", "constant") != "constant":
+    length). Settings saved before ``--schedule`` was renamed ``--lr-schedule`` name it
+    ``schedule``: it is read as ``lr_schedule``."""
+    if "schedule" in saved:
+        saved = {"lr_schedule": saved["schedule"], **saved}
+    if now.get("lr_schedule", "constant") != "constant":
         fixed = (*fixed, "epochs")
     for key in fixed:
         if saved.get(key) != now.get(key):
@@ -179,13 +182,14 @@ def add_epoch_options(
     schedule: str,
     quick_epochs: int | None = None,
 ) -> None:
-    """Add ``--epochs``, ``--batch-size``, ``--lr`` and ``--schedule``, the options of a recipe
-    that trains on images by epochs with Adam (``flowkit mnist``, ``flowkit vae``).
+    """Add ``--epochs``, ``--batch-size``, ``--lr`` and ``--lr-schedule``, the options of a
+    recipe that trains on images by epochs with Adam (``flowkit mnist``, ``flowkit vae``).
+    ``--schedule``, its former name, still works and is not shown in the help.
 
     Args:
         parser: the parser or argument group to add them to.
         epochs: the default of ``--epochs``.
-        schedule: the default of ``--schedule``, ``"constant"`` or ``"cosine"``.
+        schedule: the default of ``--lr-schedule``, ``"constant"`` or ``"cosine"``.
         quick_epochs: for a command with ``--quick``, its number of epochs: ``--epochs`` is
             then None unless given (the command picks ``epochs`` or ``quick_epochs``).
     """
@@ -199,8 +203,10 @@ def add_epoch_options(
     parser.add_argument("--batch-size", type=positive_int, default=100,
                         help="images per optimizer step")
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate")
-    parser.add_argument("--schedule", choices=["constant", "cosine"], default=schedule,
+    parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default=schedule,
                         help="learning-rate schedule over the steps of the run")
+    parser.add_argument("--schedule", choices=["constant", "cosine"], dest="lr_schedule",
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # the former name
 
 
 def add_threads_option(

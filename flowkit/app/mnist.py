@@ -66,7 +66,7 @@ SETTINGS_NAME = "settings.json"
 
 # Settings that a resumed run must share with the run it continues.
 _FIXED_ON_RESUME = (
-    "hidden", "masks", "order", "residual", "direct", "seed", "batch_size", "lr", "schedule",
+    "hidden", "masks", "order", "residual", "direct", "seed", "batch_size", "lr", "lr_schedule",
     "weight_decay", "subset", "data",
 )
 
@@ -360,7 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 model, loader, valid=report.validate, epochs=args.epochs,
                 early_stopping_patience=args.patience, restore_best=True, lr=args.lr,
                 optimizer="adamw", weight_decay=args.weight_decay,
-                lr_schedule="cosine" if args.schedule == "cosine" else None, seed=args.seed,
+                lr_schedule="cosine" if args.lr_schedule == "cosine" else None, seed=args.seed,
                 device=device, checkpoint_dir=out,
                 checkpoint_every=args.checkpoint_every * steps_per_epoch, resume=args.resume,
                 progress=not args.quiet, callbacks=report.callbacks(),

@@ -87,7 +87,7 @@ SETTINGS_NAME = "settings.json"
 """The options of a run (``OUT/settings.json``): ``--resume`` checks them."""
 
 _FIXED_ON_RESUME = ("quick", "latent", "hidden", "flow_layers", "flow_hidden", "context",
-                    "batch_size", "lr", "schedule", "seed")
+                    "batch_size", "lr", "lr_schedule", "seed")
 """Options (as ``args`` names) that a resumed run must share with the run it continues; with
 the cosine schedule, ``epochs`` too (:func:`~flowkit.app.common.check_same_settings`)."""
 
@@ -254,8 +254,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         history = train(
             vae, x_train, x_valid, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
-            lr_schedule=None if args.schedule == "constant" else args.schedule, seed=args.seed,
-            device=device, checkpoint_dir=out / name, resume=args.resume,
+            lr_schedule=None if args.lr_schedule == "constant" else args.lr_schedule,
+            seed=args.seed, device=device, checkpoint_dir=out / name, resume=args.resume,
             progress=not args.quiet,
             callbacks=Callbacks(after_epoch=functools.partial(_log_epoch, out / name / "log.txt")),
         )
