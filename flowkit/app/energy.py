@@ -19,7 +19,7 @@ A rerun into an --out that holds these results is refused: pick another --out.
 
 examples:
   flowkit energy --out runs/energy                  (U1-U4, IAF spline)
-  flowkit energy --energies U3,U4 --transformer affine,spline --out runs/energy-affine
+  flowkit energy --energies U3 U4 --transformer affine spline --out runs/energy-affine
   flowkit energy --quick --out runs/energy-quick    (seconds)
 """
 

@@ -270,21 +270,6 @@ def write_figures(
     return paths
 
 
-def names(allowed: Sequence[str]) -> Callable[[str], list[str]]:
-    """An ``argparse`` type: comma-separated names, each one of ``allowed``. A bad value is
-    reported by argparse with the option the user typed (``argument --transformer: ...``)."""
-
-    def parse(text: str) -> list[str]:
-        values = [t.strip() for t in text.split(",") if t.strip()]
-        if not values or any(v not in allowed for v in values):
-            raise argparse.ArgumentTypeError(
-                f"should be comma-separated names from {','.join(allowed)}, got {text!r}"
-            )
-        return values
-
-    return parse
-
-
 def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettings) -> None:
     """One option per :class:`FlowSettings` field (``--batch-size`` for ``batch_size``...),
     then ``--quick`` and ``--threads`` (default 1). Options of the fields left out stay None, so
@@ -331,21 +316,17 @@ def settings_from_args(
     return replace(quick if args.quick else defaults, **given)
 
 
-def add_flow_arguments(group: argparse._ArgumentGroup, flows: list[str], note: str = "") -> None:
-    """``--flows`` (default ``flows``) and ``--transformer`` (default spline)."""
+def add_names_option(
+    group: argparse._ArgumentGroup, option: str, allowed: Sequence[str], default: list[str],
+    *, what: str = "", note: str = "",
+) -> None:
+    """``--<option> NAME [NAME ...]``: one or more of ``allowed``, space-separated like the
+    lists of the other commands (``sklearn-compare --datasets``, ``vae --variants``); argparse
+    refuses any other name, naming the option. ``what`` starts the help, ``note`` follows the
+    default."""
     group.add_argument(
-        "--flows",
-        type=names(tuple(FLOWS)),
-        default=flows,
-        metavar=",".join(flows + [f for f in FLOWS if f not in flows]),
-        help=f"one or both (default: {','.join(flows)}{note})",
-    )
-    group.add_argument(
-        "--transformer",
-        type=names(TRANSFORMERS),
-        default=["spline"],
-        metavar="affine,spline",
-        help="elementwise map of the layers, one or both (default: spline)",
+        f"--{option}", nargs="+", choices=allowed, default=default, metavar="NAME",
+        help=f"{what}one or more of {', '.join(allowed)} (default: {' '.join(default)}{note})",
     )
 
 
@@ -353,15 +334,12 @@ def add_target_arguments(
     parser: argparse.ArgumentParser, option: str, allowed: Sequence[str], flows: list[str],
     note: str = "",
 ) -> argparse._ArgumentGroup:
-    """The group "what to fit": ``--<option>`` (comma-separated names from ``allowed``, default
-    all of them), ``--flows`` and ``--transformer`` (:func:`add_flow_arguments`); returns it."""
+    """The group "what to fit": ``--<option>`` (names from ``allowed``, default all of them),
+    ``--flows`` (default ``flows``; ``note`` follows it in the help) and ``--transformer``
+    (default spline), each a space-separated list (:func:`add_names_option`); returns it."""
     what = parser.add_argument_group("what to fit")
-    what.add_argument(
-        f"--{option}",
-        type=names(allowed),
-        default=list(allowed),
-        metavar="NAMES",
-        help=f"comma-separated (default: all: {','.join(allowed)})",
-    )
-    add_flow_arguments(what, flows, note)
+    add_names_option(what, option, allowed, list(allowed))
+    add_names_option(what, "flows", tuple(FLOWS), flows, note=note)
+    add_names_option(what, "transformer", TRANSFORMERS, ["spline"],
+                     what="elementwise map of the layers: ")
     return what

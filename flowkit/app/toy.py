@@ -19,8 +19,8 @@ examples:
   flowkit toy --datasets moons --flows maf --out runs/demo
   flowkit toy --out runs/toy                  (all 8 datasets, MAF spline: a few minutes)
   flowkit toy --quick --out runs/toy-quick    (seconds: the CI smoke test)
-  flowkit toy --flows maf,iaf --transformer affine,spline --out runs/toy-all
-  flowkit toy --sweep --flows maf,iaf --transformer affine,spline --steps 150 --out runs/sweep
+  flowkit toy --flows maf iaf --transformer affine spline --out runs/toy-all
+  flowkit toy --sweep --flows maf iaf --transformer affine spline --steps 150 --out runs/sweep
 The commands behind every table of docs/toy.md are listed there.
 """
 
