@@ -191,3 +191,11 @@ def test_settings_saved_with_the_former_name_schedule_are_checked_on_resume(tmp_
                                          "'constant'"):
         check_same_settings(saved, {**now, "lr_schedule": "cosine"}, ("lr", "lr_schedule"),
                             tmp_path)
+
+
+def test_mnist_eval_help_says_that_out_receives_only_metrics_json(capsys):
+    text = " ".join(_help("mnist-eval", capsys).split())
+    assert "Writes only metrics.json to --out" in text
+    out = text.split("--out OUT ")[1]
+    assert out.startswith("output folder: metrics.json and the files the command writes")
+    assert "figures" not in out.split("(default")[0]

@@ -134,8 +134,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--out",
         type=Path,
         default=None,
-        help=f"output folder for figures, checkpoint and metrics.json "
-        f"(default: runs/{command}-<date>-<time>)",
+        help=f"output folder: metrics.json and the files the command writes (see its "
+        f"description) (default: runs/{command}-<date>-<time>)",
     )
     common.add_argument("--quiet", action="store_true", help="no progress bars")
 
