@@ -199,3 +199,36 @@ def test_mnist_eval_help_says_that_out_receives_only_metrics_json(capsys):
     out = text.split("--out OUT ")[1]
     assert out.startswith("output folder: metrics.json and the files the command writes")
     assert "figures" not in out.split("(default")[0]
+
+
+def test_warnings_are_one_line_without_source_path_while_the_command_runs(tmp_path, capsys):
+    import warnings
+
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(200, 3))
+    x[:, 2] = 1.0  # a constant column: fit warns with a DataWarning
+    np.save(tmp_path / "x.npy", x)
+    shown = warnings.showwarning
+    argv = ["fit", "--data", str(tmp_path / "x.npy"), "--steps", "2", "--quiet", "--threads", "1",
+            "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "DataWarning" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith("flowkit fit: warning: DataWarning: 'data', column 2, holds a ")
+    assert ".py:" not in lines[0]
+    assert warnings.showwarning is shown  # the process's own way is back after the command
+
+
+def test_a_multi_line_warning_is_one_line(tmp_path, capsys, monkeypatch):
+    import warnings
+
+    from flowkit.app import fit
+
+    def warns(args):
+        warnings.warn("first\n  second", RuntimeWarning, stacklevel=1)
+        return {}
+
+    monkeypatch.setattr(fit, "run", warns)
+    assert cli.main(["fit", "--out", str(tmp_path / "run")]) == 0
+    assert capsys.readouterr().err == "flowkit fit: warning: RuntimeWarning: first second\n"
