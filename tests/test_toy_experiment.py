@@ -278,10 +278,22 @@ def test_a_rerun_does_not_replace_the_results(tmp_path, capsys, command, target)
 
 @pytest.mark.parametrize("option, value", [
     ("--eval-samples", "0"), ("--plot-samples", "0"), ("--batch-size", "0"), ("--hidden", "0"),
-    ("--steps", "0"), ("--lr", "nan"), ("--bound", "-1"),
+    ("--steps", "0"), ("--lr", "nan"), ("--bound", "-1"), ("--threads", "0"),
 ])
 def test_bad_numbers_are_refused_naming_the_option(tmp_path, capsys, option, value):
     with pytest.raises(SystemExit) as exit_info:
         main(["toy", "--quick", option, value, "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
     assert f"argument {option}: should be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["toy", "energy"])
+@pytest.mark.parametrize("value", ["1", "7"])
+def test_a_resolution_too_coarse_to_show_a_density_is_refused(tmp_path, capsys, command, value):
+    """``--resolution 1`` drew a blank panel: one cell, one colour (review 11)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--quick", "--resolution", value, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"argument --resolution: should be an integer >= 8, got '{value}'" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
