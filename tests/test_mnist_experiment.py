@@ -58,6 +58,18 @@ def test_two_epochs_write_every_output_and_report_nll(data, tmp_path):
     assert isinstance(model, BernoulliMADE) and model.num_masks == 2
 
 
+def test_the_first_line_of_the_log_counts_in_words(data, tmp_path):
+    """It said "a run of 1 epochs ... 1 threads" (review 11)."""
+    threads = torch.get_num_threads()
+    try:
+        train(data, tmp_path / "run", "--epochs", "1", "--threads", "1")
+    finally:
+        torch.set_num_threads(threads)
+    first = (tmp_path / "run" / "log.txt").read_text().splitlines()[0]
+    assert first.startswith("starting a run of 1 epoch: 500 train / 100 valid images on cpu, "
+                            "1 thread; ")
+
+
 def test_resumed_run_ends_with_the_same_weights(data, tmp_path):
     train(data, tmp_path / "whole", "--epochs", "3")
     train(data, tmp_path / "split", "--epochs", "1")

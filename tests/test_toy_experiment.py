@@ -297,3 +297,12 @@ def test_a_resolution_too_coarse_to_show_a_density_is_refused(tmp_path, capsys, 
     assert f"argument --resolution: should be an integer >= 8, got '{value}'" in (
         capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
+
+
+def test_one_run_is_one_run(tmp_path, capsys):
+    """It printed "1 runs in 13.2 s" (review 11)."""
+    argv = ["toy", "--quick", "--quiet", "--device", "cpu", "--out", str(tmp_path / "out"),
+            "--datasets", "moons", "--steps", "2", "--eval-samples", "200", "--plot-samples",
+            "100", "--resolution", "8"]
+    assert main(argv) == 0
+    assert "\n1 run in " in capsys.readouterr().out

@@ -25,6 +25,7 @@ __all__ = [
     "as_options",
     "check_minimums",
     "check_same_settings",
+    "count",
     "markdown_table",
     "mean_se",
     "mlp",
@@ -53,6 +54,16 @@ def mean_se(values: Tensor) -> tuple[float, float]:
     n = values.numel()
     se = values.std().item() / math.sqrt(n) if n > 1 else math.nan
     return values.mean().item(), se
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, with an ``s`` unless ``n`` is 1 (for nouns whose plural adds one).
+
+    Example:
+        >>> count(1, "run"), count(8, "run")
+        ('1 run', '8 runs')
+    """
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def mlp(sizes: Sequence[int], activation: Callable[[], nn.Module]) -> nn.Sequential:

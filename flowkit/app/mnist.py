@@ -39,6 +39,7 @@ from flowkit.app.common import (
     as_options,
     check_minimums,
     check_same_settings,
+    count,
     refuse_to_replace,
     use_threads,
 )
@@ -351,9 +352,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log.flush()
 
     report = _Report(say, out, _label(model), x_valid)
-    say(f"{'resuming' if resuming else 'starting'} a run of {args.epochs} epochs: "
+    say(f"{'resuming' if resuming else 'starting'} a run of {count(args.epochs, 'epoch')}: "
         f"{x_train.shape[0]} train / {x_valid.shape[0]} valid images on {device}, "
-        f"{torch.get_num_threads()} threads; {model.config['kwargs']}")
+        f"{count(torch.get_num_threads(), 'thread')}; {model.config['kwargs']}")
     try:
         with as_options(_OPTIONS):
             history = fit(

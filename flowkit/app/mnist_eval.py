@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowkit.app.common import add_threads_option, check_minimums, use_threads
+from flowkit.app.common import add_threads_option, check_minimums, count, use_threads
 from flowkit.app.common import mean_se as nll_stats
 from flowkit.checkpoint import load_model
 from flowkit.data import binarized_mnist, load_split_file
@@ -114,7 +114,7 @@ def describe(name: str, r: dict[str, Any]) -> str:
     if "ensemble" in r:
         text += (
             f", {r['ensemble_nll']:.2f} ± {r['ensemble_nll_se']:.2f} nats "
-            f"(ensemble of {r['ensemble']} masks)"
+            f"(ensemble of {count(r['ensemble'], 'mask')})"
         )
     return text
 

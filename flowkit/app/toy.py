@@ -44,7 +44,7 @@ from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit, resolve_device
 
-from .common import mean_se, refuse_to_replace, use_threads
+from .common import count, mean_se, refuse_to_replace, use_threads
 from .experiment2d import (
     QUICK,
     FlowSettings,
@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     print(toy_table(metrics["runs"]), end="")
     print(
-        f"{len(metrics['runs'])} runs in {metrics['wall_s']:.1f} s on {metrics['device']}; "
-        f"figures in {args.out}"
+        f"{count(len(metrics['runs']), 'run')} in {metrics['wall_s']:.1f} s on "
+        f"{metrics['device']}; figures in {args.out}"
     )
     return metrics
