@@ -267,3 +267,14 @@ def test_help_says_what_train_nll_last_100_is(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert ("train_nll_last_100, the mean training NLL of the last 100 steps (of all steps in a "
             "run of fewer)") in text
+
+
+def test_help_says_which_rows_samples_png_shows(capsys):
+    """The help said "one sample per validation row" where every row of a file is shown, up to
+    5000 (review 11)."""
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("samples.png shows samples of the flow over the data: the first 5000 rows of a file "
+            "(training and validation rows alike) or of a toy dataset's validation points, one "
+            "sample per row (for a conditional flow, given that row's context)") in text

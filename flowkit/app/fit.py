@@ -21,10 +21,10 @@ flow's validation NLL (the best validation's weights, which the run ends with), 
 train_nll_last_100, the mean training NLL of the last 100 steps (of all steps in a run of fewer).
 For toy datasets with an exact density, it also holds the entropy H(p) and the estimate
 KL(p || q) = valid_nll - H(p). For 2-D
-data, samples.png shows samples of the flow over the data: the validation points of a toy
-dataset, the first 5000 rows of a file, one sample per row (for a conditional flow, given that
-row's context). The result is printed as well: the validation NLL and, for toy datasets, the KL
-estimate.
+data, samples.png shows samples of the flow over the data: the first 5000 rows of a file
+(training and validation rows alike) or of a toy dataset's validation points, one sample per row
+(for a conditional flow, given that row's context). The result is printed as well: the
+validation NLL and, for toy datasets, the KL estimate.
 
 examples:
   flowkit fit --data moons --steps 2000 --out runs/moons
@@ -416,7 +416,7 @@ def number_or_off(text: str) -> float | None:
 
 def plot_samples(flow: torch.nn.Module, data: Any, path: Path, title: str) -> None:
     """Samples of a 2-D flow (dots) over the data they should look like (grey): one sample per
-    row of ``data``, given that row's context for a conditional flow."""
+    row of the first 5000 rows of ``data``, given that row's context for a conditional flow."""
     from matplotlib.figure import Figure
 
     from flowkit.plot import save_figure
