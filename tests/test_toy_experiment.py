@@ -306,3 +306,19 @@ def test_one_run_is_one_run(tmp_path, capsys):
             "100", "--resolution", "8"]
     assert main(argv) == 0
     assert "\n1 run in " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command, targets", [("toy", ["moons", "rings"]), ("energy", ["U1"])])
+def test_a_line_names_the_run_of_each_progress_bar(tmp_path, capsys, command, targets):
+    """The bars are labelled with the loss only: eight identical bars did not say which dataset
+    was running (review 11). --quiet shows neither."""
+    option = "--datasets" if command == "toy" else "--energies"
+    argv = [command, "--quick", "--device", "cpu", option, *targets, "--steps", "2",
+            "--eval-samples", "200", "--plot-samples", "100", "--resolution", "8"]
+    flow = "MAF" if command == "toy" else "IAF"
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "(run " in line]
+    n = len(targets)
+    assert lines == [f"{t}: {flow} spline (run {i} of {n})" for i, t in enumerate(targets, 1)]
+    assert main([*argv, "--quiet", "--out", str(tmp_path / "b")]) == 0
+    assert "(run " not in capsys.readouterr().out

@@ -54,6 +54,7 @@ from .experiment2d import (
     Gallery,
     add_settings_arguments,
     add_target_arguments,
+    announce_run,
     build_flow,
     check_selection,
     markdown_table,
@@ -190,7 +191,9 @@ def run_energy(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Fit every ``flow x transformer`` to every energy; with ``out``, write the figures,
-    ``table.md`` and each trained flow (:func:`flowkit.app.experiment2d.save_flow`) there.
+    ``table.md`` and each trained flow (:func:`flowkit.app.experiment2d.save_flow`) there. With
+    ``progress``, a line names each run before its progress bar
+    (:func:`~flowkit.app.experiment2d.announce_run`).
 
     Returns:
         ``{"settings", "wall", "device", "runs": [metrics, see fit_energy], "figures",
@@ -214,6 +217,9 @@ def run_energy(
         gallery.start_row(name, Panel(title, box, log_density=log_p, vmax=vmax))
         for flow in flows:
             for transformer in transformers:
+                if progress:
+                    total = len(energies) * len(flows) * len(transformers)
+                    announce_run(name, flow, transformer, len(gallery.records) + 1, total)
                 metrics, history, panels, model = fit_energy(
                     name,
                     flow,

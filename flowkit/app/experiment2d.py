@@ -119,6 +119,12 @@ def run_label(flow: str, transformer: str) -> str:
     return f"{flow.upper()} {transformer}"
 
 
+def announce_run(target: str, flow: str, transformer: str, number: int, total: int) -> None:
+    """Print which run the next progress bar belongs to, e.g. ``moons: MAF spline (run 1 of
+    8)``: the bar of :func:`flowkit.train.fit` is labelled with the loss only."""
+    print(f"{target}: {run_label(flow, transformer)} (run {number} of {total})", flush=True)
+
+
 def flow_path(out: Path, row: str, flow: str, transformer: str) -> Path:
     """``out/models/<row>_<flow>_<transformer>.pt`` (e.g. ``models/moons_maf_spline.pt``),
     where :func:`save_flow` saves a trained flow."""

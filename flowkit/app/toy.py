@@ -51,6 +51,7 @@ from .experiment2d import (
     Gallery,
     add_settings_arguments,
     add_target_arguments,
+    announce_run,
     build_flow,
     check_selection,
     markdown_table,
@@ -205,7 +206,8 @@ def run_toy(
     """Fit every ``flow x transformer`` to every dataset; with ``out``, write the figures
     (:func:`~flowkit.app.experiment2d.write_figures`), ``table.md`` (:func:`toy_table` and
     :func:`cost_table`) and each trained flow (:func:`~flowkit.app.experiment2d.save_flow`)
-    there.
+    there. With ``progress``, a line names each run before its progress bar
+    (:func:`~flowkit.app.experiment2d.announce_run`).
 
     Returns:
         ``{"settings", "device", "wall_s", "runs": [metrics of each run, see fit_toy],
@@ -222,6 +224,9 @@ def run_toy(
         gallery.start_row(dataset, truth)
         for flow in flows:
             for transformer in transformers:
+                if progress:
+                    total = len(datasets) * len(flows) * len(transformers)
+                    announce_run(dataset, flow, transformer, len(gallery.records) + 1, total)
                 run = fit_toy(
                     dataset,
                     flow,
