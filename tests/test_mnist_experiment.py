@@ -285,3 +285,18 @@ def test_resume_with_fewer_epochs_is_refused(data, tmp_path):
                                          "--epochs may only grow"):
         train(data, tmp_path / "run", "--epochs", "1", "--resume")
     assert (tmp_path / "run" / "model.pt").read_bytes() == model
+
+
+def test_a_run_whose_settings_name_the_former_option_schedule_resumes(data, tmp_path):
+    """settings.json of runs started before --schedule became --lr-schedule says "schedule"."""
+    import json
+
+    train(data, tmp_path / "run", "--epochs", "1")
+    path = tmp_path / "run" / mnist.SETTINGS_NAME
+    settings = json.loads(path.read_text())
+    settings["schedule"] = settings.pop("lr_schedule")
+    path.write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match="'--lr-schedule' is 'cosine' but the run in .* used "
+                                         "'constant'"):
+        train(data, tmp_path / "run", "--epochs", "2", "--lr-schedule", "cosine", "--resume")
+    assert train(data, tmp_path / "run", "--epochs", "2", "--resume")["epochs_run"] == 2
