@@ -12,7 +12,7 @@ negative log-likelihood (NLL, in nats); when the true density is known (checkerb
 perfect model. The figure shows the truth, the model's density and samples from the model.
 
 The whole gallery (every dataset, MAF and IAF, affine and spline layers) is one command:
-``flowkit toy --flows maf,iaf --transformer affine,spline --out runs/toy``.
+``flowkit toy --flows maf iaf --transformer affine spline --out runs/toy``.
 """
 
 import argparse

@@ -129,3 +129,106 @@ def test_options_with_a_default_have_help_text(command):
     for action in sub.choices[command]._actions:
         if action.option_strings and action.default not in (None, False, cli.argparse.SUPPRESS):
             assert action.help, action.option_strings
+
+
+TRAINING = ["fit", "toy", "energy", "mnist", "mnist-eval", "vae", "rl", "sklearn-compare"]
+"""The commands with ``--threads`` from :func:`flowkit.app.common.add_threads_option`."""
+
+
+def _given(command: str) -> list[str]:
+    """What ``command`` needs besides its options (mnist-eval: a model file)."""
+    return [command, "model.pt"] if command == "mnist-eval" else [command]
+
+
+@pytest.mark.parametrize("command", TRAINING)
+def test_threads_is_one_option_applied_before_any_work(command, tmp_path, capsys, monkeypatch):
+    import torch
+
+    text = " ".join(_help(command, capsys).split())
+    assert "--threads N CPU threads for torch" in text
+    calls = []
+
+    def record(n):
+        calls.append(n)
+        raise ValueError("stopped at set_num_threads")
+
+    monkeypatch.setattr(torch, "set_num_threads", record)
+    out = tmp_path / "out"
+    assert cli.main([*_given(command), "--threads", "3", "--device", "cpu", "--out", str(out)]) == 2
+    assert calls == [3]
+    assert "stopped at set_num_threads" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*_given(command), "--threads", "0", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert "argument --threads: should be an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def _parse(argv: list[str]):
+    return cli.build_parser(argv[0]).parse_args(argv)
+
+
+@pytest.mark.parametrize("command", ["fit", "toy", "energy", "mnist", "vae"])
+def test_the_learning_rate_schedule_is_lr_schedule_in_every_command(command, capsys):
+    text = _help(command, capsys)
+    assert "--lr-schedule" in text and "--schedule" not in text.replace("--lr-schedule", "")
+    assert _parse([command, "--lr-schedule", "cosine"]).lr_schedule == "cosine"
+
+
+@pytest.mark.parametrize("command", ["mnist", "vae"])
+def test_schedule_is_still_read_as_lr_schedule(command):
+    assert _parse([command]).lr_schedule == ("constant" if command == "mnist" else "cosine")
+    assert _parse([command, "--schedule", "cosine"]).lr_schedule == "cosine"
+    assert _parse([command, "--schedule", "constant"]).lr_schedule == "constant"
+
+
+def test_settings_saved_with_the_former_name_schedule_are_checked_on_resume(tmp_path):
+    from flowkit.app.common import check_same_settings
+
+    saved = {"lr": 0.001, "schedule": "constant", "epochs": 2}
+    now = {"lr": 0.001, "lr_schedule": "constant", "epochs": 3}
+    check_same_settings(saved, now, ("lr", "lr_schedule"), tmp_path)  # same: no error
+    with pytest.raises(ValueError, match="'--lr-schedule' is 'cosine' but the run in .* used "
+                                         "'constant'"):
+        check_same_settings(saved, {**now, "lr_schedule": "cosine"}, ("lr", "lr_schedule"),
+                            tmp_path)
+
+
+def test_mnist_eval_help_says_that_out_receives_only_metrics_json(capsys):
+    text = " ".join(_help("mnist-eval", capsys).split())
+    assert "Writes only metrics.json to --out" in text
+    out = text.split("--out OUT ")[1]
+    assert out.startswith("output folder: metrics.json and the files the command writes")
+    assert "figures" not in out.split("(default")[0]
+
+
+def test_warnings_are_one_line_without_source_path_while_the_command_runs(tmp_path, capsys):
+    import warnings
+
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(200, 3))
+    x[:, 2] = 1.0  # a constant column: fit warns with a DataWarning
+    np.save(tmp_path / "x.npy", x)
+    shown = warnings.showwarning
+    argv = ["fit", "--data", str(tmp_path / "x.npy"), "--steps", "2", "--quiet", "--threads", "1",
+            "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "DataWarning" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith("flowkit fit: warning: DataWarning: 'data', column 2, holds a ")
+    assert ".py:" not in lines[0]
+    assert warnings.showwarning is shown  # the process's own way is back after the command
+
+
+def test_a_multi_line_warning_is_one_line(tmp_path, capsys, monkeypatch):
+    import warnings
+
+    from flowkit.app import fit
+
+    def warns(args):
+        warnings.warn("first\n  second", RuntimeWarning, stacklevel=1)
+        return {}
+
+    monkeypatch.setattr(fit, "run", warns)
+    assert cli.main(["fit", "--out", str(tmp_path / "run")]) == 0
+    assert capsys.readouterr().err == "flowkit fit: warning: RuntimeWarning: first second\n"

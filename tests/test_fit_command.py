@@ -247,3 +247,34 @@ def test_full_standardization_from_the_command_line(tmp_path, capsys):
         cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--standardize", "full",
                   "--no-standardize", *FAST, "--out", str(tmp_path / "both")])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("steps, last", [(1, "1 step"), (50, "50 steps"), (2000, "100 steps")])
+def test_the_summary_says_over_how_many_steps_the_training_nll_is_averaged(steps, last):
+    """``train_nll_last_100`` is the mean of the last 100 steps, or of all steps if fewer; the
+    summary said "the last 100 steps" after 50 (review 11)."""
+    from flowkit.app.fit import _summary
+
+    metrics = {"steps": steps, "wall_time_s": 1.0, "valid_nll": None, "train_nll_last_100": 1.5}
+    text = _summary(metrics)
+    assert f"(mean of the last {last}; no validation)" in text
+    assert text.endswith(f"; {steps} step{'s' if steps > 1 else ''}, 1.0 s")
+
+
+def test_help_says_what_train_nll_last_100_is(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("train_nll_last_100, the mean training NLL of the last 100 steps (of all steps in a "
+            "run of fewer)") in text
+
+
+def test_help_says_which_rows_samples_png_shows(capsys):
+    """The help said "one sample per validation row" where every row of a file is shown, up to
+    5000 (review 11)."""
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("samples.png shows samples of the flow over the data: the first 5000 rows of a file "
+            "(training and validation rows alike) or of a toy dataset's validation points, one "
+            "sample per row (for a conditional flow, given that row's context)") in text

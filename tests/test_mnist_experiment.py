@@ -58,6 +58,18 @@ def test_two_epochs_write_every_output_and_report_nll(data, tmp_path):
     assert isinstance(model, BernoulliMADE) and model.num_masks == 2
 
 
+def test_the_first_line_of_the_log_counts_in_words(data, tmp_path):
+    """It said "a run of 1 epochs ... 1 threads" (review 11)."""
+    threads = torch.get_num_threads()
+    try:
+        train(data, tmp_path / "run", "--epochs", "1", "--threads", "1")
+    finally:
+        torch.set_num_threads(threads)
+    first = (tmp_path / "run" / "log.txt").read_text().splitlines()[0]
+    assert first.startswith("starting a run of 1 epoch: 500 train / 100 valid images on cpu, "
+                            "1 thread; ")
+
+
 def test_resumed_run_ends_with_the_same_weights(data, tmp_path):
     train(data, tmp_path / "whole", "--epochs", "3")
     train(data, tmp_path / "split", "--epochs", "1")
@@ -86,7 +98,7 @@ def test_the_recipe_is_fit_with_callbacks(data, tmp_path):
             return mnist.evaluate(m, torch.from_numpy(images["valid"])).mean().item()
 
     fit(model, loader, valid=valid, epochs=2, restore_best=True, seed=0, device="cpu",
-        lr=1e-3, lr_schedule=None,  # the command's --lr and --schedule defaults
+        lr=1e-3, lr_schedule=None,  # the command's --lr and --lr-schedule defaults
         optimizer=functools.partial(torch.optim.AdamW, weight_decay=0.0, fused=True),
         progress=False,
         callbacks=Callbacks(after_step=lambda p: p.model.next_mask()))
@@ -273,3 +285,18 @@ def test_resume_with_fewer_epochs_is_refused(data, tmp_path):
                                          "--epochs may only grow"):
         train(data, tmp_path / "run", "--epochs", "1", "--resume")
     assert (tmp_path / "run" / "model.pt").read_bytes() == model
+
+
+def test_a_run_whose_settings_name_the_former_option_schedule_resumes(data, tmp_path):
+    """settings.json of runs started before --schedule became --lr-schedule says "schedule"."""
+    import json
+
+    train(data, tmp_path / "run", "--epochs", "1")
+    path = tmp_path / "run" / mnist.SETTINGS_NAME
+    settings = json.loads(path.read_text())
+    settings["schedule"] = settings.pop("lr_schedule")
+    path.write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match="'--lr-schedule' is 'cosine' but the run in .* used "
+                                         "'constant'"):
+        train(data, tmp_path / "run", "--epochs", "2", "--lr-schedule", "cosine", "--resume")
+    assert train(data, tmp_path / "run", "--epochs", "2", "--resume")["epochs_run"] == 2

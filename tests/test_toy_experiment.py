@@ -29,7 +29,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """One CPU thread, as the commands use (see use_one_cpu_thread); restored afterwards."""
+    """One CPU thread, as the commands use (their default --threads 1); restored afterwards."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -69,7 +69,7 @@ def test_toy_quick_cli(tmp_path, capsys):
 def test_toy_options_override_quick(tmp_path):
     out = tmp_path / "toy"
     argv = ["toy", "--quick", "--quiet", "--device", "cpu", "--out", str(out)]
-    argv += ["--datasets", "rings", "--flows", "maf,iaf", "--transformer", "affine"]
+    argv += ["--datasets", "rings", "--flows", "maf", "iaf", "--transformer", "affine"]
     argv += ["--steps", "7", "--hidden", "8", "--lr-schedule", "none"]
     assert main(argv) == 0
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
@@ -88,20 +88,32 @@ def test_toy_options_override_quick(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("command", "flag", "value"),
+    ("command", "flag", "values"),
     [
-        ("toy", "--datasets", "moons,spiral"),
-        ("toy", "--flows", "nice"),
-        ("toy", "--transformer", "affine,splin"),
-        ("energy", "--energies", "U5"),
-        ("energy", "--transformer", ","),
+        ("toy", "--datasets", ["moons", "spiral"]),
+        ("toy", "--flows", ["nice"]),
+        ("toy", "--transformer", ["affine", "splin"]),
+        ("energy", "--energies", ["U5"]),
+        ("energy", "--transformer", [","]),
     ],
 )
-def test_unknown_names_are_user_errors_naming_the_option(tmp_path, capsys, command, flag, value):
+def test_unknown_names_are_user_errors_naming_the_option(tmp_path, capsys, command, flag, values):
     with pytest.raises(SystemExit) as exit_info:
-        main([command, "--quick", flag, value, "--out", str(tmp_path)])
+        main([command, "--quick", flag, *values, "--out", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert f"argument {flag}: should be comma-separated names from" in capsys.readouterr().err
+    assert f"argument {flag}: invalid choice: '{values[-1]}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "option", "names"), [
+    ("toy", "datasets", ["moons", "circles"]), ("toy", "flows", ["maf", "iaf"]),
+    ("toy", "transformer", ["affine", "spline"]), ("energy", "energies", ["U1", "U4"]),
+    ("energy", "flows", ["iaf", "maf"]), ("energy", "transformer", ["spline", "affine"]),
+])
+def test_lists_of_names_are_space_separated_as_in_the_other_commands(command, option, names):
+    from flowkit.app.cli import build_parser
+
+    args = build_parser(command).parse_args([command, f"--{option}", *names])
+    assert getattr(args, option) == names
 
 
 def test_unknown_names_in_python_calls_name_the_argument():
@@ -112,7 +124,7 @@ def test_unknown_names_in_python_calls_name_the_argument():
 def test_energy_quick_cli(tmp_path):
     out = tmp_path / "energy"
     argv = ["energy", "--quick", "--quiet", "--device", "cpu", "--out", str(out)]
-    assert main([*argv, "--energies", "U1,U4", "--steps", "10"]) == 0
+    assert main([*argv, "--energies", "U1", "U4", "--steps", "10"]) == 0
     for name in ["gallery.png", "losses.png", "energy_U1.png", "energy_U4.png"]:
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
     runs = json.loads((out / "metrics.json").read_text())["metrics"]["runs"]
@@ -230,7 +242,7 @@ def test_sweep_short():
 @pytest.mark.slow
 def test_sweep_full():
     """Every dataset x MAF/IAF x affine/spline x lr in {1e-4, 1e-3, 1e-2}: 96 runs, the same
-    as ``flowkit toy --sweep --flows maf,iaf --transformer affine,spline --steps 150``."""
+    as ``flowkit toy --sweep --flows maf iaf --transformer affine spline --steps 150``."""
     records = robustness_sweep(settings=FlowSettings(steps=150), device="cpu")
     _check_sweep(records, len(TOY_DATASETS) * len(FLOWS) * len(TRANSFORMERS) * len(SWEEP_LRS))
 
@@ -239,7 +251,7 @@ def test_sweep_full():
 def test_toy_on_cuda(tmp_path):
     out = tmp_path / "cuda"
     argv = ["toy", "--quick", "--quiet", "--device", "cuda", "--out", str(out)]
-    assert main([*argv, "--datasets", "moons,rings", "--flows", "maf,iaf"]) == 0
+    assert main([*argv, "--datasets", "moons", "rings", "--flows", "maf", "iaf"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     assert metrics["device"].startswith("cuda")
     assert all(math.isfinite(r["test_nll"]) for r in metrics["runs"])
@@ -266,10 +278,47 @@ def test_a_rerun_does_not_replace_the_results(tmp_path, capsys, command, target)
 
 @pytest.mark.parametrize("option, value", [
     ("--eval-samples", "0"), ("--plot-samples", "0"), ("--batch-size", "0"), ("--hidden", "0"),
-    ("--steps", "0"), ("--lr", "nan"), ("--bound", "-1"),
+    ("--steps", "0"), ("--lr", "nan"), ("--bound", "-1"), ("--threads", "0"),
 ])
 def test_bad_numbers_are_refused_naming_the_option(tmp_path, capsys, option, value):
     with pytest.raises(SystemExit) as exit_info:
         main(["toy", "--quick", option, value, "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
     assert f"argument {option}: should be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["toy", "energy"])
+@pytest.mark.parametrize("value", ["1", "7"])
+def test_a_resolution_too_coarse_to_show_a_density_is_refused(tmp_path, capsys, command, value):
+    """``--resolution 1`` drew a blank panel: one cell, one colour (review 11)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--quick", "--resolution", value, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"argument --resolution: should be an integer >= 8, got '{value}'" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_run_is_one_run(tmp_path, capsys):
+    """It printed "1 runs in 13.2 s" (review 11)."""
+    argv = ["toy", "--quick", "--quiet", "--device", "cpu", "--out", str(tmp_path / "out"),
+            "--datasets", "moons", "--steps", "2", "--eval-samples", "200", "--plot-samples",
+            "100", "--resolution", "8"]
+    assert main(argv) == 0
+    assert "\n1 run in " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command, targets", [("toy", ["moons", "rings"]), ("energy", ["U1"])])
+def test_a_line_names_the_run_of_each_progress_bar(tmp_path, capsys, command, targets):
+    """The bars are labelled with the loss only: eight identical bars did not say which dataset
+    was running (review 11). --quiet shows neither."""
+    option = "--datasets" if command == "toy" else "--energies"
+    argv = [command, "--quick", "--device", "cpu", option, *targets, "--steps", "2",
+            "--eval-samples", "200", "--plot-samples", "100", "--resolution", "8"]
+    flow = "MAF" if command == "toy" else "IAF"
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "(run " in line]
+    n = len(targets)
+    assert lines == [f"{t}: {flow} spline (run {i} of {n})" for i, t in enumerate(targets, 1)]
+    assert main([*argv, "--quiet", "--out", str(tmp_path / "b")]) == 0
+    assert "(run " not in capsys.readouterr().out

@@ -179,7 +179,7 @@ def test_resume_may_only_add_epochs_with_the_constant_schedule(tmp_path, monkeyp
     _fake_mnist(monkeypatch, train=300, valid=100, seed=1)
     args = ["vae", "--quick", "--out", str(tmp_path), "--quiet", "--threads", "1",
             "--variants", "gaussian", "--hidden", "16", "--latent", "2", "--eval-images", "10",
-            "--iw-samples", "2", "--schedule", "constant"]
+            "--iw-samples", "2", "--lr-schedule", "constant"]
     assert main([*args, "--epochs", "2"]) == 0
     capsys.readouterr()
     assert main([*args, "--epochs", "1", "--resume"]) == 2

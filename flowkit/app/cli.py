@@ -11,7 +11,9 @@ Every subcommand gets the common options ``--device {auto,cpu,cuda}``, ``--seed`
 After the subcommand returns, the CLI writes ``<out>/metrics.json`` with the command, its
 arguments and the metrics it returned; an ``--out`` whose metrics.json another subcommand wrote
 is refused before the run. Errors in the user's input (``ValueError``,
-``FileNotFoundError``, ``FloatingPointError``) are printed as one line, exit status 2.
+``FileNotFoundError``, ``FloatingPointError``) are printed as one line, exit status 2; warnings
+too, as ``flowkit <command>: warning: <Category>: <message>`` (while the command runs; the
+library itself never changes how warnings are shown).
 
 Adding a subcommand
 -------------------
@@ -43,10 +45,11 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TextIO
 
 from flowkit import __version__
 from flowkit.checkpoint import run_lock, write_bytes_atomic
@@ -134,8 +137,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--out",
         type=Path,
         default=None,
-        help=f"output folder for figures, checkpoint and metrics.json "
-        f"(default: runs/{command}-<date>-<time>)",
+        help=f"output folder: metrics.json and the files the command writes (see its "
+        f"description) (default: runs/{command}-<date>-<time>)",
     )
     common.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -189,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if main_process:
             created = _make_folder(args.out)
         # one writer per --out (rank 0 writes); fit() inside takes the same lock again
-        with run_lock(args.out) if main_process else contextlib.nullcontext():
+        with _warnings_as_lines(args.command), (
+            run_lock(args.out) if main_process else contextlib.nullcontext()
+        ):
             if main_process:
                 _refuse_another_commands_results(args.out / "metrics.json", args.command)
             metrics = module.run(args)
@@ -215,6 +220,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if main_process:
         print(f"flowkit {args.command}: wrote {path}")
     return 0
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(command: str) -> Iterator[None]:
+    """Inside the block, a warning is shown as one line on stderr,
+    ``flowkit <command>: warning: <Category>: <message>`` (without Python's source path, line
+    number and source line), above any progress bar; the previous way of showing warnings comes
+    back after the block (:func:`warnings.catch_warnings`)."""
+    from tqdm.auto import tqdm
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        text = " ".join(str(message).split())
+        tqdm.write(f"flowkit {command}: warning: {category.__name__}: {text}",
+                   file=file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def _finite(value: Any) -> Any:

@@ -1,6 +1,7 @@
 """Small helpers shared by the experiments: a mean with its standard error, a plain MLP, the
 refusal to replace an earlier run, the spelling of library arguments as command options, the
-options of a recipe trained by epochs and the minimums of integer options, a Markdown table."""
+options of a recipe trained by epochs, ``--threads`` and the minimums of integer options, a
+Markdown table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from flowkit.validation import Mention, WordedError, python_spelling
@@ -19,13 +21,16 @@ from .options import positive_float, positive_int
 
 __all__ = [
     "add_epoch_options",
+    "add_threads_option",
     "as_options",
     "check_minimums",
     "check_same_settings",
+    "count",
     "markdown_table",
     "mean_se",
     "mlp",
     "refuse_to_replace",
+    "use_threads",
 ]
 
 
@@ -49,6 +54,16 @@ def mean_se(values: Tensor) -> tuple[float, float]:
     n = values.numel()
     se = values.std().item() / math.sqrt(n) if n > 1 else math.nan
     return values.mean().item(), se
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, with an ``s`` unless ``n`` is 1 (for nouns whose plural adds one).
+
+    Example:
+        >>> count(1, "run"), count(8, "run")
+        ('1 run', '8 runs')
+    """
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def mlp(sizes: Sequence[int], activation: Callable[[], nn.Module]) -> nn.Sequential:
@@ -83,10 +98,13 @@ def check_same_settings(
 ) -> None:
     """Refuse to continue the run in ``where``, whose options were ``saved``, with options
     ``now`` that differ in a ``fixed`` one (named as its option, the first that differs), or
-    with fewer ``epochs`` than it was started for. With a learning-rate ``schedule`` other
+    with fewer ``epochs`` than it was started for. With a learning-rate ``lr_schedule`` other
     than ``"constant"``, ``epochs`` is fixed too (the schedule was built for the run's
-    length)."""
-    if now.get("schedule", "constant") != "constant":
+    length). Settings saved before ``--schedule`` was renamed ``--lr-schedule`` name it
+    ``schedule``: it is read as ``lr_schedule``."""
+    if "schedule" in saved:
+        saved = {"lr_schedule": saved["schedule"], **saved}
+    if now.get("lr_schedule", "constant") != "constant":
         fixed = (*fixed, "epochs")
     for key in fixed:
         if saved.get(key) != now.get(key):
@@ -175,13 +193,14 @@ def add_epoch_options(
     schedule: str,
     quick_epochs: int | None = None,
 ) -> None:
-    """Add ``--epochs``, ``--batch-size``, ``--lr`` and ``--schedule``, the options of a recipe
-    that trains on images by epochs with Adam (``flowkit mnist``, ``flowkit vae``).
+    """Add ``--epochs``, ``--batch-size``, ``--lr`` and ``--lr-schedule``, the options of a
+    recipe that trains on images by epochs with Adam (``flowkit mnist``, ``flowkit vae``).
+    ``--schedule``, its former name, still works and is not shown in the help.
 
     Args:
         parser: the parser or argument group to add them to.
         epochs: the default of ``--epochs``.
-        schedule: the default of ``--schedule``, ``"constant"`` or ``"cosine"``.
+        schedule: the default of ``--lr-schedule``, ``"constant"`` or ``"cosine"``.
         quick_epochs: for a command with ``--quick``, its number of epochs: ``--epochs`` is
             then None unless given (the command picks ``epochs`` or ``quick_epochs``).
     """
@@ -195,8 +214,41 @@ def add_epoch_options(
     parser.add_argument("--batch-size", type=positive_int, default=100,
                         help="images per optimizer step")
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate")
-    parser.add_argument("--schedule", choices=["constant", "cosine"], default=schedule,
+    parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default=schedule,
                         help="learning-rate schedule over the steps of the run")
+    parser.add_argument("--schedule", choices=["constant", "cosine"], dest="lr_schedule",
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # the former name
+
+
+def add_threads_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    default: int | None = None,
+    also: str = "",
+    why: str = "",
+) -> None:
+    """Add ``--threads N``, the CPU threads of torch (an integer >= 1), the same in every
+    training command; the command applies it with :func:`use_threads` before any work.
+
+    Args:
+        parser: the parser or argument group to add it to.
+        default: the default of ``--threads``; None keeps torch's default.
+        also: what else the option limits, e.g. ``"numpy's BLAS"``.
+        why: the reason for the default, shown after it.
+    """
+    shown = "torch's default" if default is None else str(default)
+    parser.add_argument(
+        "--threads", type=positive_int, default=default, metavar="N",
+        help=f"CPU threads for torch{f' and {also}' if also else ''} (default: {shown})"
+             f"{f'; {why}' if why else ''}",
+    )
+
+
+def use_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)``: the option of :func:`add_threads_option`; None keeps
+    torch's default."""
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def markdown_table(

@@ -19,7 +19,7 @@ A rerun into an --out that holds these results is refused: pick another --out.
 
 examples:
   flowkit energy --out runs/energy                  (U1-U4, IAF spline)
-  flowkit energy --energies U3,U4 --transformer affine,spline --out runs/energy-affine
+  flowkit energy --energies U3 U4 --transformer affine spline --out runs/energy-affine
   flowkit energy --quick --out runs/energy-quick    (seconds)
 """
 
@@ -47,13 +47,14 @@ from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit_reverse_kl, resolve_device
 
-from .common import mean_se
+from .common import mean_se, use_threads
 from .experiment2d import (
     QUICK,
     FlowSettings,
     Gallery,
     add_settings_arguments,
     add_target_arguments,
+    announce_run,
     build_flow,
     check_selection,
     markdown_table,
@@ -61,7 +62,6 @@ from .experiment2d import (
     run_label,
     settings_from_args,
     timed,
-    use_one_cpu_thread,
 )
 from .options import positive_float
 
@@ -191,7 +191,9 @@ def run_energy(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Fit every ``flow x transformer`` to every energy; with ``out``, write the figures,
-    ``table.md`` and each trained flow (:func:`flowkit.app.experiment2d.save_flow`) there.
+    ``table.md`` and each trained flow (:func:`flowkit.app.experiment2d.save_flow`) there. With
+    ``progress``, a line names each run before its progress bar
+    (:func:`~flowkit.app.experiment2d.announce_run`).
 
     Returns:
         ``{"settings", "wall", "device", "runs": [metrics, see fit_energy], "figures",
@@ -215,6 +217,9 @@ def run_energy(
         gallery.start_row(name, Panel(title, box, log_density=log_p, vmax=vmax))
         for flow in flows:
             for transformer in transformers:
+                if progress:
+                    total = len(energies) * len(flows) * len(transformers)
+                    announce_run(name, flow, transformer, len(gallery.records) + 1, total)
                 metrics, history, panels, model = fit_energy(
                     name,
                     flow,
@@ -254,7 +259,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from_args(args, ENERGY_SETTINGS, replace(QUICK, bound=6.0))
-    use_one_cpu_thread(args.device)
+    use_threads(args.threads)
     refuse_to_replace_gallery(args.out, args.energies, args.flows, args.transformer)
     metrics = run_energy(
         args.energies,

@@ -16,10 +16,10 @@ import torch
 from flowkit.checkpoint import save_model, write_bytes_atomic
 from flowkit.flows import IAF, MAF, Flow
 from flowkit.plot import Panel, loss_figure, panel_figure, save_figure
-from flowkit.train import History, resolve_device
+from flowkit.train import History
 
-from .common import refuse_to_replace
-from .options import positive_float, positive_int
+from .common import add_threads_option, refuse_to_replace
+from .options import int_at_least, positive_float, positive_int
 
 FLOWS = {"maf": MAF, "iaf": IAF}
 TRANSFORMERS = ("affine", "spline")
@@ -46,7 +46,8 @@ class FlowSettings:
         eval_samples: fresh samples for the test NLL (toy; also the data histogram) or the
             ELBO estimate (energy).
         plot_samples: model samples drawn for the scatter panels.
-        resolution: grid cells per side of the density heat maps.
+        resolution: grid cells per side of the density heat maps; the commands take at least
+            :data:`MIN_RESOLUTION`.
     """
 
     layers: int = 5
@@ -67,6 +68,12 @@ class FlowSettings:
         return {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr,
                 "lr_schedule": self.lr_schedule}
 
+
+MIN_RESOLUTION = 8
+"""The smallest ``--resolution``. The heat maps show the density at the cells' midpoints: one
+cell is a single colour, and on coarse grids the midpoints miss narrow features (at 2 cells per
+side no cell of the rings, U2 or U3 reaches 5% of its peak density, at 4 none of the 8
+Gaussians'), while at 8 every toy density and energy shows at least 14 such cells."""
 
 QUICK = FlowSettings(
     layers=2,
@@ -110,6 +117,12 @@ def build_flow(flow: str, transformer: str, settings: FlowSettings, *, seed: int
 def run_label(flow: str, transformer: str) -> str:
     """``"MAF spline"``: the name of a run in figures and tables."""
     return f"{flow.upper()} {transformer}"
+
+
+def announce_run(target: str, flow: str, transformer: str, number: int, total: int) -> None:
+    """Print which run the next progress bar belongs to, e.g. ``moons: MAF spline (run 1 of
+    8)``: the bar of :func:`flowkit.train.fit` is labelled with the loss only."""
+    print(f"{target}: {run_label(flow, transformer)} (run {number} of {total})", flush=True)
 
 
 def flow_path(out: Path, row: str, flow: str, transformer: str) -> Path:
@@ -270,24 +283,10 @@ def write_figures(
     return paths
 
 
-def names(allowed: Sequence[str]) -> Callable[[str], list[str]]:
-    """An ``argparse`` type: comma-separated names, each one of ``allowed``. A bad value is
-    reported by argparse with the option the user typed (``argument --transformer: ...``)."""
-
-    def parse(text: str) -> list[str]:
-        values = [t.strip() for t in text.split(",") if t.strip()]
-        if not values or any(v not in allowed for v in values):
-            raise argparse.ArgumentTypeError(
-                f"should be comma-separated names from {','.join(allowed)}, got {text!r}"
-            )
-        return values
-
-    return parse
-
-
 def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettings) -> None:
-    """One option per :class:`FlowSettings` field (``--batch-size`` for ``batch_size``...).
-    Options left out stay None, so that :func:`settings_from_args` can tell them apart."""
+    """One option per :class:`FlowSettings` field (``--batch-size`` for ``batch_size``...),
+    then ``--quick`` and ``--threads`` (default 1). Options of the fields left out stay None, so
+    that :func:`settings_from_args` can tell them apart."""
     group = parser.add_argument_group("model and training")
     for f in fields(FlowSettings):
         flag, default = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
@@ -303,6 +302,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettin
             group.add_argument(
                 flag, choices=("cosine", "none"), help=f"(default: {default or 'none'})"
             )
+        elif f.name == "resolution":
+            group.add_argument(flag, type=int_at_least(MIN_RESOLUTION),
+                               help=f"(default: {default}; at least {MIN_RESOLUTION})")
         else:
             kind = positive_int if isinstance(default, int) else positive_float
             group.add_argument(flag, type=kind, help=f"(default: {default})")
@@ -312,6 +314,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser, defaults: FlowSettin
         help="tiny models, few steps: seconds, for smoke tests; the options above, when given, "
         "win",
     )
+    # on a shared machine the busy-waiting of a second thread made training several times slower
+    add_threads_option(parser, default=1,
+                       why="the 2-D models are tiny: more threads only add synchronisation")
 
 
 def settings_from_args(
@@ -327,29 +332,17 @@ def settings_from_args(
     return replace(quick if args.quick else defaults, **given)
 
 
-def use_one_cpu_thread(device: str) -> None:
-    """Run on one CPU thread when computing on the CPU. The 2-D models are tiny: a second
-    thread only adds synchronisation, and on a shared machine its busy-waiting made training
-    several times slower."""
-    if resolve_device(device).type == "cpu":
-        torch.set_num_threads(1)
-
-
-def add_flow_arguments(group: argparse._ArgumentGroup, flows: list[str], note: str = "") -> None:
-    """``--flows`` (default ``flows``) and ``--transformer`` (default spline)."""
+def add_names_option(
+    group: argparse._ArgumentGroup, option: str, allowed: Sequence[str], default: list[str],
+    *, what: str = "", note: str = "",
+) -> None:
+    """``--<option> NAME [NAME ...]``: one or more of ``allowed``, space-separated like the
+    lists of the other commands (``sklearn-compare --datasets``, ``vae --variants``); argparse
+    refuses any other name, naming the option. ``what`` starts the help, ``note`` follows the
+    default."""
     group.add_argument(
-        "--flows",
-        type=names(tuple(FLOWS)),
-        default=flows,
-        metavar=",".join(flows + [f for f in FLOWS if f not in flows]),
-        help=f"one or both (default: {','.join(flows)}{note})",
-    )
-    group.add_argument(
-        "--transformer",
-        type=names(TRANSFORMERS),
-        default=["spline"],
-        metavar="affine,spline",
-        help="elementwise map of the layers, one or both (default: spline)",
+        f"--{option}", nargs="+", choices=allowed, default=default, metavar="NAME",
+        help=f"{what}one or more of {', '.join(allowed)} (default: {' '.join(default)}{note})",
     )
 
 
@@ -357,15 +350,12 @@ def add_target_arguments(
     parser: argparse.ArgumentParser, option: str, allowed: Sequence[str], flows: list[str],
     note: str = "",
 ) -> argparse._ArgumentGroup:
-    """The group "what to fit": ``--<option>`` (comma-separated names from ``allowed``, default
-    all of them), ``--flows`` and ``--transformer`` (:func:`add_flow_arguments`); returns it."""
+    """The group "what to fit": ``--<option>`` (names from ``allowed``, default all of them),
+    ``--flows`` (default ``flows``; ``note`` follows it in the help) and ``--transformer``
+    (default spline), each a space-separated list (:func:`add_names_option`); returns it."""
     what = parser.add_argument_group("what to fit")
-    what.add_argument(
-        f"--{option}",
-        type=names(allowed),
-        default=list(allowed),
-        metavar="NAMES",
-        help=f"comma-separated (default: all: {','.join(allowed)})",
-    )
-    add_flow_arguments(what, flows, note)
+    add_names_option(what, option, allowed, list(allowed))
+    add_names_option(what, "flows", tuple(FLOWS), flows, note=note)
+    add_names_option(what, "transformer", TRANSFORMERS, ["spline"],
+                     what="elementwise map of the layers: ")
     return what

@@ -16,13 +16,15 @@ turns that off.
 Writes to --out: checkpoint.pt (a training checkpoint: `flowkit.load_model` reads it, --resume
 continues from it, a run without --resume refuses to replace it), options.json (the options
 that define the model and data, which --resume must repeat), history.json (losses per step,
-and per epoch for files), loss.png and metrics.json. For toy datasets with an exact density,
-metrics.json also holds the entropy H(p) and the estimate KL(p || q) = valid_nll - H(p), where
-valid_nll is the saved flow's (the best validation's weights, which the run ends with). For 2-D
-data, samples.png shows samples of the flow over the data: the validation points of a toy
-dataset, the first 5000 rows of a file, one sample per row (for a conditional flow, given that
-row's context). The result is printed as well: the validation NLL and, for toy datasets, the KL
-estimate.
+and per epoch for files), loss.png and metrics.json. metrics.json holds valid_nll, the saved
+flow's validation NLL (the best validation's weights, which the run ends with), and
+train_nll_last_100, the mean training NLL of the last 100 steps (of all steps in a run of fewer).
+For toy datasets with an exact density, it also holds the entropy H(p) and the estimate
+KL(p || q) = valid_nll - H(p). For 2-D
+data, samples.png shows samples of the flow over the data: the first 5000 rows of a file
+(training and validation rows alike) or of a toy dataset's validation points, one sample per row
+(for a conditional flow, given that row's context). The result is printed as well: the
+validation NLL and, for toy datasets, the KL estimate.
 
 examples:
   flowkit fit --data moons --steps 2000 --out runs/moons
@@ -55,7 +57,7 @@ from flowkit.train import (
     is_main_process,
 )
 
-from .common import as_options
+from .common import add_threads_option, as_options, count, use_threads
 from .fit_data import load_file, load_toy
 from .options import positive_int
 
@@ -212,14 +214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-every", type=int, default=500, metavar="STEPS", help="(default: 500)"
     )
     train.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
-    train.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="CPU threads for torch (default: torch's default); 1 is often fastest for small "
-        "models on a busy machine",
-    )
+    add_threads_option(train, why="1 is often fastest for small models on a busy machine")
 
 
 RUN_OPTIONS = {
@@ -278,10 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import flowkit
     from flowkit.data import TOY_DATASETS, has_exact_density, toy_entropy
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"'--threads' should be a positive integer, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     typed = {name: getattr(args, name) for name in RUN_OPTIONS}
     if args.data in TOY_DATASETS:
         if args.context is not None or args.key is not None:
@@ -371,7 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "parameters": sum(p.numel() for p in flow.parameters()),
         "steps": len(history.train_loss),
-        "train_nll_last_100": float(np.mean(history.train_loss[-100:])),
+        "train_nll_last_100": float(np.mean(history.train_loss[-100:])),  # of all, if fewer
         # fit ends with the best validation's weights: the saved flow's NLL is the best one
         "valid_nll": history.best_valid_loss,
         "last_valid_nll": history.valid_loss[-1] if history.valid_loss else None,
@@ -398,10 +390,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _summary(metrics: dict[str, Any]) -> str:
     """The result in one line: the saved flow's validation NLL (and the KL estimate of a toy
     dataset), or the training NLL of a run without validation."""
-    steps = f"{metrics['steps']} steps, {metrics['wall_time_s']:.1f} s"
+    steps = f"{count(metrics['steps'], 'step')}, {metrics['wall_time_s']:.1f} s"
     if metrics["valid_nll"] is None:
+        last = count(min(100, metrics["steps"]), "step")
         return (f"flowkit fit: training NLL {metrics['train_nll_last_100']:.4f} nats (mean of the "
-                f"last 100 steps; no validation); {steps}")
+                f"last {last}; no validation); {steps}")
     text = (f"flowkit fit: validation NLL {metrics['valid_nll']:.4f} nats (best, at step "
             f"{metrics['best_step']}; the saved flow's)")
     if "kl_estimate" in metrics:
@@ -423,7 +416,7 @@ def number_or_off(text: str) -> float | None:
 
 def plot_samples(flow: torch.nn.Module, data: Any, path: Path, title: str) -> None:
     """Samples of a 2-D flow (dots) over the data they should look like (grey): one sample per
-    row of ``data``, given that row's context for a conditional flow."""
+    row of the first 5000 rows of ``data``, given that row's context for a conditional flow."""
     from matplotlib.figure import Figure
 
     from flowkit.plot import save_figure

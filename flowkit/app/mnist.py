@@ -35,10 +35,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from flowkit.app.common import (
     add_epoch_options,
+    add_threads_option,
     as_options,
     check_minimums,
     check_same_settings,
+    count,
     refuse_to_replace,
+    use_threads,
 )
 from flowkit.app.mnist_eval import (
     describe,
@@ -64,7 +67,7 @@ SETTINGS_NAME = "settings.json"
 
 # Settings that a resumed run must share with the run it continues.
 _FIXED_ON_RESUME = (
-    "hidden", "masks", "order", "residual", "direct", "seed", "batch_size", "lr", "schedule",
+    "hidden", "masks", "order", "residual", "direct", "seed", "batch_size", "lr", "lr_schedule",
     "weight_decay", "subset", "data",
 )
 
@@ -152,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help=f"write OUT/{CHECKPOINT_NAME} every E epochs and at the end (default: "
                            "1; a large model's checkpoint, with Adam's state, can take longer "
                            "to write than an epoch on a GPU)")
-    run_.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
+    add_threads_option(run_)
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
@@ -318,8 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(
             f"'--ensemble' should be at most --masks ({args.masks}), got {args.ensemble}"
         )
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     device = resolve_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -350,16 +352,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log.flush()
 
     report = _Report(say, out, _label(model), x_valid)
-    say(f"{'resuming' if resuming else 'starting'} a run of {args.epochs} epochs: "
+    say(f"{'resuming' if resuming else 'starting'} a run of {count(args.epochs, 'epoch')}: "
         f"{x_train.shape[0]} train / {x_valid.shape[0]} valid images on {device}, "
-        f"{torch.get_num_threads()} threads; {model.config['kwargs']}")
+        f"{count(torch.get_num_threads(), 'thread')}; {model.config['kwargs']}")
     try:
         with as_options(_OPTIONS):
             history = fit(
                 model, loader, valid=report.validate, epochs=args.epochs,
                 early_stopping_patience=args.patience, restore_best=True, lr=args.lr,
                 optimizer="adamw", weight_decay=args.weight_decay,
-                lr_schedule="cosine" if args.schedule == "cosine" else None, seed=args.seed,
+                lr_schedule="cosine" if args.lr_schedule == "cosine" else None, seed=args.seed,
                 device=device, checkpoint_dir=out,
                 checkpoint_every=args.checkpoint_every * steps_per_epoch, resume=args.resume,
                 progress=not args.quiet, callbacks=report.callbacks(),

@@ -5,6 +5,8 @@ mixture.
 
 NLLs are in nats per image: the mean over the split of -log p(x), with standard error
 std / sqrt(n). flowkit mnist scores its validation set with the same functions.
+
+Writes only metrics.json to --out: the scores printed.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowkit.app.common import check_minimums
+from flowkit.app.common import add_threads_option, check_minimums, count, use_threads
 from flowkit.app.common import mean_se as nll_stats
-from flowkit.app.options import positive_int
 from flowkit.checkpoint import load_model
 from flowkit.data import binarized_mnist, load_split_file
 from flowkit.distributions import BernoulliMADE
@@ -113,7 +114,7 @@ def describe(name: str, r: dict[str, Any]) -> str:
     if "ensemble" in r:
         text += (
             f", {r['ensemble_nll']:.2f} ± {r['ensemble_nll_se']:.2f} nats "
-            f"(ensemble of {r['ensemble']} masks)"
+            f"(ensemble of {count(r['ensemble'], 'mask')})"
         )
     return text
 
@@ -138,8 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model's)")
     parser.add_argument("--batch-size", type=int, default=1000,
                         help="images per evaluation batch")
-    parser.add_argument("--threads", type=positive_int, default=None,
-                        help="CPU threads for torch")
+    add_threads_option(parser)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -154,8 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": ...}``.
     """
     check_minimums(args, {"ensemble": 1, "batch-size": 1})
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     torch.set_flush_denormal(True)
     device = resolve_device(args.device)
     models = []

@@ -5,18 +5,28 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+
+
+def _int(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"should be an integer >= {minimum}, got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
     """An ``argparse`` type: an integer >= 1 (``0``, ``-1`` and ``2.5`` are refused with the
     option's name, instead of being replaced by a default)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"should be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"should be an integer >= 1, got {text!r}")
-    return value
+    return _int(text, 1)
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An ``argparse`` type: an integer >= ``minimum``, refused like :func:`positive_int`."""
+    return lambda text: _int(text, minimum)
 
 
 def _float(text: str, minimum: float, strict: bool) -> float:

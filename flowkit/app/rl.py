@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from flowkit.checkpoint import write_bytes_atomic
 
-from .common import as_options, markdown_table, refuse_to_replace
+from .common import add_threads_option, as_options, markdown_table, refuse_to_replace, use_threads
 from .options import positive_float, positive_int
 from .sac import SACConfig, train_sac
 from .sac_policies import POLICIES, FlowPolicy, GaussianPolicy, save_policy, squash
@@ -92,8 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="skip runs whose results exist (without it, an --out that holds "
                              "results of 'flowkit rl' is refused)")
-    parser.add_argument("--threads", type=positive_int, default=1,
-                        help="CPU threads for torch (default: 1)")
+    add_threads_option(parser, default=1)
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: {q.steps} steps ({q.start_steps} random), one seed, "
                              f"{q.hidden[0]}-unit networks, batches of {q.batch_size}, "
@@ -166,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     policy ``OUT/POLICY-seedS.pt`` (:func:`save_policy`) per run and
     ``OUT/summary.json``/``OUT/summary.md``; returns the summary (per policy: final evaluation
     return over seeds, mean evaluation curve, wall time)."""
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = QUICK if args.quick else SACConfig()

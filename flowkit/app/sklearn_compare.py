@@ -43,7 +43,7 @@ from threadpoolctl import threadpool_limits
 from flowkit.data import TOY_DATASETS, has_exact_density, sample_toy, toy_log_prob
 from flowkit.sklearn import FlowDensity
 
-from .common import mean_se
+from .common import add_threads_option, mean_se, use_threads
 from .options import positive_int
 
 __all__ = ["add_arguments", "run", "load_dataset", "fit_model", "markdown_table"]
@@ -70,10 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--epochs", type=int, default=100, help="most epochs of MAF training")
     models.add_argument("--patience", type=int, default=10,
                         help="epochs without a better validation score before stopping")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch and numpy's BLAS (default: %(default)s; "
-                             "these small models gain little from more, and lose much when "
-                             "the cores are shared)")
+    add_threads_option(parser, default=1, also="numpy's BLAS",
+                       why="these small models gain little from more, and lose much when the "
+                           "cores are shared")
 
 
 def load_dataset(
@@ -159,13 +158,13 @@ def markdown_table(results: dict[str, dict[str, Any]], models: list[str]) -> str
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Fit every model to every dataset, print and write the table; returns the metrics."""
-    for flag in ("n_train", "n_test", "digits_test", "epochs", "patience", "layers", "threads"):
+    for flag in ("n_train", "n_test", "digits_test", "epochs", "patience", "layers"):
         if getattr(args, flag) < 1:
             raise ValueError(f"'--{flag.replace('_', '-')}' should be a positive integer")
     if "digits" in args.datasets and args.digits_test >= len(load_digits().data):
         raise ValueError(f"'--digits-test' should be below 1797, got {args.digits_test}")
     threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     try:
         with threadpool_limits(args.threads):
             results = {name: _evaluate(name, args) for name in args.datasets}

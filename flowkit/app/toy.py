@@ -19,8 +19,8 @@ examples:
   flowkit toy --datasets moons --flows maf --out runs/demo
   flowkit toy --out runs/toy                  (all 8 datasets, MAF spline: a few minutes)
   flowkit toy --quick --out runs/toy-quick    (seconds: the CI smoke test)
-  flowkit toy --flows maf,iaf --transformer affine,spline --out runs/toy-all
-  flowkit toy --sweep --flows maf,iaf --transformer affine,spline --steps 150 --out runs/sweep
+  flowkit toy --flows maf iaf --transformer affine spline --out runs/toy-all
+  flowkit toy --sweep --flows maf iaf --transformer affine spline --steps 150 --out runs/sweep
 The commands behind every table of docs/toy.md are listed there.
 """
 
@@ -44,13 +44,14 @@ from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
 from flowkit.train import History, fit, resolve_device
 
-from .common import mean_se, refuse_to_replace
+from .common import count, mean_se, refuse_to_replace, use_threads
 from .experiment2d import (
     QUICK,
     FlowSettings,
     Gallery,
     add_settings_arguments,
     add_target_arguments,
+    announce_run,
     build_flow,
     check_selection,
     markdown_table,
@@ -58,7 +59,6 @@ from .experiment2d import (
     run_label,
     settings_from_args,
     timed,
-    use_one_cpu_thread,
 )
 from .toy_sweep import SWEEP_LRS, robustness_sweep, sweep_table
 
@@ -206,7 +206,8 @@ def run_toy(
     """Fit every ``flow x transformer`` to every dataset; with ``out``, write the figures
     (:func:`~flowkit.app.experiment2d.write_figures`), ``table.md`` (:func:`toy_table` and
     :func:`cost_table`) and each trained flow (:func:`~flowkit.app.experiment2d.save_flow`)
-    there.
+    there. With ``progress``, a line names each run before its progress bar
+    (:func:`~flowkit.app.experiment2d.announce_run`).
 
     Returns:
         ``{"settings", "device", "wall_s", "runs": [metrics of each run, see fit_toy],
@@ -223,6 +224,9 @@ def run_toy(
         gallery.start_row(dataset, truth)
         for flow in flows:
             for transformer in transformers:
+                if progress:
+                    total = len(datasets) * len(flows) * len(transformers)
+                    announce_run(dataset, flow, transformer, len(gallery.records) + 1, total)
                 run = fit_toy(
                     dataset,
                     flow,
@@ -261,7 +265,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from_args(args, FlowSettings(), QUICK)
-    use_one_cpu_thread(args.device)
+    use_threads(args.threads)
     if args.sweep:
         refuse_to_replace(args.out / "sweep.md", False, resumable=False)
         records = robustness_sweep(
@@ -294,7 +298,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     print(toy_table(metrics["runs"]), end="")
     print(
-        f"{len(metrics['runs'])} runs in {metrics['wall_s']:.1f} s on {metrics['device']}; "
-        f"figures in {args.out}"
+        f"{count(len(metrics['runs']), 'run')} in {metrics['wall_s']:.1f} s on "
+        f"{metrics['device']}; figures in {args.out}"
     )
     return metrics

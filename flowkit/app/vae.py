@@ -48,10 +48,12 @@ from flowkit.train import CHECKPOINT_NAME, Callbacks, Progress, resolve_device
 
 from .common import (
     add_epoch_options,
+    add_threads_option,
     check_same_settings,
     markdown_table,
     mean_se,
     refuse_to_replace,
+    use_threads,
 )
 from .options import positive_int
 from .vae_model import VAE, Posterior, Prior, evaluate, train
@@ -85,7 +87,7 @@ SETTINGS_NAME = "settings.json"
 """The options of a run (``OUT/settings.json``): ``--resume`` checks them."""
 
 _FIXED_ON_RESUME = ("quick", "latent", "hidden", "flow_layers", "flow_hidden", "context",
-                    "batch_size", "lr", "schedule", "seed")
+                    "batch_size", "lr", "lr_schedule", "seed")
 """Options (as ``args`` names) that a resumed run must share with the run it continues; with
 the cosine schedule, ``epochs`` too (:func:`~flowkit.app.common.check_same_settings`)."""
 
@@ -150,8 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else ~/.cache/flowkit); never downloads: 'flowkit mnist' does")
     parser.add_argument("--resume", action="store_true",
                         help="continue each variant from OUT/VARIANT/checkpoint.pt")
-    parser.add_argument("--threads", type=positive_int, default=None,
-                        help="CPU threads for torch")
+    add_threads_option(parser)
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: 300 train / 100 valid images, {QUICK_EPOCHS} epochs, "
                              f"k={QUICK_IW_SAMPLES}; --epochs and --iw-samples, when given, win")
@@ -230,8 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     larger output layer (it also gives ``h``), which draws more random numbers, so against a
     Gaussian posterior only the encoder's first two layers (``x -> 300 -> 300`` by default)
     start equal: its output layer and the decoder are other draws of the same initialisation."""
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     epochs = args.epochs or (QUICK_EPOCHS if args.quick else EPOCHS)
     k = args.iw_samples or (QUICK_IW_SAMPLES if args.quick else IW_SAMPLES)
     device = resolve_device(args.device)
@@ -254,8 +254,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         history = train(
             vae, x_train, x_valid, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
-            lr_schedule=None if args.schedule == "constant" else args.schedule, seed=args.seed,
-            device=device, checkpoint_dir=out / name, resume=args.resume,
+            lr_schedule=None if args.lr_schedule == "constant" else args.lr_schedule,
+            seed=args.seed, device=device, checkpoint_dir=out / name, resume=args.resume,
             progress=not args.quiet,
             callbacks=Callbacks(after_epoch=functools.partial(_log_epoch, out / name / "log.txt")),
         )
