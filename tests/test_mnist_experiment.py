@@ -95,7 +95,7 @@ def test_the_recipe_is_fit_with_callbacks(data, tmp_path):
 
     def valid(m):
         with m.made.mask_set(0):
-            return mnist.evaluate(m, torch.from_numpy(images["valid"])).mean().item()
+            return mnist_eval.evaluate(m, torch.from_numpy(images["valid"])).mean().item()
 
     fit(model, loader, valid=valid, epochs=2, restore_best=True, seed=0, device="cpu",
         lr=1e-3, lr_schedule=None,  # the command's --lr and --lr-schedule defaults
@@ -161,7 +161,7 @@ def test_eval_scores_npz_and_amat_files_like_the_model(data, tmp_path, capsys):
     amat.write_text("\n".join(" ".join(map(str, row)) for row in valid) + "\n")
     model = load_model(tmp_path / "run" / "model.pt")
     with model.made.mask_set(0):
-        expected = mnist.nll_stats(mnist.evaluate(model, torch.from_numpy(valid)))
+        expected = mnist_eval.nll_stats(mnist_eval.evaluate(model, torch.from_numpy(valid)))
     for source in (["--file", str(data), "--key", "valid"], ["--file", str(amat)]):
         argv = [str(tmp_path / "run" / "model.pt"), *source, "--device", "cpu",
                 "--out", str(tmp_path / "eval")]
@@ -182,8 +182,8 @@ def test_mixture_of_models_is_normalized():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
     grid = torch.cartesian_prod(*[torch.tensor([0.0, 1.0], dtype=torch.float64)] * 6)
-    nlls = [mnist.evaluate(models[0], grid), mnist.evaluate(models[1], grid, mask_ensemble=3)]
-    mixture = mnist.mixture_nll(nlls)
+    nlls = [mnist_eval.evaluate(models[0], grid), mnist_eval.evaluate(models[1], grid, mask_ensemble=3)]
+    mixture = mnist_eval.mixture_nll(nlls)
     assert (-mixture).exp().sum().item() == pytest.approx(1.0, abs=1e-12)
     assert (mixture <= torch.maximum(*nlls) + 1e-12).all()
     assert (mixture >= torch.minimum(*nlls) - 1e-12).all()
@@ -196,11 +196,11 @@ def test_eval_of_several_models_scores_their_mixture(data, tmp_path, capsys):
             "--file", str(data), "--key", "valid", "--out", str(tmp_path / "eval")]
     result = mnist_eval.run(parse(mnist_eval, argv))
     valid = torch.from_numpy(np.load(data)["valid"])
-    nlls = [mnist.evaluate(load_model(tmp_path / name / "model.pt"), valid, mask_ensemble=2)
+    nlls = [mnist_eval.evaluate(load_model(tmp_path / name / "model.pt"), valid, mask_ensemble=2)
             for name in ("a", "b")]
     assert [r["ensemble_nll"] for r in result["models"]] == pytest.approx(
         [n.mean().item() for n in nlls])
-    assert result["mixture_nll"] == pytest.approx(mnist.mixture_nll(nlls).mean().item())
+    assert result["mixture_nll"] == pytest.approx(mnist_eval.mixture_nll(nlls).mean().item())
     assert result["mixture_nll"] < max(n.mean().item() for n in nlls)
     assert "uniform mixture of the 2 models" in capsys.readouterr().out
 

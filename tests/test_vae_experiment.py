@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from flowkit.app.vae import VAE, evaluate
+from flowkit.app.vae_model import VAE, evaluate
 
 
 def small_vae(posterior: str, prior: str = "normal", latent: int = 3) -> VAE:

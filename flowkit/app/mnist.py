@@ -46,8 +46,6 @@ from flowkit.app.common import (
 from flowkit.app.mnist_eval import (
     describe,
     evaluate,
-    mixture_nll,
-    nll_stats,
     read_split,
     read_split_file,
     score,
@@ -58,9 +56,7 @@ from flowkit.distributions import BernoulliMADE
 from flowkit.plot import save_figure
 from flowkit.train import CHECKPOINT_NAME, Callbacks, History, Progress, fit, resolve_device
 
-# evaluate, mixture_nll and nll_stats are defined in flowkit.app.mnist_eval and kept importable
-# from here, where they were first.
-__all__ = ["add_arguments", "evaluate", "mixture_nll", "nll_stats", "run"]
+__all__ = ["add_arguments", "run"]
 
 SETTINGS_NAME = "settings.json"
 """The options of a run, beside its checkpoint: ``--resume`` checks them."""

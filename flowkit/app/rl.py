@@ -44,20 +44,9 @@ from flowkit.checkpoint import write_bytes_atomic
 from .common import add_threads_option, as_options, markdown_table, refuse_to_replace, use_threads
 from .options import positive_float, positive_int
 from .sac import SACConfig, train_sac
-from .sac_policies import POLICIES, FlowPolicy, GaussianPolicy, save_policy, squash
+from .sac_policies import POLICIES
 
-# The policies and SAC live in flowkit.app.sac_policies and flowkit.app.sac; their names stay
-# importable from here, where they were first.
-__all__ = [
-    "FlowPolicy",
-    "GaussianPolicy",
-    "SACConfig",
-    "add_arguments",
-    "run",
-    "save_policy",
-    "squash",
-    "train_sac",
-]
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

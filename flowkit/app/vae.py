@@ -58,9 +58,7 @@ from .common import (
 from .options import positive_int
 from .vae_model import VAE, Posterior, Prior, evaluate, train
 
-# VAE, evaluate and train live in flowkit.app.vae_model; they stay importable from here, where
-# they were first.
-__all__ = ["VAE", "VARIANTS", "add_arguments", "evaluate", "run", "train"]
+__all__ = ["VARIANTS", "add_arguments", "run"]
 
 VARIANTS: dict[str, tuple[Posterior, Prior]] = {
     "gaussian": ("gaussian", "normal"),
