@@ -16,7 +16,7 @@ log-density in one pass per layer. Since log Z is known here (computed on a fine
 log Z - ELBO is the KL from q to the target: 0 for a perfect fit.
 
 U2-U4 do not decay along z1, so the target is taken on the box z1 in [-4, 4], with a soft wall
-outside it (see flowkit.app.energy). All four energies: ``flowkit energy --out DIR``.
+outside it (flowkit.data.walled_log_density). All four energies: ``flowkit energy --out DIR``.
 """
 
 import argparse
@@ -24,8 +24,13 @@ import argparse
 import torch
 
 from flowkit import IAF
-from flowkit.app.energy import walled_log_density, walled_log_normalizer
-from flowkit.data import ENERGIES, ENERGY_BOXES, energy_log_density
+from flowkit.data import (
+    ENERGIES,
+    ENERGY_BOXES,
+    energy_log_density,
+    walled_log_density,
+    walled_log_normalizer,
+)
 from flowkit.plot import Panel, grid_log_density, panel_figure, save_figure
 from flowkit.train import fit_reverse_kl, resolve_device
 

@@ -182,7 +182,8 @@ def test_mixture_of_models_is_normalized():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
     grid = torch.cartesian_prod(*[torch.tensor([0.0, 1.0], dtype=torch.float64)] * 6)
-    nlls = [mnist_eval.evaluate(models[0], grid), mnist_eval.evaluate(models[1], grid, mask_ensemble=3)]
+    nlls = [mnist_eval.evaluate(models[0], grid),
+            mnist_eval.evaluate(models[1], grid, mask_ensemble=3)]
     mixture = mnist_eval.mixture_nll(nlls)
     assert (-mixture).exp().sum().item() == pytest.approx(1.0, abs=1e-12)
     assert (mixture <= torch.maximum(*nlls) + 1e-12).all()

@@ -13,15 +13,17 @@ import torch
 
 from flowkit import load_model
 from flowkit.app.cli import main
-from flowkit.app.energy import (
-    ENERGY_SETTINGS,
-    fit_energy,
+from flowkit.app.energy import ENERGY_SETTINGS, fit_energy
+from flowkit.app.experiment2d import FLOWS, QUICK, TRANSFORMERS, FlowSettings, build_flow
+from flowkit.app.toy import _TEST_SEED_OFFSET, SWEEP_LRS, fit_toy, robustness_sweep, toy_table
+from flowkit.data.energy import (
+    ENERGIES,
+    ENERGY_BOXES,
+    energy_log_density,
+    energy_log_normalizer,
     walled_log_density,
     walled_log_normalizer,
 )
-from flowkit.app.experiment2d import FLOWS, QUICK, TRANSFORMERS, FlowSettings, build_flow
-from flowkit.app.toy import _TEST_SEED_OFFSET, SWEEP_LRS, fit_toy, robustness_sweep, toy_table
-from flowkit.data.energy import ENERGIES, ENERGY_BOXES, energy_log_density, energy_log_normalizer
 from flowkit.data.toy import TOY_DATASETS, has_exact_density, sample_toy
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -26,22 +26,21 @@ examples:
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from flowkit.data import (
     ENERGIES,
     ENERGY_BOXES,
-    box_grid,
+    WALL,
     energy_log_density,
     energy_log_normalizer,
+    walled_log_density,
+    walled_log_normalizer,
 )
 from flowkit.flows import Flow
 from flowkit.plot import Panel, grid_log_density
@@ -67,38 +66,6 @@ from .options import positive_float
 
 ENERGY_SETTINGS = FlowSettings(bound=6.0, steps=2000)
 """Defaults of ``flowkit energy``: U4's box reaches z2 = -6, so the spline covers [-6, 6]."""
-WALL = 0.1
-
-
-def walled_log_density(name: str, z: Tensor, wall: float = WALL) -> Tensor:
-    r"""The target fitted here: :math:`-U(z) - \tfrac12 \sum_i (d_i / \text{wall})^2`, where
-    :math:`d_i \ge 0` is how far :math:`z_i` lies outside the energy's box (0 inside).
-
-    Args:
-        name: one of :data:`flowkit.data.ENERGIES`.
-        z: ``(N, 2)`` on any device; differentiable.
-        wall: length scale of the wall.
-
-    Returns:
-        ``(N,)`` unnormalised log-densities.
-    """
-    xmin, xmax, ymin, ymax = ENERGY_BOXES[name]
-    dx = (xmin - z[:, 0]).clamp_min(0.0) + (z[:, 0] - xmax).clamp_min(0.0)
-    dy = (ymin - z[:, 1]).clamp_min(0.0) + (z[:, 1] - ymax).clamp_min(0.0)
-    return energy_log_density(name, z) - 0.5 * (dx.square() + dy.square()) / wall**2
-
-
-@lru_cache
-def walled_log_normalizer(name: str, wall: float = WALL, resolution: int = 600) -> float:
-    r""":math:`\log \int_{\mathbb R^2} e^{\text{walled\_log\_density}(z)} dz`, by the midpoint
-    rule in float64 on the box widened by ``8 wall`` on each side (beyond it the wall factor is
-    below :math:`e^{-32}`)."""
-    xmin, xmax, ymin, ymax = ENERGY_BOXES[name]
-    m = 8.0 * wall
-    points, area = box_grid((xmin - m, xmax + m, ymin - m, ymax + m), resolution)
-    return float(torch.logsumexp(walled_log_density(name, points, wall), dim=0)) + math.log(area)
-
-
 def fit_energy(
     name: str,
     flow: str,

@@ -140,3 +140,39 @@ def energy_log_normalizer(name: str, resolution: int = 1000) -> float:
     points, area = box_grid(ENERGY_BOXES[name], resolution)
     log_p = _LOG_DENSITIES[name](points)
     return float(torch.logsumexp(log_p, dim=0)) + math.log(area)
+
+
+WALL = 0.1
+"""Length scale of :func:`walled_log_density`'s wall (the default of ``flowkit energy``)."""
+
+
+def walled_log_density(name: str, z: Tensor, wall: float = WALL) -> Tensor:
+    r"""The energy as a target on all of :math:`\mathbb R^2`, for reverse-KL fits (whose
+    samples may leave the box, outside the box-truncated target's support):
+    :math:`-U(z) - \tfrac12 \sum_i (d_i / \text{wall})^2`, where :math:`d_i \ge 0` is how far
+    :math:`z_i` lies outside the energy's box (0 inside); :func:`walled_log_normalizer` is its
+    :math:`\log Z`.
+
+    Args:
+        name: one of :data:`flowkit.data.ENERGIES`.
+        z: ``(N, 2)`` on any device; differentiable.
+        wall: length scale of the wall.
+
+    Returns:
+        ``(N,)`` unnormalised log-densities.
+    """
+    xmin, xmax, ymin, ymax = ENERGY_BOXES[name]
+    dx = (xmin - z[:, 0]).clamp_min(0.0) + (z[:, 0] - xmax).clamp_min(0.0)
+    dy = (ymin - z[:, 1]).clamp_min(0.0) + (z[:, 1] - ymax).clamp_min(0.0)
+    return energy_log_density(name, z) - 0.5 * (dx.square() + dy.square()) / wall**2
+
+
+@lru_cache
+def walled_log_normalizer(name: str, wall: float = WALL, resolution: int = 600) -> float:
+    r""":math:`\log \int_{\mathbb R^2} e^{\text{walled\_log\_density}(z)} dz`, by the midpoint
+    rule in float64 on the box widened by ``8 wall`` on each side (beyond it the wall factor is
+    below :math:`e^{-32}`)."""
+    xmin, xmax, ymin, ymax = ENERGY_BOXES[name]
+    m = 8.0 * wall
+    points, area = box_grid((xmin - m, xmax + m, ymin - m, ymax + m), resolution)
+    return float(torch.logsumexp(walled_log_density(name, points, wall), dim=0)) + math.log(area)
