@@ -27,6 +27,7 @@ import math
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Literal
 
 import numpy as np
 import torch
@@ -150,7 +151,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
         self,
         layers: int = 5,
         hidden_features: Sequence[int] = (64, 64),
-        transformer: str = "affine",
+        transformer: Literal["affine", "spline"] = "affine",
         transformer_kwargs: dict | None = None,
         batch_norm: bool = False,
         standardize: bool = True,

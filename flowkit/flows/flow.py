@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -88,7 +89,7 @@ class Flow(nn.Module):
         standardize_context: Standardize | None = None,
         embedding: nn.Module | None = None,
         context_features: int | None = None,
-        base_context: str = "embedded",
+        base_context: Literal["embedded", "raw"] = "embedded",
     ):
         super().__init__()
         if not isinstance(transform, Transform):
@@ -166,7 +167,7 @@ class Flow(nn.Module):
         self.standardize_context = standardize_context
         self.embedding = embedding
         self.conditional_base: bool = base_width > 0
-        self.base_context: str = base_context
+        self.base_context = base_context
         self._raw_base = raw_base
         self.features: int = base.features
         self.context_features: int = context_features
