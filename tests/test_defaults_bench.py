@@ -9,7 +9,7 @@ import pytest
 
 from flowkit.app import cli
 from flowkit.app.defaults_bench.suite import make_tasks
-from flowkit.app.defaults_bench.table import markdown_table, summarize, verdicts
+from flowkit.app.defaults_bench.table import cells_table, summarize, verdicts
 
 
 def test_tasks_share_one_split_and_change_units_on_one_axis():
@@ -64,7 +64,7 @@ def test_quick_run_writes_cells_and_a_table_and_resumes(tmp_path, capsys):
 def test_table_marks_the_lowest_nll_and_shows_failures():
     cells = {"t": {"a": {"nll": 1.0, "se": 0.1}, "b": {"nll": 0.5, "se": 0.1},
                    "c": {"error": "diverged at step 3", "seconds": 1.0}}}
-    table = markdown_table(cells, ["t"], ["a", "b", "c"])
+    table = cells_table(cells, ["t"], ["a", "b", "c"])
     assert "| t | 1.000 ± 0.100 | **0.500 ± 0.100** | diverged at step 3 |" in table
 
 

@@ -56,9 +56,9 @@ from .experiment2d import (
     announce_run,
     build_flow,
     check_selection,
-    markdown_table,
     refuse_to_replace_gallery,
     run_label,
+    runs_table,
     settings_from_args,
     timed,
 )
@@ -136,8 +136,8 @@ def fit_energy(
 
 def energy_table(records: Sequence[Mapping[str, Any]]) -> str:
     """The ELBO/KL table of :func:`run_energy` records (see
-    :func:`flowkit.app.experiment2d.markdown_table`)."""
-    return markdown_table(
+    :func:`flowkit.app.experiment2d.runs_table`)."""
+    return runs_table(
         records,
         row_key="energy",
         reference=("log Z", "log_z"),

@@ -18,7 +18,7 @@ from flowkit.flows import IAF, MAF, Flow
 from flowkit.plot import Panel, loss_figure, panel_figure, save_figure
 from flowkit.train import History
 
-from .common import add_threads_option, refuse_to_replace
+from .common import add_threads_option, markdown_table, refuse_to_replace
 from .options import int_at_least, positive_float, positive_int
 
 FLOWS = {"maf": MAF, "iaf": IAF}
@@ -188,7 +188,7 @@ def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def markdown_table(
+def runs_table(
     records: Sequence[Mapping[str, Any]],
     *,
     row_key: str,
@@ -207,15 +207,15 @@ def markdown_table(
     labels = list(dict.fromkeys(run_label(r["flow"], r["transformer"]) for r in records))
     by_key = {(r[row_key], run_label(r["flow"], r["transformer"])): r for r in records}
     head = [row_key, reference[0]] + [f"{lab} {h}" for lab in labels for h, _ in scores]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for row in dict.fromkeys(r[row_key] for r in records):
         first = next(r for r in records if r[row_key] == row)
         cells = [row, fmt(first[reference[1]])]
         for label in labels:
             r = by_key.get((row, label))
             cells += [fmt(None if r is None else r[key]) for _, key in scores]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return markdown_table(head, rows) + "\n"
 
 
 class Gallery:

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from flowkit.checkpoint import write_bytes_atomic
 
+from .common import add_threads_option, markdown_table, use_threads
 from .options import positive_int
 
 __all__ = ["MODELS", "add_arguments", "epoch_times", "run", "train_and_score"]
@@ -251,24 +252,18 @@ def _summary(results: list[dict[str, Any]], tasks: list[str], models: list[str])
 
 
 def _format(table: dict, models: list[str]) -> str:
-    head = "| task | " + " | ".join(models) + " |"
-    lines = [head, "|---|" + "---:|" * len(models)]
-    for task, row in table.items():
-        cells = []
-        for m in models:
-            s = row.get(m)
-            cells.append("" if s is None else
-                         f"{s['c2st_mean']:.3f} ± {s['c2st_sd']:.3f} (n={s['n']})")
-        lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    lines += ["", "Seconds per epoch (median) and epochs trained (median):", "",
-              head, "|---|" + "---:|" * len(models)]
-    for task, row in table.items():
-        cells = []
-        for m in models:
-            s = row.get(m)
-            cells.append("" if s is None else f"{s['epoch_seconds']:.2f} s, {s['epochs']:.0f}")
-        lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    def rows(cell: Callable[[dict], str]) -> list[list[str]]:
+        return [[task, *("" if row.get(m) is None else cell(row[m]) for m in models)]
+                for task, row in table.items()]
+
+    right = range(1, len(models) + 1)
+    return "\n".join([
+        markdown_table(["task", *models], rows(
+            lambda s: f"{s['c2st_mean']:.3f} ± {s['c2st_sd']:.3f} (n={s['n']})"), right),
+        "", "Seconds per epoch (median) and epochs trained (median):", "",
+        markdown_table(["task", *models], rows(
+            lambda s: f"{s['epoch_seconds']:.2f} s, {s['epochs']:.0f}"), right),
+    ])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -293,8 +288,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timing", type=int, default=None, metavar="EPOCHS",
                         help="only measure seconds per epoch: every model EPOCHS epochs, "
                              "interleaved, 3 rounds, in this process; writes OUT/timing.json")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for torch and for the C2ST classifier")
+    add_threads_option(parser, also="the C2ST classifier")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -313,8 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     if any(not 1 <= o <= 10 for o in args.observations):
         raise ValueError(f"'--observations' should be in 1-10, got {args.observations}")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     out = Path(args.out)
     if args.timing is not None:
         if args.timing < 2:

@@ -43,10 +43,10 @@ from threadpoolctl import threadpool_limits
 from flowkit.data import TOY_DATASETS, has_exact_density, sample_toy, toy_log_prob
 from flowkit.sklearn import FlowDensity
 
-from .common import add_threads_option, mean_se, use_threads
+from .common import add_threads_option, markdown_table, mean_se, use_threads
 from .options import positive_int
 
-__all__ = ["add_arguments", "run", "load_dataset", "fit_model", "markdown_table"]
+__all__ = ["add_arguments", "run", "load_dataset", "fit_model", "scores_table"]
 
 DATASETS = (*TOY_DATASETS, "digits")
 MODELS = ("gmm", "kde", "maf", "maf-spline")
@@ -140,10 +140,9 @@ def fit_model(
     return _maf(x, seed, args, spline=model == "maf-spline")
 
 
-def markdown_table(results: dict[str, dict[str, Any]], models: list[str]) -> str:
+def scores_table(results: dict[str, dict[str, Any]], models: list[str]) -> str:
     """The results as a Markdown table: mean test log-likelihood +- standard error."""
-    head = ["dataset", "D", *models, "exact"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for name, r in results.items():
         scores = {m: r[m]["test_log_likelihood"] for m in models}
         best = max(scores.values())
@@ -152,8 +151,8 @@ def markdown_table(results: dict[str, dict[str, Any]], models: list[str]) -> str
             cell = f"{scores[m]:.3f} ± {r[m]['stderr']:.3f}"
             cells.append(f"**{cell}**" if scores[m] == best else cell)
         cells.append("—" if r["exact"] is None else f"{r['exact']:.3f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return markdown_table(["dataset", "D", *models, "exact"], rows) + "\n"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results = {name: _evaluate(name, args) for name in args.datasets}
     finally:
         torch.set_num_threads(threads)
-    table = markdown_table(results, list(args.models))
+    table = scores_table(results, list(args.models))
     print(table)
     Path(args.out, "table.md").write_text(table)
     return {"results": results, "table": table}

@@ -54,9 +54,9 @@ from .experiment2d import (
     announce_run,
     build_flow,
     check_selection,
-    markdown_table,
     refuse_to_replace_gallery,
     run_label,
+    runs_table,
     settings_from_args,
     timed,
 )
@@ -166,8 +166,8 @@ def _truth_panel(dataset: str, test: Tensor, resolution: int) -> Panel:
 
 
 def toy_table(records: Sequence[Mapping[str, Any]]) -> str:
-    """The NLL/KL table of :func:`run_toy` records (see :func:`markdown_table`)."""
-    return markdown_table(
+    """The NLL/KL table of :func:`run_toy` records (see :func:`runs_table`)."""
+    return runs_table(
         records,
         row_key="dataset",
         reference=("entropy", "entropy"),

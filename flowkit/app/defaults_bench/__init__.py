@@ -68,8 +68,8 @@ from .runners import MODELS, cell, settings, target
 from .suite import Task, make_tasks
 from .table import (
     cell_path,
+    cells_table,
     format_cell,
-    markdown_table,
     read_cells,
     summarize,
     verdicts,
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     found = read_cells(folder, None if args.table_only else seeds)
     cells = {t: {m: summarize(r) for m, r in row.items()} for t, row in found.items()}
     shown = [n for n in names if n in wanted]
-    text = markdown_table(cells, shown, models) + "\n" + "\n".join(verdicts(cells, shown)) + "\n"
+    text = cells_table(cells, shown, models) + "\n" + "\n".join(verdicts(cells, shown)) + "\n"
     if TARGET in found:
         text += "\ncheckerboard target (MAF(2, transformer='spline'), fit defaults, fresh "
         text += "samples): " + ", ".join(

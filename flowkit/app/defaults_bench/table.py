@@ -10,7 +10,9 @@ from typing import Any
 
 from flowkit.checkpoint import write_bytes_atomic
 
-__all__ = ["cell_path", "format_cell", "markdown_table", "read_cells", "summarize", "verdicts",
+from ..common import markdown_table
+
+__all__ = ["cell_path", "format_cell", "cells_table", "read_cells", "summarize", "verdicts",
            "write_cell"]
 
 Cells = dict[str, dict[str, dict[str, Any]]]
@@ -84,10 +86,9 @@ def format_cell(cell: dict[str, Any] | None) -> str:
     return f"{cell['nll']:.3f} ± {cell['se']:.3f}"
 
 
-def markdown_table(cells: Cells, tasks: list[str], models: list[str]) -> str:
+def cells_table(cells: Cells, tasks: list[str], models: list[str]) -> str:
     """Held-out NLL per task (rows) and model (columns); the lowest of each row in bold."""
-    head = ["task", *models]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for task in tasks:
         row = cells.get(task, {})
         values = {m: row[m]["nll"] for m in models if m in row and "nll" in row[m]}
@@ -96,8 +97,8 @@ def markdown_table(cells: Cells, tasks: list[str], models: list[str]) -> str:
         for m in models:
             text = format_cell(row.get(m))
             out.append(f"**{text}**" if m in values and values[m] == best else text)
-        lines.append("| " + " | ".join(out) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(out)
+    return markdown_table(["task", *models], rows) + "\n"
 
 
 def _nll(row: dict[str, dict[str, Any]], model: str) -> float | None:
