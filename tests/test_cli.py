@@ -201,26 +201,39 @@ def test_mnist_eval_help_says_that_out_receives_only_metrics_json(capsys):
     assert "figures" not in out.split("(default")[0]
 
 
-def test_warnings_are_one_line_without_source_path_while_the_command_runs(tmp_path, capsys):
-    import warnings
+def test_warnings_are_one_line_without_source_path_while_the_command_runs(tmp_path):
+    """End to end, in a process of its own (pytest records warnings instead of showing them)."""
+    import subprocess
+    import sys
 
     import numpy as np
 
     x = np.random.default_rng(0).normal(size=(200, 3))
     x[:, 2] = 1.0  # a constant column: fit warns with a DataWarning
     np.save(tmp_path / "x.npy", x)
-    shown = warnings.showwarning
     argv = ["fit", "--data", str(tmp_path / "x.npy"), "--steps", "2", "--quiet", "--threads", "1",
             "--out", str(tmp_path / "run")]
-    assert cli.main(argv) == 0
-    lines = [line for line in capsys.readouterr().err.splitlines() if "DataWarning" in line]
+    done = subprocess.run([sys.executable, "-m", "flowkit", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "DataWarning" in line]
     assert len(lines) == 1
     assert lines[0].startswith("flowkit fit: warning: DataWarning: 'data', column 2, holds a ")
-    assert ".py:" not in lines[0]
-    assert warnings.showwarning is shown  # the process's own way is back after the command
+    assert ".py:" not in done.stderr
 
 
-def test_a_multi_line_warning_is_one_line(tmp_path, capsys, monkeypatch):
+def test_a_multi_line_warning_is_one_line_and_the_format_comes_back():
+    import warnings
+
+    before = warnings.formatwarning
+    with cli._warnings_as_lines("fit"):
+        text = warnings.formatwarning(RuntimeWarning("first\n  second"), RuntimeWarning,
+                                      "somewhere.py", 3)
+    assert text == "flowkit fit: warning: RuntimeWarning: first second\n"
+    assert warnings.formatwarning is before
+
+
+def test_warnings_of_a_command_still_reach_code_that_records_them(tmp_path, monkeypatch):
     import warnings
 
     from flowkit.app import fit
@@ -230,5 +243,5 @@ def test_a_multi_line_warning_is_one_line(tmp_path, capsys, monkeypatch):
         return {}
 
     monkeypatch.setattr(fit, "run", warns)
-    assert cli.main(["fit", "--out", str(tmp_path / "run")]) == 0
-    assert capsys.readouterr().err == "flowkit fit: warning: RuntimeWarning: first second\n"
+    with pytest.warns(RuntimeWarning, match="first"):
+        assert cli.main(["fit", "--out", str(tmp_path / "run")]) == 0

@@ -49,7 +49,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TextIO
+from typing import Any
 
 from flowkit import __version__
 from flowkit.checkpoint import run_lock, write_bytes_atomic
@@ -224,21 +224,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _warnings_as_lines(command: str) -> Iterator[None]:
-    """Inside the block, a warning is shown as one line on stderr,
+    """Inside the block, a warning is shown as one line,
     ``flowkit <command>: warning: <Category>: <message>`` (without Python's source path, line
-    number and source line), above any progress bar; the previous way of showing warnings comes
-    back after the block (:func:`warnings.catch_warnings`)."""
-    from tqdm.auto import tqdm
+    number and source line); the previous format comes back after the block. Only the format
+    changes, so code that records warnings (``warnings.catch_warnings(record=True)``,
+    ``pytest.warns``) still receives them."""
 
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: TextIO | None = None, line: str | None = None) -> None:
+    def format_line(message: Warning | str, category: type[Warning], filename: str,
+                    lineno: int, line: str | None = None) -> str:
         text = " ".join(str(message).split())
-        tqdm.write(f"flowkit {command}: warning: {category.__name__}: {text}",
-                   file=file or sys.stderr)
+        return f"flowkit {command}: warning: {category.__name__}: {text}\n"
 
-    with warnings.catch_warnings():
-        warnings.showwarning = show
+    previous, warnings.formatwarning = warnings.formatwarning, format_line
+    try:
         yield
+    finally:
+        warnings.formatwarning = previous
 
 
 def _finite(value: Any) -> Any:
