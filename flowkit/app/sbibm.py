@@ -259,7 +259,8 @@ def _format(table: dict, models: list[str]) -> str:
     right = range(1, len(models) + 1)
     return "\n".join([
         markdown_table(["task", *models], rows(
-            lambda s: f"{s['c2st_mean']:.3f} ± {s['c2st_sd']:.3f} (n={s['n']})"), right),
+            lambda s: f"{s['c2st_mean']:.3f}"
+            + (f" ± {s['c2st_sd']:.3f}" if s["n"] > 1 else "") + f" (n={s['n']})"), right),
         "", "Seconds per epoch (median) and epochs trained (median):", "",
         markdown_table(["task", *models], rows(
             lambda s: f"{s['epoch_seconds']:.2f} s, {s['epochs']:.0f}"), right),
