@@ -421,3 +421,19 @@ def test_raw_base_errors():
     flow = flowkit.Flow(made_flow.transform, ConditionalDiagonalGaussian(2, context_features=6),
                         embedding=MLPEmbedding(6, 3), context_features=6, base_context="raw")
     assert flow.log_prob(torch.randn(2, 2), torch.randn(2, 6)).shape == (2,)
+
+
+def test_embed_context_is_what_the_layers_read():
+    """Standardized, then embedded; with base_context="raw" still the layers' part only."""
+    c = 100.0 + 10.0 * torch.randn(64, 3, dtype=torch.float64)
+    for base_context in ("embedded", "raw"):
+        embedding = flowkit.MLPEmbedding(3, 4, hidden_features=(8,))
+        flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3,
+                           embedding=embedding, conditional_base=True,
+                           base_context=base_context).double()
+        flow.standardize_context.set(c.mean(0), c.std(0))
+        h = flow.embed_context(c[:5])
+        torch.testing.assert_close(h, embedding.double()((c[:5] - c.mean(0)) / c.std(0)))
+        assert flow.embed_context(c[:6].reshape(2, 3, 3)).shape == (2, 3, 4)
+    with pytest.raises(ValueError, match="unconditional"):
+        flowkit.MAF(2).embed_context(c[:2])

@@ -108,10 +108,59 @@ def test_embedding_network_is_trained_with_the_flow():
     theta, x = simulations()
     embedding = MLPEmbedding(3, 4, hidden_features=(8,))
     est = posterior_nn("maf", layers=2, hidden_features=(16,), embedding=embedding)(theta, x)
-    assert est.embedding_net is embedding
+    assert est.net.embedding is embedding
     trained_weights(est)  # the MADEs' output layers start at zero: no gradient to the context
     est.loss(theta[:10], x[:10]).mean().backward()
     assert embedding.net[0].weight.grad.abs().sum() > 0
+
+
+def test_embedding_net_is_the_condition_as_the_layers_read_it():
+    """sbi's diagnostics call embedding_net on raw conditions: it standardizes and embeds them
+    as the flow does, with or without an embedding network, for conditions of any shape."""
+    theta, x = simulations()
+    embedding = MLPEmbedding(3, 4, hidden_features=(8,))
+    est = posterior_nn("maf", layers=2, hidden_features=(16,), embedding=embedding)(theta, x)
+    standardized = est.net.standardize_context(x[:5])[0]
+    torch.testing.assert_close(est.embedding_net(x[:5]), embedding(standardized))
+    plain = posterior_nn("maf", layers=2, hidden_features=(16,))(theta, x)
+    torch.testing.assert_close(plain.embedding_net(x[:5]), standardized)
+    images = x.repeat(1, 4).reshape(-1, 1, 3, 4)  # (N, 1, 3, 4) conditions
+    shaped = posterior_nn("maf", layers=2, hidden_features=(8,))(theta, images)
+    assert shaped.embedding_net(images[:5]).shape == (5, 12)
+
+
+def test_a_users_network_for_shaped_conditions_gets_its_shape_back_with_unflatten():
+    """The recipe of the module docstring: nn.Unflatten in front of a network that wants images."""
+    theta, x = simulations()
+    images = x.repeat(1, 4).reshape(-1, 1, 3, 4)
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 2), torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    embedding = torch.nn.Sequential(torch.nn.Unflatten(1, (1, 3, 4)), cnn)
+    est = posterior_nn("maf", layers=2, hidden_features=(8,), embedding=embedding)(theta, images)
+    assert est.log_prob(theta[:6], images[:6]).shape == (1, 6)
+    assert est.sample((2,), images[:3]).shape == (2, 3, 2)
+
+
+def test_misuse_is_named_in_sbis_terms():
+    theta, x = simulations()
+    build = posterior_nn("maf", layers=2, hidden_features=(8,))
+    est = build(theta, x)
+    with pytest.raises(ValueError, match="'input' of batch shape \\(3,\\) and 'condition' of "
+                                         "batch shape \\(5,\\) do not broadcast"):
+        est.log_prob(theta[:3], x[:5])
+    assert est.sample((0,), x[:5]).shape == (0, 5, 2)  # empty, as torch's distributions
+    samples, log_q = est.sample_and_log_prob((0, 2), x[:5])
+    assert samples.shape == (0, 2, 5, 2) and log_q.shape == (0, 2, 5)
+    bad = x.clone()
+    bad[[3, 7]] = float("nan")
+    with pytest.raises(ValueError, match="the simulations' x holds NaN or Inf values in 2 of"):
+        build(theta, bad)
+    with pytest.raises(ValueError, match="the simulations' theta holds NaN"):
+        likelihood_nn("maf", layers=2, hidden_features=(8,))(bad[:, :2], theta)
+    with pytest.raises(ValueError, match="'z_score_x': sbi's z-scoring options"):
+        posterior_nn("maf", z_score_x="independent")
+    boxed = posterior_nn("maf", layers=2, hidden_features=(8,), bounds=([-1.0, -1.0], [1, 1]))
+    with pytest.raises(ValueError, match="'bounds' should contain every simulated theta: "):
+        boxed(theta, x)  # theta lies in [-3, 3]^2
 
 
 @pytest.mark.parametrize(

@@ -283,6 +283,20 @@ class Flow(nn.Module):
         """
         return FlowDistribution(self, context)
 
+    def embed_context(self, context: Tensor) -> Tensor:
+        """The context as the layers read it: ``(*B, C)`` -> ``(*B, H)``, standardized (if the
+        flow standardizes its context) and passed through the embedding network (if any;
+        ``H = C`` without one). For diagnostics in the space the flow conditions on (sbi's
+        ``embedding_net``)."""
+        ref = self._reference()
+        if self.context_features == 0:
+            raise ValueError("the flow is unconditional (context_features=0): it has no context "
+                             "to embed")
+        context = check_batch_context(context, self.context_features, ref)
+        h = self._embed(context.reshape(-1, self.context_features))
+        h = self._split(h)[0]
+        return h.reshape(*context.shape[:-1], h.shape[-1])
+
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Exact log-density ``log p(x | context)``: ``x`` ``(*A, D)``, ``context`` ``(*B, C)``
         with broadcastable ``A`` and ``B``; returns their broadcast shape. ``-inf`` for points

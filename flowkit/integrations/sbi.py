@@ -37,8 +37,12 @@ only shifted (see :mod:`flowkit.transforms.standardize`).
 
 **Shapes.** Inputs and conditions may have any event shape (``input_shape``,
 ``condition_shape``); the flow sees them flattened to ``D`` and ``C`` numbers per row. An
-embedding network passed as ``embedding`` therefore receives ``(rows, C)``: a network for
-structured data (images, time series) reshapes them itself.
+embedding network passed as ``embedding`` therefore receives ``(rows, C)``: give a network for
+structured data its shape back with :class:`torch.nn.Unflatten`, e.g.
+``embedding=nn.Sequential(nn.Unflatten(1, (1, 16, 16)), cnn)`` for images, or
+``nn.Unflatten(1, (trials, d))`` in front of sbi's ``PermutationInvariantEmbedding`` for iid
+trials. A builder builds a new flow each time sbi calls it, but the embedding network passed
+to it is the same object: build a new one for each training run that should start afresh.
 
 This module needs the package ``sbi`` (``pip install "flowkit-made[sbi]"``); ``import
 flowkit`` never imports it.
@@ -106,9 +110,12 @@ class FlowkitEstimator(ConditionalDensityEstimator):
             )
 
     @property
-    def embedding_net(self) -> nn.Module | None:
-        """The flow's embedding network (``None`` if it has none)."""
-        return self.net.embedding
+    def embedding_net(self) -> nn.Module:
+        """The condition as the flow's layers read it, ``(B, *condition_shape) -> (B, H)``:
+        flattened, standardized (if the flow standardizes its context) and embedded (if it has
+        an embedding network; its parameters are the flow's). What sbi's diagnostics call
+        (e.g. ``calc_misspecification_mmd(mode="embedding")``)."""
+        return _ConditionEmbedding(self.net, self.condition_shape)
 
     def log_prob(self, input: Tensor, condition: Tensor) -> Tensor:
         """``log q(input | condition)``, shape ``(S, B)`` (class doc). The flow broadcasts the
@@ -121,12 +128,20 @@ class FlowkitEstimator(ConditionalDensityEstimator):
         return log_q if log_q.dim() == 2 else log_q.unsqueeze(0)
 
     def _check_values(self, input: Tensor | None, condition: Tensor) -> None:
-        """dtype, device and NaN checks under sbi's names (the flow would call them 'x' and
-        'context'); ``input`` and ``condition`` flattened."""
+        """dtype, device, NaN and batch-shape checks under sbi's names (the flow would call
+        them 'x' and 'context'); ``input`` and ``condition`` flattened."""
         like = reference(self.net)
         check_batch_context(condition, self.net.context_features, like, name="condition")
         if input is not None:
             nonfinite_rows("input", check_batch("input", input, self.net.features, like))
+            try:
+                torch.broadcast_shapes(input.shape[:-1], condition.shape[:-1])
+            except RuntimeError:
+                raise ValueError(
+                    f"'input' of batch shape {tuple(input.shape[:-1])} and 'condition' of batch "
+                    f"shape {tuple(condition.shape[:-1])} do not broadcast (sizes should match "
+                    "or be 1)"
+                ) from None
 
     def loss(self, input: Tensor, condition: Tensor) -> Tensor:
         """Negative log-density of a training batch, ``(B,)``."""
@@ -143,8 +158,11 @@ class FlowkitEstimator(ConditionalDensityEstimator):
         return torch.Size(sample_shape), condition.shape[0]
 
     def sample(self, sample_shape: Any, condition: Tensor) -> Tensor:
-        """Samples ``(*sample_shape, B, *input_shape)`` for conditions ``(B, ...)``."""
+        """Samples ``(*sample_shape, B, *input_shape)`` for conditions ``(B, ...)`` (empty for
+        an empty ``sample_shape``, as torch's distributions)."""
         shape, batch = self._sample_shapes(sample_shape, condition)
+        if shape.numel() * batch == 0:
+            return self._empty(*shape, batch, *self.input_shape)
         theta = self.net.sample(shape.numel(), condition.reshape(batch, -1))
         return theta.reshape(*shape, batch, *self.input_shape)
 
@@ -152,8 +170,26 @@ class FlowkitEstimator(ConditionalDensityEstimator):
         """Samples ``(*sample_shape, B, *input_shape)`` and their log-densities
         ``(*sample_shape, B)`` from one pass of the flow."""
         shape, batch = self._sample_shapes(sample_shape, condition)
+        if shape.numel() * batch == 0:
+            return self._empty(*shape, batch, *self.input_shape), self._empty(*shape, batch)
         theta, log_q = self.net.sample_and_log_prob(shape.numel(), condition.reshape(batch, -1))
         return theta.reshape(*shape, batch, *self.input_shape), log_q.reshape(*shape, batch)
+
+    def _empty(self, *shape: int) -> Tensor:
+        like = reference(self.net)
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+class _ConditionEmbedding(nn.Module):
+    """:attr:`FlowkitEstimator.embedding_net`: conditions ``(B, *condition_shape)`` flattened and
+    passed to :meth:`flowkit.Flow.embed_context`."""
+
+    def __init__(self, flow: Flow, condition_shape: torch.Size):
+        super().__init__()
+        self.flow, self.condition_shape = flow, condition_shape
+
+    def forward(self, condition: Tensor) -> Tensor:
+        return self.flow.embed_context(_flat(condition, self.condition_shape))
 
 
 def _flat(value: Tensor, event_shape: torch.Size) -> Tensor:
@@ -176,22 +212,52 @@ def _builder(
                 f"'{reserved}' is set by the builder from the simulations; do not pass it "
                 "(the embedding network goes in 'embedding')"
             )
+    if sbi_style := sorted(k for k in flow_kwargs if k.startswith("z_score_")):
+        raise ValueError(
+            f"{', '.join(map(repr, sbi_style))}: sbi's z-scoring options; flowkit's builders "
+            "standardize both sides per element (as z_score_x='independent') with "
+            "standardize=True, their default, and not at all with standardize=False"
+        )
     build_flow = _BUILDERS[model]
+    names = ("x", "theta") if swap else ("theta", "x")  # of the input, of the condition
 
     def build(batch_theta: Tensor, batch_x: Tensor) -> FlowkitEstimator:
         inputs, conditions = (batch_x, batch_theta) if swap else (batch_theta, batch_x)
+        for name, value in zip(names, (inputs, conditions), strict=True):
+            if bad := int((~torch.isfinite(value.reshape(len(value), -1))).any(-1).sum()):
+                raise ValueError(
+                    f"the simulations' {name} holds NaN or Inf values in {bad} of its "
+                    f"{len(value)} rows; leave sbi's exclude_invalid_x=True (its default) or "
+                    "remove them"
+                )
         flow = build_flow(
             math.prod(inputs.shape[1:]),
             context_features=math.prod(conditions.shape[1:]),
             embedding=embedding,
             **flow_kwargs,
         ).to(inputs.dtype)
+        if flow_kwargs.get("bounds") is not None:  # checked by the flow's builder
+            _check_inside(names[0], inputs.reshape(len(inputs), -1), flow_kwargs["bounds"])
         # The flow's Standardize modules (if standardize=True) from the whole batch.
         set_from_data(flow, [(inputs.reshape(len(inputs), -1),
                               conditions.reshape(len(conditions), -1))])
         return FlowkitEstimator(flow, inputs.shape[1:], conditions.shape[1:])
 
     return build
+
+
+def _check_inside(name: str, values: Tensor, bounds: Any) -> None:
+    """Refuse ``bounds=(low, high)`` that leave simulated rows outside (a density of zero there
+    gives a NaN loss, which sbi reports without saying why)."""
+    low, high = (torch.as_tensor(b, dtype=values.dtype) for b in bounds)
+    outside = ((values < low) | (values > high)).any(-1)
+    if outside.any():
+        row = int(outside.nonzero()[0])
+        raise ValueError(
+            f"'bounds' should contain every simulated {name}: {int(outside.sum())} of "
+            f"{len(values)} rows lie outside it (row {row}: {values[row].tolist()}); give the "
+            "bounds of the prior's support"
+        )
 
 
 def posterior_nn(

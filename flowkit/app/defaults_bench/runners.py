@@ -57,8 +57,7 @@ class _Scored:
     def outside(self, x: torch.Tensor, c: torch.Tensor | None) -> float | None:
         """Through the flow's transforms one by one (their public ``forward``), the largest
         share of rows that a spline layer receives outside ``[-B, B]``; None without spline
-        layers. The layers read the standardized context (the benchmark's flows have no
-        embedding)."""
+        layers."""
         from flowkit.transforms import MaskedAutoregressive, RationalQuadraticSpline
 
         def is_spline(t: object) -> bool:
@@ -70,9 +69,7 @@ class _Scored:
             return None
         shares: list[float] = []
         with torch.no_grad():
-            h = c
-            if c is not None and self.flow.standardize_context is not None:
-                h = self.flow.standardize_context(c)[0]
+            h = None if c is None else self.flow.embed_context(c)
             for t in transforms:
                 if is_spline(t):
                     bound = t.transformer.bound
