@@ -173,13 +173,13 @@ def test_bounds_make_a_density_on_the_box(builder, tmp_path):
         for p in flow.parameters():
             p.add_(0.2 * torch.randn_like(p))
     flow.eval()
-    ax = [torch.linspace(lo, hi, 801, dtype=torch.float64)[1:-1]
+    ax = [torch.linspace(lo, hi, 201, dtype=torch.float64)[1:-1]
           for lo, hi in zip(low, high, strict=True)]
     xx, yy = torch.meshgrid(*ax, indexing="ij")
     with torch.no_grad():
         density = flow.log_prob(torch.stack([xx.flatten(), yy.flatten()], -1)).exp()
     integral = torch.trapezoid(torch.trapezoid(density.reshape(xx.shape), ax[1]), ax[0]).item()
-    assert abs(integral - 1) < 2e-3, integral
+    assert abs(integral - 1) < 1e-3, integral  # 1.5e-4 or less here (16x the points: the same)
     x, log_p = flow.sample_and_log_prob(500)
     assert ((x > torch.tensor(low)) & (x < torch.tensor(high))).all()
     assert torch.allclose(flow.log_prob(x), log_p, atol=1e-9)

@@ -60,7 +60,11 @@ def test_round_trip_and_log_dets_cancel(case):
     spline, params, x = case
     z, log_det = spline.forward(x, params)
     x_back, log_det_inverse = spline.inverse(z, params)
-    torch.testing.assert_close(x_back, x, atol=1e-10, rtol=0)
+    # x is recovered as well as z determines it: the error, in units of eps * B / (dz/dx) (an
+    # absolute tolerance fails where a bin is steep and dz/dx small: x then moves by more than
+    # z's rounding, 1.6e-10 on one drawn spline)
+    eps = torch.finfo(torch.float64).eps
+    assert ((x_back - x).abs() * log_det.exp()).max() < 64 * eps * spline.bound
     torch.testing.assert_close(log_det_inverse, -log_det, atol=1e-8, rtol=0)
     z_back, _ = spline.forward(spline.inverse(x, params)[0], params)
     torch.testing.assert_close(z_back, x, atol=1e-10, rtol=0)

@@ -182,7 +182,7 @@ def test_expand():
     x = d.rsample((2,))
     assert x.shape == (2, 3, 5, D)
     torch.testing.assert_close(d.log_prob(x)[1, 2], flow.log_prob(x[1, 2], context))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="expanded size"):  # torch's own expand rule
         FlowDistribution(flow, context).expand((4,))
     u = FlowDistribution(_flow("maf", 0)).expand((4,))  # i.i.d. copies of one density
     assert u.batch_shape == (4,) and u.rsample((2,)).shape == (2, 4, D)

@@ -1430,3 +1430,38 @@ def test_a_run_that_fails_at_once_keeps_its_standardization_and_says_no_more_to_
     assert bool(standardize.initialized)
     torch.testing.assert_close(standardize.shift, x.mean(0))
     assert "standardise the data" not in str(info.value)
+
+
+def test_validation_scores_the_model_in_evaluation_mode():
+    """A BatchNorm flow's validation loss is its evaluation-mode NLL (running averages, which
+    validation leaves alone), not the NLL under the validation batch's own statistics."""
+    torch.manual_seed(0)
+    flow = flowkit.MAF(2, layers=3, hidden_features=(8,), batch_norm=True, standardize=False)
+    x, v = 3 * torch.randn(512, 2) + 1, 3 * torch.randn(128, 2) + 1
+    h = fit(flow, x, valid=v, steps=30, batch_size=64, restore_best=False, progress=False,
+            seed=0)
+    assert not flow.training
+    with torch.no_grad():
+        eval_nll = -flow.log_prob(v).mean().item()
+        flow.train()
+        batch_nll = -flow.log_prob(v).mean().item()  # batch statistics (moves the averages)
+    assert h.valid_loss[-1] == pytest.approx(eval_nll, rel=1e-6)
+    assert abs(batch_nll - eval_nll) > 1e-3  # the two modes differ: the check above can fail
+
+
+def test_clip_grad_norm_bounds_the_step():
+    """With SGD at lr 1, one step moves the parameters by the clipped gradient: a global norm
+    of at most clip_grad_norm (and by more without the clip)."""
+    x = 50 * torch.randn(256, 2)
+
+    def moved(clip: float | None) -> float:
+        torch.manual_seed(0)
+        flow = flowkit.MAF(2, layers=2, hidden_features=(8,), standardize=False)
+        before = [p.detach().clone() for p in flow.parameters()]
+        fit(flow, x, steps=1, batch_size=256, optimizer="sgd", lr=1.0, lr_schedule=None,
+            clip_grad_norm=clip, progress=False, seed=0)
+        return torch.cat([(p.detach() - b).flatten()
+                          for p, b in zip(flow.parameters(), before, strict=True)]).norm().item()
+
+    assert moved(None) > 1.0
+    assert moved(1e-3) == pytest.approx(1e-3, rel=1e-4)
