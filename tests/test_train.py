@@ -1092,6 +1092,10 @@ def test_callbacks_run_after_steps_epochs_and_checkpoints(tmp_path):
         ("step", 3, 1, ()), ("checkpoint", 3, path),
         ("step", 4, 2, ()), ("epoch", 4, 2, 2, 2), ("checkpoint", 4, path),
     ]
+    events.clear()  # the last step on the checkpoint period: written once, not twice
+    fit(small_maf(), x, epochs=2, batch_size=32, seed=0, callbacks=callbacks,
+        checkpoint_dir=tmp_path / "even", checkpoint_every=2, **QUIET)
+    assert [e[1] for e in events if e[0] == "checkpoint"] == [2, 4]
 
 
 def test_callbacks_do_not_change_a_resumed_run(tmp_path):

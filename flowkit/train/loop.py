@@ -294,7 +294,9 @@ class Trainer:
             per_epoch is not None and step % per_epoch == 0
             and cb is not None and cb.after_epoch is not None
         )
-        at_ckpt = self.s.path is not None and step % o["checkpoint_every"] == 0
+        at_ckpt = (  # the last step's checkpoint is _finish's (once, with the best weights)
+            self.s.path is not None and step % o["checkpoint_every"] == 0 and step != plan.steps
+        )
         if not (at_valid or at_epoch or at_ckpt or step % o["log_every"] == 0
                 or step == plan.steps):
             return
