@@ -1469,3 +1469,38 @@ def test_clip_grad_norm_bounds_the_step():
 
     assert moved(None) > 1.0
     assert moved(1e-3) == pytest.approx(1e-3, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "detach", [lambda x: x.detach(), lambda x: torch.from_numpy(x.detach().numpy())],
+    ids=["detach", "numpy"],
+)
+def test_reverse_kl_refuses_a_target_without_gradients(detach):
+    """A target computed off the autograd graph would train nothing (silently at first, then a
+    DivergenceError blaming the learning rate): refused before the first step."""
+    def target(x):
+        return -0.5 * (detach(x) ** 2).sum(-1)
+
+    with pytest.raises(ValueError, match="'target_log_density' returned log-densities that do not "
+                                         "depend on its input through autograd"):
+        fit_reverse_kl(flowkit.IAF(2, hidden_features=(8,)), target, steps=5, **QUIET)
+
+
+def test_reverse_kl_warns_when_a_spline_interval_holds_the_samples():
+    """In reverse KL the spline's interval is in the target's units: a target centred at 10
+    (outside [-5, 5]) piles the samples at the edge, which the ELBO alone would not reveal."""
+    def far(x):
+        return -0.5 * ((x - 10.0) ** 2).sum(-1)
+
+    def near(x):
+        return -0.5 * ((x - 1.0) ** 2).sum(-1)
+
+    def fit_to(target):
+        flow = flowkit.IAF(2, layers=2, hidden_features=(16,), transformer="spline")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit_reverse_kl(flow, target, steps=150, seed=0, **QUIET)
+        return [str(w.message) for w in caught]
+
+    assert any("reach the edge of a spline layer's interval" in m for m in fit_to(far))
+    assert not any("spline layer" in m for m in fit_to(near))

@@ -7,12 +7,15 @@ The optimisation itself is the shared engine of :mod:`flowkit.train.loop`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..flows import Flow, spline_edge_shares
+from ..transforms import RationalQuadraticSpline
 from ..validation import check_int
 from .data import local_batch_size
 from .history import History
@@ -46,8 +49,11 @@ def fit_reverse_kl(
     Args:
         flow: unconditional model with ``sample_and_log_prob(n) -> (x, log_q)`` whose ``x`` is
             differentiable in the parameters.
-        target_log_density: ``x: (N, D) -> log p~(x): (N,)``, differentiable in ``x``, accepting
-            tensors on the training device.
+        target_log_density: ``x: (N, D) -> log p~(x): (N,)``, differentiable in ``x`` (a target
+            off the autograd graph is refused), finite on all of ``R^D`` (for a target on a box,
+            give the flow ``bounds=``), accepting tensors on the training device. A spline
+            flow's interval is in the target's units here (no data sets its standardization):
+            a warning says when the samples crowd its edge (docs/training.md).
         steps: number of optimizer steps.
         batch_size: samples per step; under ``torchrun`` each process draws
             ``batch_size / world_size`` samples with its own seed.
@@ -80,7 +86,9 @@ def fit_reverse_kl(
         source = _Draws(local_batch_size(int(batch_size), s.dist))
         objective = Objective(flow, NegElbo(target_log_density))
         trainer = Trainer(s, flow, objective, source, o, Plan(int(steps)), None)
-        return trainer.run(lambda args: _check_target(flow, target_log_density))
+        history = trainer.run(lambda args: _check_target(flow, target_log_density))
+    _warn_if_held_by_a_spline_interval(flow)
+    return history
 
 
 class _Draws:
@@ -102,10 +110,45 @@ class _Draws:
 
 
 def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:
-    with torch.no_grad():
-        x, log_q = flow.sample_and_log_prob(2)
-        log_p = target(x)
+    """Before the first step: both log-densities have shape ``(N,)``, and the target's carries
+    the gradient of its input (a target computed under ``no_grad``, on ``x.detach()`` or through
+    numpy would train nothing, silently)."""
+    x, log_q = flow.sample_and_log_prob(2)  # with gradients, as the steps draw them
+    log_p = target(x)
     for name, t in (("flow.sample_and_log_prob", log_q), ("target_log_density", log_p)):
         if not isinstance(t, Tensor) or t.shape != (2,):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} should return log-densities of shape (N,), got {got} for N=2")
+    if x.requires_grad and not log_p.requires_grad:
+        raise ValueError(
+            "'target_log_density' returned log-densities that do not depend on its input through "
+            "autograd (computed under torch.no_grad(), from x.detach() or x.numpy(), or not from "
+            "x at all): reverse KL needs the gradient of log p~(x) with respect to x"
+        )
+
+
+EDGE, CROWDED = 0.9, 0.01
+"""A spline flow fitted by reverse KL is warned about when more than ``CROWDED`` of its samples
+enter some spline layer beyond ``EDGE`` times its interval's bound (see
+:func:`flowkit.flows.spline_edge_shares`)."""
+
+
+def _warn_if_held_by_a_spline_interval(flow: nn.Module) -> None:
+    if not isinstance(flow, Flow):
+        return
+    with torch.no_grad():
+        x = flow.sample(1000)
+    shares = spline_edge_shares(flow, x, edge=EDGE)
+    if shares and max(shares) > CROWDED:
+        bounds = sorted({t.transformer.bound for t in flow.transform.transforms
+                         if isinstance(getattr(t, "transformer", None), RationalQuadraticSpline)})
+        warnings.warn(
+            f"{max(shares):.0%} of the flow's samples reach the edge of a spline layer's "
+            f"interval (beyond {EDGE:g} of its bound {', '.join(f'{b:g}' for b in bounds)}), "
+            "which the layer cannot move mass across: the fit may be held there rather than "
+            "by the target. In reverse KL no data sets the flow's standardization, so the "
+            "interval is in the target's own units: shift and scale the target towards the "
+            "origin and unit scale, widen the interval (transformer_kwargs={'bound': ...}), or "
+            "use the affine transformer",
+            UserWarning, stacklevel=3,
+        )

@@ -15,6 +15,7 @@ import torch
 
 import flowkit
 from flowkit.data import sample_toy, toy_entropy
+from flowkit.flows import spline_edge_shares
 from flowkit.train import DivergenceError, NonFiniteLossError, default_batch_size
 
 from ..common import mean_se
@@ -55,27 +56,9 @@ class _Scored:
         return self.flow.log_prob(x) if c is None else self.flow.log_prob(x, c)
 
     def outside(self, x: torch.Tensor, c: torch.Tensor | None) -> float | None:
-        """Through the flow's transforms one by one (their public ``forward``), the largest
-        share of rows that a spline layer receives outside ``[-B, B]``; None without spline
-        layers."""
-        from flowkit.transforms import MaskedAutoregressive, RationalQuadraticSpline
-
-        def is_spline(t: object) -> bool:
-            return isinstance(t, MaskedAutoregressive) and isinstance(
-                t.transformer, RationalQuadraticSpline)
-
-        transforms = list(self.flow.transform.transforms)
-        if not any(map(is_spline, transforms)):
-            return None
-        shares: list[float] = []
-        with torch.no_grad():
-            h = None if c is None else self.flow.embed_context(c)
-            for t in transforms:
-                if is_spline(t):
-                    bound = t.transformer.bound
-                    shares.append(float((x.abs() > bound).any(dim=1).double().mean()))
-                x = t(x, h if getattr(t, "context_features", 0) else None)[0]
-        return max(shares)
+        """The largest share of rows that a spline layer receives outside its interval; None
+        without spline layers (:func:`flowkit.flows.spline_edge_shares`)."""
+        return max(spline_edge_shares(self.flow, x, c), default=None)
 
 
 _SET_BY_THE_BENCHMARK = {
