@@ -136,7 +136,9 @@ enter some spline layer beyond ``EDGE`` times its interval's bound (see
 def _warn_if_held_by_a_spline_interval(flow: nn.Module) -> None:
     if not isinstance(flow, Flow):
         return
-    with torch.no_grad():
+    device = next(flow.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+            torch.no_grad():  # the caller's random streams stay as the training left them
         x = flow.sample(1000)
     shares = spline_edge_shares(flow, x, edge=EDGE)
     if shares and max(shares) > CROWDED:
