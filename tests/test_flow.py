@@ -504,3 +504,36 @@ def test_maf_and_iaf_share_one_typed_signature():
 def test_building_under_a_meta_default_device_is_refused_with_the_way_out():
     with torch.device("meta"), pytest.raises(RuntimeError, match="build the flow on the CPU"):
         flowkit.MAF(3)
+
+
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+@pytest.mark.parametrize("transformer", ["affine", "spline"])
+def test_a_flow_computes_in_its_own_dtype_under_autocast(builder, transformer):
+    """torch.autocast (CPU, bfloat16) does not reach a flow's products: log_prob, its gradients
+    and sample_and_log_prob are those of the float32 flow (before, a perturbed spline MAF's
+    log_prob was off by up to 1.7 nats and its gradients by more than their size)."""
+    torch.manual_seed(0)
+    flow = BUILDERS[builder](3, layers=2, hidden_features=(32,), context_features=2,
+                             transformer=transformer, lu_linear=True)
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    flow.eval()
+    x, c = torch.randn(64, 3), torch.randn(64, 2)
+
+    def run(autocast):
+        flow.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            log_p = flow.log_prob(x, c)
+            torch.manual_seed(1)
+            sample, log_q = flow.sample_and_log_prob(context=c)
+        log_p.sum().backward()  # outside autocast, as torch recommends
+        return log_p.detach(), [p.grad.clone() for p in flow.parameters()], sample, log_q
+
+    expected, got = run(False), run(True)
+    assert got[0].dtype == torch.float32
+    torch.testing.assert_close(got[0], expected[0])
+    for g, e in zip(got[1], expected[1], strict=True):
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(got[2], expected[2])
+    torch.testing.assert_close(got[3], expected[3])

@@ -304,9 +304,12 @@ class _StaircaseLinear(torch.autograd.Function):
     Where the units are stored sorted (the default orderings), ``W * M`` is formed for the
     column chunks only (about half the weight; the rest is neither computed nor stored) and the
     weight gradient is written block by block, masked and zeroed where the blocks leave it, in
-    one pass over its memory."""
+    one pass over its memory. The backward runs under the autocast state of the forward (off,
+    in a flow: :func:`flowkit.Flow.log_prob` computes in the model's dtype), not under whatever
+    ``torch.autocast`` region calls ``backward()``."""
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")  # the staircase runs on the CPU only
     def forward(ctx, x: Tensor, weight: Tensor, mask: Tensor, bias: Tensor | None,
                 lp: LayerPlan) -> Tensor:
         if lp.rows is None and lp.cols is None:
@@ -318,6 +321,7 @@ class _StaircaseLinear(torch.autograd.Function):
         return _product(x, chunks, bias, weight.shape[0])
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, mask, *weights = ctx.saved_tensors
         lp: LayerPlan = ctx.lp
