@@ -31,19 +31,27 @@ def spline_edge_shares(
         >>> spline_edge_shares(flow, torch.tensor([[0.0, 0.0], [6.0, 0.0]]))
         [0.5, 0.5]
     """
+    transforms = list(flow.transform.transforms)
+    splines = [i for i, t in enumerate(transforms) if _is_spline(t)]
+    if not splines:
+        return []
     shares = []
     was_training = flow.training
     flow.eval()
     try:
         with torch.no_grad():
             h = None if context is None else flow.embed_context(context)
-            for t in flow.transform.transforms:
-                if isinstance(t, MaskedAutoregressive) and isinstance(
-                    t.transformer, RationalQuadraticSpline
-                ):
+            for t in transforms[: splines[-1] + 1]:  # no further than the last spline layer
+                if _is_spline(t):
                     beyond = (x.abs() > edge * t.transformer.bound).any(dim=-1)
                     shares.append(beyond.double().mean().item())
                 x = t(x, h if getattr(t, "context_features", 0) else None)[0]
     finally:
         flow.train(was_training)
     return shares
+
+
+def _is_spline(t: object) -> bool:
+    return isinstance(t, MaskedAutoregressive) and isinstance(
+        t.transformer, RationalQuadraticSpline
+    )

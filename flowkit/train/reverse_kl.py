@@ -134,7 +134,10 @@ enter some spline layer beyond ``EDGE`` times its interval's bound (see
 
 
 def _warn_if_held_by_a_spline_interval(flow: nn.Module) -> None:
-    if not isinstance(flow, Flow):
+    if not isinstance(flow, Flow) or not any(
+        isinstance(getattr(t, "transformer", None), RationalQuadraticSpline)
+        for t in flow.transform.transforms
+    ):
         return
     device = next(flow.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
