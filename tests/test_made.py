@@ -360,3 +360,18 @@ def test_hooks_on_masked_layers_are_refused_and_parametrizations_work():
     with torch.no_grad():
         samples, log_p = flow.sample_and_log_prob(16)
         torch.testing.assert_close(log_p, flow.log_prob(samples), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("product", ["dense", "staircase"])
+def test_made_products_are_in_its_dtype_under_autocast(product):
+    """The one-pass products run with autocast off, as the solver's: the same float32 outputs
+    inside a CPU bfloat16 autocast region (every layer and model that owns a MADE inherits it)."""
+    torch.manual_seed(0)
+    made = MADE(6, hidden_features=(64, 64), params_per_feature=2, context_features=2)
+    made.product = product
+    x, c = torch.randn(128, 6), torch.randn(128, 2)
+    expected = made(x, c)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = made(x, c)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected)

@@ -275,12 +275,14 @@ class MADE(nn.Module):
         """The outputs ``(..., D P)`` for inputs ``(..., D m + C)`` (features, then context):
         the stages of :func:`flowkit.nn.layout.stages`, through the block staircase of
         :mod:`flowkit.nn.staircase` where it is faster, else through the dense masked
-        products."""
+        products; in the MADE's dtype, with ``torch.autocast`` off, as the solver
+        (:mod:`flowkit.nn.inversion`) computes the other direction."""
         self.refuse_hooks()
         flat = x.reshape(-1, x.shape[-1])
-        if staircase.applies(self, flat.shape[0]):
-            return staircase.forward(self, flat).reshape(*x.shape[:-1], -1)
-        return layout.run(self, x, lambda s, i, layer, v: layer(v))
+        with torch.autocast(x.device.type, enabled=False):
+            if staircase.applies(self, flat.shape[0]):
+                return staircase.forward(self, flat).reshape(*x.shape[:-1], -1)
+            return layout.run(self, x, lambda s, i, layer, v: layer(v))
 
     def refuse_hooks(self) -> None:
         """Refuse module hooks on the masked layers: the staircase and the solver read their

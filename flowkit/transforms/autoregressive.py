@@ -82,28 +82,26 @@ class MaskedAutoregressive(Transform):
                     made.direct.weight.zero_()
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        with torch.autocast(x.device.type, enabled=False):  # in the layer's dtype, as the solver
-            if self.direction == "maf":
-                params = self.made._forward(x, context)
-            else:
-                # the solver also returns made(z), the parameters of the log-determinant
-                column = _column_reader(x)
-                _, params = _solve_with_params(
-                    self.made, lambda p, i: self.transformer.forward(column(i), p)[0], x, context
-                )
-            z, log_det = self.transformer.forward(x, params)
+        if self.direction == "maf":
+            params = self.made._forward(x, context)
+        else:
+            # the solver also returns made(z), the parameters of the log-determinant
+            column = _column_reader(x)
+            _, params = _solve_with_params(
+                self.made, lambda p, i: self.transformer.forward(column(i), p)[0], x, context
+            )
+        z, log_det = self.transformer.forward(x, params)
         return z, log_det.sum(-1)
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        with torch.autocast(z.device.type, enabled=False):
-            if self.direction == "iaf":
-                params = self.made._forward(z, context)
-            else:
-                column = _column_reader(z)
-                _, params = _solve_with_params(
-                    self.made, lambda p, i: self.transformer.inverse(column(i), p)[0], z, context
-                )
-            x, log_det = self.transformer.inverse(z, params)
+        if self.direction == "iaf":
+            params = self.made._forward(z, context)
+        else:
+            column = _column_reader(z)
+            _, params = _solve_with_params(
+                self.made, lambda p, i: self.transformer.inverse(column(i), p)[0], z, context
+            )
+        x, log_det = self.transformer.inverse(z, params)
         return x, log_det.sum(-1)
 
     def extra_repr(self) -> str:
