@@ -1,7 +1,7 @@
 """The ``Flow`` model, the ``MAF``/``IAF`` builders, and a flow as a torch distribution."""
 
 from flowkit.flows.builders import IAF, MAF, activation_class
-from flowkit.flows.diagnostics import spline_edge_shares
+from flowkit.flows.diagnostics import spline_edge_shares, spline_layers
 from flowkit.flows.distribution import KL_SAMPLES, FlowDistribution, monte_carlo_kl
 from flowkit.flows.flow import Flow
 
@@ -14,4 +14,5 @@ __all__ = [
     "activation_class",
     "monte_carlo_kl",
     "spline_edge_shares",
+    "spline_layers",
 ]

@@ -51,6 +51,12 @@ def spline_edge_shares(
     return shares
 
 
+def spline_layers(flow: Flow) -> list[MaskedAutoregressive]:
+    """The autoregressive layers of ``flow`` whose transformer is a spline, in the order data
+    meets them (empty for an affine flow)."""
+    return [t for t in flow.transform.transforms if _is_spline(t)]
+
+
 def _is_spline(t: object) -> bool:
     return isinstance(t, MaskedAutoregressive) and isinstance(
         t.transformer, RationalQuadraticSpline

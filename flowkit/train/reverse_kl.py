@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..flows import Flow, spline_edge_shares
-from ..transforms import RationalQuadraticSpline
+from ..flows import Flow, spline_edge_shares, spline_layers
 from ..validation import check_int
 from .data import local_batch_size
 from .history import History
@@ -134,19 +133,16 @@ enter some spline layer beyond ``EDGE`` times its interval's bound (see
 
 
 def _warn_if_held_by_a_spline_interval(flow: nn.Module) -> None:
-    if not isinstance(flow, Flow) or not any(
-        isinstance(getattr(t, "transformer", None), RationalQuadraticSpline)
-        for t in flow.transform.transforms
-    ):
+    layers = spline_layers(flow) if isinstance(flow, Flow) else []
+    if not layers:
         return
     device = next(flow.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
             torch.no_grad():  # the caller's random streams stay as the training left them
         x = flow.sample(1000)
     shares = spline_edge_shares(flow, x, edge=EDGE)
-    if shares and max(shares) > CROWDED:
-        bounds = sorted({t.transformer.bound for t in flow.transform.transforms
-                         if isinstance(getattr(t, "transformer", None), RationalQuadraticSpline)})
+    if max(shares) > CROWDED:
+        bounds = sorted({t.transformer.bound for t in layers})
         warnings.warn(
             f"{max(shares):.0%} of the flow's samples reach the edge of a spline layer's "
             f"interval (beyond {EDGE:g} of its bound {', '.join(f'{b:g}' for b in bounds)}), "
