@@ -242,6 +242,11 @@ class FlowDensity(DensityMixin, BaseEstimator):
             else:
                 mean, scale = np.zeros(X.shape[1]), np.ones(X.shape[1])
             u = _standardized(X, mean, scale, _DTYPES[self.dtype])
+            if overflow := torch.isinf(u).any(dim=1).nonzero().flatten()[:5].tolist():
+                raise ArgumentError(
+                    "X", f"has values beyond the range of {self.dtype} (rows {overflow}, "
+                    f"after standardize={self.standardize}): pass standardize=True or "
+                    "dtype='float64'")
             u, valid = self._split(u, rng)
             optimizer = "adam"
             if self.weight_decay > 0:

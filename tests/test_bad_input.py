@@ -25,6 +25,10 @@ Case = tuple[Callable[[], object], type[Exception], str]
 
 CASES: dict[str, Case] = {
     # MADE and its masked layer
+    "MADE activation instance": (
+        lambda: flowkit.MADE(3, (8,), activation=torch.nn.ReLU()), ValueError, "'activation'"),
+    "MADE activation name": (
+        lambda: flowkit.MADE(3, (8,), activation="relu7"), ValueError, "'activation'"),
     "MADE features 0": (lambda: flowkit.MADE(0), ValueError, "'features'"),
     "MADE features 2.5": (lambda: flowkit.MADE(2.5), ValueError, "'features'"),
     "MADE hidden 8.5": (lambda: flowkit.MADE(3, (8.5,)), ValueError, r"'hidden_features\[0\]'"),
@@ -80,7 +84,11 @@ CASES: dict[str, Case] = {
                                     transforms.Permutation([0, 1, 2])]),
         ValueError, "'transforms'"),
     # builders
+    "Compose one transform": (
+        lambda: transforms.Compose(transforms.LULinear(2)), TypeError, "'transforms'"),
     "MAF features 0": (lambda: flowkit.MAF(0), ValueError, "'features'"),
+    "MAF transformer_kwargs list": (
+        lambda: flowkit.MAF(2, transformer_kwargs=[1]), TypeError, "'transformer_kwargs'"),
     "MAF layers 2.5": (lambda: flowkit.MAF(2, layers=2.5), ValueError, "'layers'"),
     "MAF transformer": (lambda: flowkit.MAF(2, transformer="cubic"), ValueError, "'transformer'"),
     "MAF transformer_kwargs key": (
@@ -108,6 +116,15 @@ CASES: dict[str, Case] = {
         lambda: _maf().log_prob(torch.zeros(4, 2), torch.zeros(4, 1)), ValueError, "'context'"),
     "Flow sample 0": (lambda: _maf().sample(0), ValueError, "'n'"),
     "Flow sample 2.5": (lambda: _maf().sample(2.5), ValueError, "'n'"),
+    # the lazy distribution flow(context)
+    "flow() sample (-1,)": (lambda: _maf()().sample((-1,)), ValueError, "'sample_shape'"),
+    "flow() sample 3": (lambda: _maf()().sample(3), ValueError, r"'sample_shape'.*\(3,\)"),
+    "flow() rsample (2.5,)": (lambda: _maf()().rsample((2.5,)), ValueError, "'sample_shape'"),
+    "flow() log_prob meta": (
+        lambda: _maf()().log_prob(torch.empty(3, 2, device="meta")), ValueError, "'value'"),
+    "flow(c) expand (4,) from (5,)": (
+        lambda: _maf(context_features=1)(torch.zeros(5, 1)).expand((4,)), ValueError,
+        "'batch_shape'"),
     # discrete models and bases
     "Bernoulli features 0": (lambda: flowkit.BernoulliMADE(0), ValueError, "'features'"),
     "Bernoulli x 0.5": (
@@ -124,6 +141,11 @@ CASES: dict[str, Case] = {
         lambda: flowkit.CategoricalMADE(3, 4, (8,)).log_prob(torch.full((2, 3), 1.5)),
         TypeError, "'x'"),
     "StandardNormal 0": (lambda: flowkit.StandardNormal(0), ValueError, "'features'"),
+    "StandardNormal log_prob width": (
+        lambda: flowkit.StandardNormal(2).log_prob(torch.zeros(5, 1)), ValueError, "'z'"),
+    "DiagonalGaussian log_prob int": (
+        lambda: flowkit.DiagonalGaussian(2).log_prob(torch.zeros(5, 2, dtype=torch.long)),
+        TypeError, "'z'"),
     # data, plotting, testing helpers
     "sample_toy name": (lambda: data.sample_toy("bogus", 10), ValueError, "'name'"),
     "sample_toy n 0": (lambda: data.sample_toy("moons", 0), ValueError, "'n'"),

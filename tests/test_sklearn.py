@@ -293,6 +293,15 @@ def test_standardize_false_builds_a_flow_without_standardization():
     assert abs(on.score(X) - off.score(X)) > 1.0  # two different models
 
 
+def test_rows_beyond_float32_are_named_as_X():
+    """Finite float64 rows that overflow the flow's float32 are an error about 'X' (it used to
+    say that 'data' holds NaN or Inf, which the user's X does not)."""
+    X = _data() * 1e39
+    with pytest.raises(ValueError, match=r"'X' has values beyond the range of float32"):
+        _small(standardize=False).fit(X)
+    _small(standardize=False, dtype="float64").fit(X)  # float64 holds them
+
+
 def test_data_warnings_name_X_and_its_values():
     """The estimator fits standardized rows; its warnings are about the X the user passed."""
     X = _data(300)

@@ -287,11 +287,27 @@ def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_insid
     [([0.0], [0.0], "'high' should be above 'low' in every feature"),
      ([0.0, 1.0], [1.0], "'low' and 'high' should have the same shape"),
      ([[0.0]], [[1.0]], r"'low' should have shape \(D,\)"),
-     ([0.0], [math.inf], "'high' should be finite")],
+     ([0.0], [math.inf], "'high' should be finite"),
+     # distinct as given, equal in the default dtype the buffers take (a NaN density before)
+     ([1e9], [1e9 + 1], "'low' and 'high' are equal in torch.float32 at features \\[0\\]"),
+     ([0.0, 0.0], [1.0, 1e-46], "equal in torch.float32 at features \\[1\\]")],
 )
 def test_logit_bad_bounds(low, high, match):
     with pytest.raises(ValueError, match=match):
         Logit(low, high)
+
+
+def test_logit_takes_the_default_dtype():
+    """Bounds that float32 cannot tell apart are kept in a float64 default dtype."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        t = Logit([1e9], [1e9 + 1])
+    finally:
+        torch.set_default_dtype(previous)
+    assert t.high.dtype == torch.float64 and (t.high - t.low).item() == 1.0
+    z, log_det = t(torch.tensor([[1e9 + 0.5]], dtype=torch.float64))
+    assert z.item() == 0.0 and log_det.item() == pytest.approx(math.log(4.0))
 
 
 def test_lu_linear_bad_features():

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import check_bool, check_int
+from flowkit.validation import check_bool, check_int, check_width
 
 
 class DiagonalGaussian(nn.Module):
@@ -31,7 +31,11 @@ class DiagonalGaussian(nn.Module):
             self.register_buffer("log_scale", log_scale)
 
     def log_prob(self, z: Tensor) -> Tensor:
-        """``z``: ``(N, D)`` -> ``(N,)``."""
+        """``z``: ``(N, D)`` of the module's dtype and device -> ``(N,)``."""
+        return self._log_prob(check_width("z", z, self.features, self.loc))
+
+    def _log_prob(self, z: Tensor) -> Tensor:
+        """:meth:`log_prob` without the check of ``z`` (a flow's own ``z``)."""
         u = (z - self.loc) * torch.exp(-self.log_scale)
         return -0.5 * (u**2).sum(-1) - self.log_scale.sum() - 0.5 * self.features * math.log(
             2 * math.pi

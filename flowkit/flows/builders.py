@@ -8,7 +8,7 @@ Both builders are registered with :func:`flowkit.checkpoint.register_model`: eac
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -127,6 +127,11 @@ def _autoregressive_flow(
     conditional_base = check_bool("conditional_base", conditional_base)
     standardize = _standardization(standardize)
     activation_cls = activation_class(activation)
+    if transformer_kwargs is not None and not isinstance(transformer_kwargs, Mapping):
+        raise TypeError(
+            "'transformer_kwargs' should be a dict of the transformer's keyword arguments, "
+            f"e.g. {{'bins': 8}}, got {transformer_kwargs!r}"
+        )
     if learnable_base and conditional_base:
         raise ValueError(
             "'learnable_base' and 'conditional_base' are both True; pass one (a conditional "

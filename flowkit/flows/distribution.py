@@ -59,6 +59,19 @@ if TYPE_CHECKING:
 
 _Shape = torch.Size | tuple[int, ...] | list[int]
 
+
+def _shape(name: str, value: object) -> torch.Size:
+    """``value`` as a ``torch.Size``: a sequence of non-negative integers (torch's convention:
+    ``(3,)``, not ``3``)."""
+    if isinstance(value, (tuple, list)) and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value
+    ):
+        return torch.Size(value)
+    hint = f" such as ({value},)" if isinstance(value, int) and not isinstance(value, bool) else ""
+    raise ValueError(
+        f"'{name}' should be a tuple of non-negative integers{hint}, got {value!r}"
+    )
+
 KL_SAMPLES = 1000
 """Samples of the Monte-Carlo KL estimate that :func:`torch.distributions.kl_divergence`
 returns for a :class:`FlowDistribution` (:func:`monte_carlo_kl` takes the count)."""
@@ -110,7 +123,17 @@ class FlowDistribution(Distribution):
         """The same flow over a larger batch: the context is broadcast (without a copy) to
         ``(*batch_shape, C)``; an unconditional flow becomes ``batch_shape`` i.i.d. copies."""
         new = self._get_checked_instance(FlowDistribution, _instance)
-        batch_shape = torch.Size(batch_shape)
+        batch_shape = _shape("batch_shape", batch_shape)
+        try:
+            expandable = torch.broadcast_shapes(batch_shape, self.batch_shape) == batch_shape
+        except RuntimeError:
+            expandable = False
+        if not expandable:
+            raise ValueError(
+                f"'batch_shape' {tuple(batch_shape)} cannot be expanded from this "
+                f"distribution's batch_shape {tuple(self.batch_shape)}: sizes must match where "
+                "the batch has more than one element"
+            )
         new.flow = self.flow
         new.context = None
         if self.context is not None:
@@ -124,7 +147,7 @@ class FlowDistribution(Distribution):
         """Reparameterized samples ``(*sample_shape, *batch_shape, D)`` and their exact
         log-density ``(*sample_shape, *batch_shape)`` from one inverse pass of the flow (one MADE
         pass per layer for an IAF)."""
-        sample_shape = torch.Size(sample_shape)
+        sample_shape = _shape("sample_shape", sample_shape)
         if self.context is None:
             # i.i.d. copies: one flat batch of prod(sample_shape + batch_shape) draws
             x, log_p = self.flow._sample_batch(sample_shape + self.batch_shape, None, True)
@@ -149,8 +172,6 @@ class FlowDistribution(Distribution):
         ):
             log_p = self._cache[1]
             return log_p if torch.is_grad_enabled() else log_p.detach()
-        if self._validate_args:
-            self._validate_sample(value)
         features = self.event_shape[0]
         value = check_batch("value", value, features, self.flow._reference())
         try:  # checked here too: torch.compile turns validate_args off for every distribution
@@ -162,6 +183,8 @@ class FlowDistribution(Distribution):
             ) from None
         if math.prod(shape) == 0:
             return value.new_empty(shape)
+        if self._validate_args:  # torch's support check (after flowkit's checks of the type)
+            self._validate_sample(value)
         outside = nonfinite_rows("value", value)
         return self.flow._log_prob_batch(value, self.context, shape, outside)
 

@@ -218,8 +218,11 @@ class Flow(nn.Module):
         return h[..., :inner], h[..., inner:]
 
     def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
-        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``."""
-        return self.base.log_prob(z, h) if self.conditional_base else self.base.log_prob(z)
+        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``. flowkit's
+        unconditional bases have an unchecked ``_log_prob``: ``z`` is the flow's own."""
+        if self.conditional_base:
+            return self.base.log_prob(z, h)
+        return getattr(self.base, "_log_prob", self.base.log_prob)(z)
 
     def _base_rsample(self, rows: int, h: Tensor | None) -> Tensor:
         """``rows`` reparameterized base draws ``(rows, D)`` given the base's context ``h``

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from flowkit.checkpoint import InvalidBuffer, register_check
 from flowkit.nn import layout, masks, staircase
+from flowkit.nn.activation import activation_class
 from flowkit.nn.linear import MaskedLinear
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
 from flowkit.validation import (
@@ -59,7 +60,9 @@ class MADE(nn.Module):
             uses a new random ordering if ``order == "random"`` and new hidden degrees if
             ``hidden_degrees == "random"``. Switch with :meth:`set_mask` / :meth:`next_mask`.
         seed: seed of every random choice above (independent of the global RNG).
-        activation: hidden nonlinearity class, default :class:`torch.nn.ReLU`.
+        activation: hidden nonlinearity: a :mod:`torch.nn` activation by name (``"relu"``,
+            ``"elu"``, ...; :func:`flowkit.nn.activation.activation_class`) or an elementwise
+            ``nn.Module`` class (built with no arguments), default :class:`torch.nn.ReLU`.
         direct_connection: add a masked linear map from inputs (and context) to outputs.
         residual: use residual masked blocks ``h <- h + W act(h)`` after the first hidden
             layer (all hidden layers must then have the same size; they share degrees).
@@ -81,11 +84,18 @@ class MADE(nn.Module):
         hidden_degrees: HiddenDegrees = "random",
         num_masks: int = 1,
         seed: int = 0,
-        activation: type[nn.Module] = nn.ReLU,
+        activation: str | type[nn.Module] = nn.ReLU,
         direct_connection: bool = False,
         residual: bool = False,
     ):
         super().__init__()
+        if isinstance(activation, str):
+            activation = activation_class(activation)
+        elif not (isinstance(activation, type) and issubclass(activation, nn.Module)):
+            raise ValueError(
+                "'activation' should be the name of a torch.nn activation ('relu', 'elu', ...) "
+                f"or an nn.Module class such as nn.ELU (not an instance), got {activation!r}"
+            )
         features = check_int("features", features, 1)
         if isinstance(hidden_features, str) or not isinstance(hidden_features, Sequence):
             raise ValueError(

@@ -85,6 +85,11 @@ class Compose(Transform):
 
     def __init__(self, transforms: Iterable[Transform]):
         super().__init__()
+        if isinstance(transforms, Transform) or not isinstance(transforms, Iterable):
+            raise TypeError(
+                "'transforms' should be a list of flowkit Transforms, e.g. Compose([t1, t2]), "
+                f"got {type(transforms).__name__}"
+            )
         transforms = list(transforms)
         for i, t in enumerate(transforms):
             if not isinstance(t, Transform):

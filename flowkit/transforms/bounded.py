@@ -36,7 +36,10 @@ class Logit(Transform):
 
     Args:
         low: ``(D,)`` finite lower bounds.
-        high: ``(D,)`` finite upper bounds, each above its ``low``.
+        high: ``(D,)`` finite upper bounds, each above its ``low`` also after rounding to
+            torch's default dtype, which the buffers take (as every module's parameters do):
+            bounds that differ only beyond float32's precision need
+            ``torch.set_default_dtype(torch.float64)`` before the flow is built.
 
     Buffers: ``low`` and ``high`` ``(D,)``.
 
@@ -50,10 +53,10 @@ class Logit(Transform):
 
     def __init__(self, low: Tensor | Sequence[float], high: Tensor | Sequence[float]):
         super().__init__()
-        low_, high_ = _checked_bounds(low, high)
+        low_, high_ = _checked_bounds(low, high, torch.get_default_dtype())
         self.features = low_.numel()
-        self.register_buffer("low", low_.float())
-        self.register_buffer("high", high_.float())
+        self.register_buffer("low", low_)
+        self.register_buffer("high", high_)
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         width = self.high - self.low
@@ -83,9 +86,10 @@ class Logit(Transform):
 
 
 def _checked_bounds(
-    low: Tensor | Sequence[float], high: Tensor | Sequence[float]
+    low: Tensor | Sequence[float], high: Tensor | Sequence[float], dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """``low`` and ``high`` as float64 CPU tensors ``(D,)``, finite, ``low < high``."""
+    """``low`` and ``high`` as CPU tensors ``(D,)`` of ``dtype``, finite, ``low < high`` (as
+    given, and after rounding to ``dtype``)."""
     values = {}
     for name, value in (("low", low), ("high", high)):
         given = torch.as_tensor(value, dtype=torch.float64, device="cpu")
@@ -103,7 +107,15 @@ def _checked_bounds(
         raise ValueError(f"'high' should be above 'low' in every feature, got low "
                          f"{values['low'].tolist()} and high {values['high'].tolist()} (features "
                          f"{bad})")
-    return values["low"], values["high"]
+    low_, high_ = values["low"].to(dtype), values["high"].to(dtype)
+    bad = (low_ >= high_).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(
+            f"'low' and 'high' are equal in {dtype} at features {bad} (low "
+            f"{values['low'][bad].tolist()}, high {values['high'][bad].tolist()}): the box is "
+            "narrower than that dtype resolves there; build the flow after "
+            "torch.set_default_dtype(torch.float64), or shift and scale the data first")
+    return low_, high_
 
 
 @register_check(Logit)
