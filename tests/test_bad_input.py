@@ -274,15 +274,45 @@ def test_fit_refuses_nan_in_a_later_batch_of_a_validation_loader(value):
     the run and restore_best kept the last weights, without a word."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from flowkit.validation import ArgumentError
-
     v = torch.randn(200, 2)
     v[120, 1] = value
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
-    with pytest.raises(ArgumentError, match=r"^'valid' holds NaN or Inf values in 1 of its 200 "
-                       "rows"):
+    with pytest.raises(flowkit.train.NonFiniteLossError, match=r"^'valid' holds NaN or Inf "
+                       "values in 1 of its 200 rows, found by the validation at step 16"):
         flowkit.fit(flow, torch.randn(640, 2), valid=DataLoader(TensorDataset(v), batch_size=50),
                     steps=30, early_stopping_patience=3, seed=0, progress=False, device="cpu")
+
+
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_a_validation_function_returning_a_non_finite_loss_ends_the_run_by_name(value):
+    """Review 19: it was recorded as "no improvement", and early stopping ended the run on it
+    without a word."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    with pytest.raises(flowkit.train.NonFiniteLossError, match=(
+        rf"^the validation function 'valid' returned {value} at step 5 .*should return a "
+        r"finite loss.*The model holds the weights of step 5")) as info:
+        flowkit.fit(flow, torch.randn(64, 2), valid=lambda m: value, steps=20, batch_size=32,
+                    valid_every=5, early_stopping_patience=2, seed=0, progress=False,
+                    device="cpu")
+    assert info.value.step == 5 and info.value.history.valid_loss == []
+
+
+def test_validation_rows_outside_a_bounded_flow_end_the_run_by_name():
+    """Review 19: a validation row outside the box made the validation loss inf, accepted as
+    "no improvement": early stopping ended the run after its first validation. A DataLoader's
+    rows are found at the validation (array rows are checked before training)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), bounds=([0.0, 0.0], [1.0, 1.0]))
+    v = torch.rand(100, 2)
+    v[[37, 80], 0] = 1.5
+    with pytest.raises(flowkit.train.NonFiniteLossError, match=(
+        r"^the validation at step 4: 'valid' holds 2 row\(s\) \(rows 37, 80\) that the model "
+        r"gives log-density -inf: points outside its support")) as info:
+        flowkit.fit(flow, torch.rand(64, 2), valid=DataLoader(TensorDataset(v), batch_size=30),
+                    steps=8, batch_size=16, early_stopping_patience=1, seed=0, progress=False,
+                    device="cpu")
+    assert info.value.step == 4 and info.value.value == INF
 
 
 def test_building_blocks_of_the_wrong_kind_are_named():

@@ -1046,17 +1046,25 @@ def test_nonfinite_weights_without_checkpoints_are_not_returned():
     assert torch.isfinite(model.loc).all()
 
 
-def test_a_nan_validation_loss_is_never_the_best():
-    values = iter([math.nan, 3.0, math.nan, 2.0, math.inf])
+def test_a_nan_validation_loss_ends_the_run_with_the_best_weights():
+    """Review 19: a NaN validation loss was recorded as "no improvement" (early stopping then
+    ended the run on it); it is now an error, and the model holds its best validation's
+    weights."""
+    values = iter([3.0, 2.0, math.nan])
+    saved = {}
+
+    def valid(m):
+        saved[len(saved)] = {k: v.clone() for k, v in m.state_dict().items()}
+        return next(values)
+
     flow = small_maf()
-    h = fit(flow, gaussian(256), valid=lambda m: next(values), steps=10, batch_size=64,
-            valid_every=2, restore_best=True, seed=0, **QUIET)
-    assert h.valid_steps == [2, 4, 6, 8, 10]
-    assert h.best_step == 8 and h.best_valid_loss == 2.0
-    nans = iter([math.nan] * 3)
-    h = fit(small_maf(), gaussian(256), valid=lambda m: next(nans), steps=6, batch_size=64,
-            valid_every=2, early_stopping_patience=3, seed=0, **QUIET)
-    assert h.best_step is None and h.best_valid_loss is None and h.stopped_early
+    with pytest.raises(NonFiniteLossError, match=r"'valid' returned nan at step 6 .*The model "
+                       r"holds the weights of its best validation \(step 4\)") as info:
+        fit(flow, gaussian(256), valid=valid, steps=10, batch_size=64, valid_every=2,
+            restore_best=True, seed=0, **QUIET)
+    assert info.value.history.valid_steps == [2, 4] and info.value.history.best_step == 4
+    assert all(torch.equal(v, flow.state_dict()[k]) for k, v in saved[1].items())
+    assert not flow.training
 
 
 def test_valid_as_a_function_is_called_in_eval_mode_without_gradients():

@@ -10,6 +10,7 @@ model's standardization from the data, and hands the loss
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from numbers import Real
@@ -42,8 +43,11 @@ from .objectives import (
     NegLogLikelihood,
     Objective,
     count_nonfinite_rows,
+    is_bounded,
     log_prob,
+    outside_support,
     require_method,
+    rows_outside,
 )
 from .options import TrainOptions, Unpack, resolve
 from .session import Session, session
@@ -467,59 +471,93 @@ _CHUNK = 8192
 
 def _make_validation(
     model: nn.Module, valid: Any, batch_size: int, s: Session, dtype: torch.dtype
-) -> Callable[[], float]:
-    """A function returning the validation loss: the mean NLL over the whole validation set
-    (all processes), or what the user's ``valid(model)`` returns (averaged over processes)."""
+) -> _DataValidation | _UserValidation:
+    """The validation: the mean NLL over the whole validation set (all processes), or what the
+    user's ``valid(model)`` returns (averaged over processes)."""
     if callable(valid) and not isinstance(valid, DataLoader | Tensor | np.ndarray):
-        return _user_validation(model, valid, s)
+        return _UserValidation(model, valid, s)
     if isinstance(valid, DataLoader):
         _check_first_batch(model, *first_batch("valid", valid, s.device, dtype), "valid")
 
-        def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
+        def batches(every: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
             for b in valid:
                 yield as_batch("valid", *split_pair("valid", b), s.device, dtype)
     else:
         x, c = load_arrays("valid", valid, s.device, dtype)
         _check_first_batch(model, x, c, "valid", batch=False)
-        # each process evaluates every world_size-th row; the sums are then added up
-        r, w = s.dist.rank, s.dist.world_size
-        x, c = x[r::w], None if c is None else c[r::w]
         chunk = max(batch_size, 1024)
 
-        def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
-            for i in range(0, x.shape[0], chunk):
-                yield x[i : i + chunk], None if c is None else c[i : i + chunk]
+        def batches(every: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
+            # each process evaluates every world_size-th row (the sums are then added up), or
+            # ``every`` row, to number them as the caller passed them
+            r, w = (0, 1) if every else (s.dist.rank, s.dist.world_size)
+            xs, cs = x[r::w], None if c is None else c[r::w]
+            for i in range(0, xs.shape[0], chunk):
+                yield xs[i : i + chunk], None if cs is None else cs[i : i + chunk]
 
-    def validate() -> float:
+    return _DataValidation(model, batches, s)
+
+
+class _DataValidation:
+    """The mean NLL of the validation batches (``batches()``), summed over all processes; NaN
+    when a row holds NaN or Inf (:meth:`cause` then says which)."""
+
+    def __init__(self, model: nn.Module, batches: Callable[..., Iterator[tuple[Tensor, Any]]],
+                 s: Session):
+        self.model, self.batches, self.s = model, batches, s
+        self.counts = (0, 0, 0)  # rows, rows holding NaN/Inf, rows of log-density -inf
+
+    def __call__(self) -> float:
+        model, s = self.model, self.s
         was_training = model.training
         model.eval()
-        # NLL sum, rows, rows holding NaN/Inf (a DataLoader's later batches are not checked)
-        total = torch.zeros(3, device=s.device, dtype=torch.float64)
+        # NLL sum, rows, rows holding NaN/Inf (a DataLoader's later batches are not checked),
+        # rows of log-density -inf
+        total = torch.zeros(4, device=s.device, dtype=torch.float64)
         with torch.no_grad():
-            for xb, cb in batches():
-                total[0] -= log_prob(model, xb, cb).sum()
+            for xb, cb in self.batches():
+                log_p = log_prob(model, xb, cb)
+                total[0] -= log_p.sum()
                 total[1] += xb.shape[0]
                 total[2] += count_nonfinite_rows(xb, xb) + count_nonfinite_rows(cb, xb)
+                total[3] += (log_p == -math.inf).sum()
         model.train(was_training)
-        nll, rows, bad = s.dist.all_sum(total).tolist()
+        nll, rows, bad, outside = s.dist.all_sum(total).tolist()
+        self.counts = (int(rows), int(bad), int(outside))
+        return math.nan if bad else nll / rows
+
+    def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
+        """Why the validation loss of step ``step`` was ``value``, not finite."""
+        rows, bad, outside = self.counts
         if bad:
-            raise ArgumentError(
-                "valid", f"holds NaN or Inf values in {int(bad)} of its {int(rows)} rows (a "
-                "DataLoader is checked for them in its first batch only, before training; the "
-                "validation that found them stopped the run)"
+            return (
+                Mention("valid"), f" holds NaN or Inf values in {bad} of its {rows} rows, found "
+                f"by the validation at step {step} (a DataLoader is checked for them in its "
+                "first batch only, before training).",
             )
-        return nll / rows
+        where = (f"the validation at step {step}: ", Mention("valid"))
+        if outside:
+            count, first = rows_outside(self.model, self.batches(every=True))
+            if is_bounded(self.model):
+                return outside_support(where, count, first)
+            return (*where, f" holds {count} row(s) (first {first}) that the model gives "
+                    "log-density -inf, so the validation loss is infinite.")
+        return (*where, f" gives the validation loss {value}: the model's log-density is not "
+                "finite on some of its rows.")
 
-    return validate
 
+class _UserValidation:
+    """What the user's ``valid(model)`` returns, averaged over processes."""
 
-def _user_validation(model: nn.Module, valid: Callable[[nn.Module], Any], s: Session
-                     ) -> Callable[[], float]:
-    def validate() -> float:
+    def __init__(self, model: nn.Module, valid: Callable[[nn.Module], Any], s: Session):
+        self.model, self.valid, self.s = model, valid, s
+
+    def __call__(self) -> float:
+        model = self.model
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            loss = valid(model)
+            loss = self.valid(model)
         model.train(was_training)
         if isinstance(loss, Tensor) and loss.numel() == 1 and loss.is_floating_point():
             loss = loss.item()
@@ -527,7 +565,13 @@ def _user_validation(model: nn.Module, valid: Callable[[nn.Module], Any], s: Ses
             raise ArgumentError(
                 "valid", f"should return the validation loss as a number, got {loss!r}"
             )
-        total = s.dist.all_mean(torch.tensor(float(loss), dtype=torch.float64, device=s.device))
-        return total.item()
+        t = torch.tensor(float(loss), dtype=torch.float64, device=self.s.device)
+        return self.s.dist.all_mean(t).item()
 
-    return validate
+    def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
+        """Why the validation loss of step ``step`` was ``value``, not finite."""
+        return (
+            "the validation function ", Mention("valid"), f" returned {value} at step {step} "
+            "(on this or another process): it should return a finite loss (a NaN or infinite "
+            "one can never be the best, so early stopping would end the run on it).",
+        )

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -53,10 +53,20 @@ class Plan:
     restore_best: bool = False
 
 
+class Validation(Protocol):
+    """What computes the validation loss of a run: called for it, and asked why it was not
+    finite (which ends the run: :class:`~flowkit.train.NonFiniteLossError`)."""
+
+    def __call__(self) -> float: ...
+
+    def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
+        """The message parts telling why the validation loss of step ``step`` was ``value``."""
+        ...
+
+
 class _Best:
-    """Best validation loss so far, its weights (when ``keep`` is set) and patience count. A
-    NaN or infinite validation loss is recorded but never the best (it counts as no
-    improvement)."""
+    """Best validation loss so far (always finite), its weights (when ``keep`` is set) and
+    patience count."""
 
     def __init__(self, patience: int | None, keep: bool):
         self.patience, self.keep, self.state, self.bad = patience, keep, None, 0
@@ -65,7 +75,7 @@ class _Best:
         history.valid_steps.append(step)
         history.valid_loss.append(loss)
         best = history.best_valid_loss
-        if math.isfinite(loss) and (best is None or loss < best):
+        if best is None or loss < best:
             history.best_step, history.best_valid_loss, self.bad = step, loss, 0
             if self.keep:
                 self.state = _copy(model)
@@ -118,7 +128,7 @@ class Trainer:
             ``batches_per_epoch``, ``state_dict()`` and ``load_state_dict(state, step)``.
         o: the resolved shared options.
         plan: the run's length and validation.
-        validate: a function returning the validation loss, or None.
+        validate: what computes the validation loss (:class:`Validation`), or None.
     """
 
     def __init__(
@@ -129,7 +139,7 @@ class Trainer:
         source: Any,
         o: TrainOptions,
         plan: Plan,
-        validate: Callable[[], float] | None,
+        validate: Validation | None,
     ):
         self.s, self.model, self.objective, self.source = s, model, objective, source
         self.o, self.plan, self.validate = o, plan, validate
@@ -311,8 +321,12 @@ class Trainer:
 
     def _validate(self) -> None:
         t0 = time.perf_counter()
+        assert self.validate is not None
         loss = self.validate()
         self.history.valid_time += time.perf_counter() - t0
+        if not math.isfinite(loss):  # never the best: early stopping would end the run on it
+            self._fail(NonFiniteLossError, self.validate.cause(self.step, loss), self.step, loss,
+                       fixes=False)
         self.best.update(self.model, self.history, self.step, loss)
         self.bar.valid(self.history)
 
