@@ -1338,6 +1338,34 @@ def test_resume_of_a_sampling_function_refuses_another_batch_size(tmp_path):
     assert len(fit(small_maf(), sample, **options).train_loss) == 8
 
 
+def test_resume_of_reverse_kl_refuses_another_batch_size(tmp_path):
+    """Review 19: it continued with the other batch size, as fit refuses (the same check)."""
+    def target(x):
+        return -0.5 * (x**2).sum(-1)
+
+    options = dict(steps=4, batch_size=64, seed=0, checkpoint_dir=tmp_path, **QUIET)
+    flowkit.fit_reverse_kl(flowkit.IAF(2, layers=1, hidden_features=(8,)), target, **options)
+    resumed = {**options, "steps": 6, "resume": True}
+    with pytest.raises(ArgumentError, match="'batch_size' is 32 but the checkpoint was trained "
+                       "with batches of 64; pass batch_size=64") as e:
+        flowkit.fit_reverse_kl(flowkit.IAF(2, layers=1, hidden_features=(8,)), target,
+                               **{**resumed, "batch_size": 32})
+    assert e.value.argument == "batch_size"
+    h = flowkit.fit_reverse_kl(flowkit.IAF(2, layers=1, hidden_features=(8,)), target, **resumed)
+    assert len(h.train_loss) == 6
+
+
+def test_resume_with_fewer_steps_than_done_is_refused(tmp_path):
+    """Review 19: it returned the longer run without a word."""
+    x = gaussian(256)
+    options = _first_segment(tmp_path, x)
+    with pytest.raises(ArgumentError, match=r"^'steps' is 2 but '.*checkpoint.pt' has done 4 "
+                       r"steps already: .* pass 'steps' of at least 4") as e:
+        fit(small_maf(), x, **{**options, "steps": 2})
+    assert e.value.argument == "steps"
+    assert len(fit(small_maf(), x, **{**options, "steps": 4}).train_loss) == 4
+
+
 def test_extending_a_run_that_restored_its_best_weights_continues_from_its_last(tmp_path):
     x, xv = gaussian(60), gaussian(500)
     options = dict(valid=xv, batch_size=60, lr=3e-2, lr_schedule=None, seed=0, valid_every=5,

@@ -277,7 +277,7 @@ class TensorSource:
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         if "rows" not in state:  # written before these were recorded
             return
-        _check_same_batch_size(state, self.batch_size)
+        check_same_batch_size(state, self.batch_size)
         rows = self.x.shape[0]
         if state["rows"] != rows or not torch.allclose(
             state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
@@ -304,8 +304,9 @@ def _fingerprint(x: Tensor, c: Tensor | None) -> Tensor:
     return torch.cat(sums).cpu()
 
 
-def _check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
-    """Refuse to resume a run written with another batch size (recorded as ``batch_size``)."""
+def check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
+    """Refuse to resume a run written with another batch size (recorded as ``batch_size``; a
+    state without it, written before it was recorded, passes)."""
     if state.get("batch_size", batch_size) != batch_size:
         raise ArgumentError(
             "batch_size", Mention("batch_size"), f" is {batch_size} but the checkpoint was "
@@ -346,7 +347,7 @@ class SamplerSource:
         return {"generator": self.generator.get_state(), "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        _check_same_batch_size(state, self.batch_size)
+        check_same_batch_size(state, self.batch_size)
         self.generator.set_state(state["generator"])
 
 

@@ -177,8 +177,7 @@ def fit(
     holdout = _holdout_fraction(valid)
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
         dtype = _float_dtype(model)
-        source, held_out = _make_source(data, batch_size, s, dtype, holdout,
-                                        isinstance(model, Flow))
+        source, held_out = _make_source(model, data, batch_size, s, dtype, holdout)
         if held_out is not None:
             valid = held_out
         if any(isinstance(m, BatchNorm) for m in model.modules()):
@@ -316,16 +315,18 @@ HOLDOUT_SEED_KEY = 7
 
 
 def _make_source(
+    model: nn.Module,
     data: Any,
     batch_size: int | None,
     s: Session,
     dtype: torch.dtype,
     holdout: float | None,
-    density: bool,
 ) -> tuple[TensorSource | LoaderSource | SamplerSource, tuple[Tensor, Tensor | None] | None]:
     """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
-    fraction) is given: a random subset of array data, drawn from the run's seed. ``density``:
-    the model is a continuous density (array data is checked for degenerate columns)."""
+    fraction) is given: a random subset of array data, drawn from the run's seed. Array data
+    is checked whole against ``model`` here (:func:`_check_first_batch`), before rows are held
+    out, so that a message numbers the rows as they were passed; for a
+    :class:`~flowkit.Flow`, also for degenerate columns."""
     if isinstance(data, list) and len(data) == 2 and all(
         isinstance(v, Tensor | np.ndarray) for v in data
     ):
@@ -340,7 +341,8 @@ def _make_source(
                                s.device, dtype)
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
-        arrays = load_arrays("data", data, s.device, dtype, density=density)
+        arrays = load_arrays("data", data, s.device, dtype, density=isinstance(model, Flow))
+        _check_first_batch(model, *arrays, batch=False)
         held_out = None
         if holdout is not None:
             arrays, held_out = _hold_out(arrays, holdout, s.seed)
@@ -387,8 +389,10 @@ def _check_first_batch(
     model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data", batch: bool = True
 ) -> None:
     """Fail before the first optimizer step if the data does not fit the model: ``x`` and
-    ``context`` are the first batch (``batch``), or all of array data (whose every value a
-    discrete model then checks, rather than the step whose batch holds a bad one)."""
+    ``context`` are the first batch (``batch``), or all of array data, whose every value a
+    discrete model then checks, and whose every row a bounded flow scores (one pass without
+    gradients, by chunks: a row outside its box is named now, rather than at the step whose
+    batch holds it)."""
     if x.dim() < 2 or x.shape[0] == 0:
         raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
     features = getattr(model, "features", None)
@@ -444,20 +448,27 @@ def _check_first_batch(
     if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
+    if not batch and is_bounded(model):
+        chunks = x.split(_CHUNK)
+        contexts = context.split(_CHUNK) if context is not None else [None] * len(chunks)
+        count, rows = rows_outside(model, zip(chunks, contexts, strict=True))
+        if count:
+            raise ArgumentError(name, *outside_support((Mention(name),), count, rows))
 
 
 def _check_first_batch_and_standardize(
     model: nn.Module, source: Any, x: Tensor, context: Tensor | None
 ) -> None:
     """Before the first step (after every setting was checked, so a refused call leaves the
-    model as it was): check the training array (other sources: the first batch), then set the
-    model's :class:`~flowkit.transforms.Standardize` modules that are not set yet, or only
-    provisionally by an earlier call (a look at samples), from the whole training set when it
-    is an array, else from the first batch. A resumed model has them set already."""
-    arrays = isinstance(source, TensorSource)
-    if arrays:
+    model as it was): check the first batch (a training array was checked whole as it
+    loaded), then set the model's :class:`~flowkit.transforms.Standardize` modules that are
+    not set yet, or only provisionally by an earlier call (a look at samples), from the whole
+    training set when it is an array, else from the first batch. A resumed model has them set
+    already."""
+    if isinstance(source, TensorSource):
         x, context = source.x, source.c
-    _check_first_batch(model, x, context, batch=not arrays)
+    else:
+        _check_first_batch(model, x, context)
     if not unset(model):
         return
     chunks = x.split(_CHUNK)

@@ -190,6 +190,13 @@ class Trainer:
             self.sched.load_state_dict(c["scheduler"])
         if o["lr"] != c["lr"]:
             rescale_lr(self.opt, self.sched, o["lr"] / c["lr"])
+        if c["step"] > self.plan.steps:
+            raise ArgumentError(
+                "steps", Mention("steps"), f" is {self.plan.steps} but '{s.path}' has done "
+                f"{c['step']} steps already: a resumed run cannot end before them; pass ",
+                Mention("steps"), f" of at least {c['step']}, or load its model "
+                "(flowkit.load_model) to use it as it is",
+            )
         self.best.load_state_dict(c["best"], s.device)
         self.step = self.saved_step = c["step"]
         self.history = History.from_dict(c["history"])
