@@ -315,6 +315,57 @@ def test_validation_rows_outside_a_bounded_flow_end_the_run_by_name():
     assert info.value.step == 4 and info.value.value == INF
 
 
+def _fit_quietly(flow, data, **kwargs):
+    return flowkit.fit(flow, data, **{"steps": 3, "batch_size": 32, "seed": 0, "progress": False,
+                                      "device": "cpu", **kwargs})
+
+
+def test_fit_takes_unusual_numpy_arrays_as_their_values():
+    """Review 19: a big-endian array (FITS files) met torch's byte-order error, and a read-only
+    one (np.load(..., mmap_mode="r")) passed torch's UserWarning on; both are now taken as
+    their values: big-endian converted to the native order, read-only copied (never
+    written)."""
+    import warnings
+
+    def losses(x, c):
+        torch.manual_seed(0)
+        return _fit_quietly(_maf(context_features=1), (x, c), valid=(x[:20], c[:20])).train_loss
+
+    x = np.random.default_rng(0).normal(size=(96, 2))
+    c = np.random.default_rng(1).normal(size=(96, 1))
+    expected = losses(x, c)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    for pair in ((x.astype(">f8"), c.astype(">f4")), (frozen, c)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch's "not writable" warning among them
+            assert losses(*pair) == expected
+    assert np.array_equal(frozen, x) and not frozen.flags.writeable
+
+
+@pytest.mark.parametrize(("value", "error", "message"), [
+    (np.ones((64, 2), dtype=np.longdouble), ValueError,
+     r"^'data' holds numpy float\d+ values \(long double\), which torch cannot hold: cast them "
+     r"to float64 first"),
+    ((np.ones((64, 2)), np.ones((64, 1), dtype=np.longdouble)), ValueError,
+     r"^'data context' holds numpy float\d+ values"),
+    (torch.empty(64, 2, device="meta"), ValueError,
+     "^'data' is on the meta device, which holds no values"),
+    (lambda n: torch.randn(n, 2), TypeError,
+     r"^'data', a sampling function, should have the signature sample\(n, generator\).* its "
+     r"signature is \(n\)$"),
+])
+def test_fit_names_data_that_torch_cannot_take(value, error, message):
+    """Review 19: these met torch's own errors (numpy.longdouble, 'Cannot copy out of meta
+    tensor', '<lambda>() takes 1 positional argument but 2 were given')."""
+    if np.dtype(np.longdouble).itemsize <= 8 and not callable(value) and not isinstance(
+            value, torch.Tensor):
+        pytest.skip("long double is float64 on this platform")
+    context = 1 if isinstance(value, tuple) else 0
+    with pytest.raises(error, match=message):
+        _fit_quietly(_maf(context_features=context), value)
+
+
 def test_building_blocks_of_the_wrong_kind_are_named():
     """Errors name the argument (they were AttributeErrors, or 'unhashable type: list')."""
     from flowkit import MAF, Flow, StandardNormal

@@ -18,6 +18,7 @@ position, so that a resumed run sees exactly the batches an uninterrupted run wo
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -61,6 +62,7 @@ def as_tensor(
         raise TypeError(
             f"'{name}' should be a torch.Tensor or numpy array, got {type(value).__name__}"
         )
+    value = readable(name, value)
     try:
         t = torch.as_tensor(value)
     except TypeError as e:  # numpy arrays of objects or strings
@@ -74,6 +76,28 @@ def as_tensor(
         )
     cast = dtype if t.is_floating_point() or not keep_discrete else None
     return t.to(device=device, dtype=cast)
+
+
+def readable(name: str, value: Any) -> Any:
+    """``value`` as torch reads it without an error or a warning: a meta tensor is refused
+    (it holds no values), numpy ``longdouble`` too (torch has no such type); a numpy array of
+    the other byte order is converted to the native one, and a read-only one (a memory map
+    opened with ``mode="r"``) copied, which torch would share and warn about. Anything else is
+    returned as it is (a copy only where needed; the values are unchanged)."""
+    if isinstance(value, Tensor) and value.is_meta:
+        raise ValueError(f"'{name}' is on the meta device, which holds no values: pass data on "
+                         "a device that holds them, such as 'cpu'")
+    if not isinstance(value, np.ndarray):
+        return value
+    kind, size = value.dtype.kind, value.dtype.itemsize
+    if (kind == "f" and size > 8) or (kind == "c" and size > 16):
+        raise ValueError(
+            f"'{name}' holds numpy {value.dtype} values (long double), which torch cannot hold: "
+            "cast them to float64 first (x.astype(np.float64))"
+        )
+    if not value.dtype.isnative:  # big-endian data, as FITS files and some instruments write
+        return value.astype(value.dtype.newbyteorder("="))
+    return value if value.flags.writeable else value.copy()
 
 
 def as_batch(
@@ -110,7 +134,8 @@ def load_arrays(
     ``density=True`` (training data of a continuous density, a :class:`~flowkit.Flow`), also
     warns (:class:`DataWarning`) when a column of ``x`` is constant or takes few distinct values
     (:func:`warn_if_degenerate`)."""
-    raw = split_pair(name, value)
+    x, c = split_pair(name, value)
+    raw = readable(name, x), None if c is None else readable(f"{name} context", c)
     rounded = []  # (a loop, not a comprehension: the warnings' stack level counts frames)
     for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
         rounded.append(_warn_if_rounded(label, t, dtype))
@@ -329,6 +354,19 @@ class SamplerSource:
         device: torch.device,
         dtype: torch.dtype,
     ):
+        try:
+            signature = inspect.signature(sample)
+        except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(batch_size, None)
+            except TypeError:
+                raise TypeError(
+                    f"'data', a sampling function, should have the signature sample(n, "
+                    f"generator): it is called with the number of rows and a torch.Generator "
+                    f"to draw them from, but its signature is {signature}"
+                ) from None
         self.sample, self.device, self.dtype = sample, device, dtype
         self.batch_size, self.local = batch_size, local_batch_size(batch_size, dist)
         self.generator = torch.Generator(device=device).manual_seed(derive_seed(seed, dist.rank))
