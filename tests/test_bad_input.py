@@ -366,6 +366,52 @@ def test_fit_names_data_that_torch_cannot_take(value, error, message):
         _fit_quietly(_maf(context_features=context), value)
 
 
+def test_fit_names_the_step_of_a_later_loader_batch_the_model_refuses():
+    """Review 19: these read "'x' should have shape (..., 2), got (16, 3)", naming neither
+    'data' nor the step (only the first batch is checked before training)."""
+    from torch.utils.data import DataLoader
+
+    from flowkit.validation import ArgumentError
+
+    def loader(*batches):
+        return DataLoader(list(batches), batch_size=None)
+
+    wide = loader(torch.randn(16, 2), torch.randn(16, 2), torch.randn(16, 3))
+    with pytest.raises(ArgumentError, match=r"^the batch of step 3 from 'data' was refused by the "
+                       r"model: 'x' should have shape \(\.\.\., 2\), got \(16, 3\)"):
+        _fit_quietly(_maf(), wide, steps=4)
+    classes = loader(torch.zeros(8, 3, dtype=torch.long), torch.full((8, 3), 7))
+    with pytest.raises(ArgumentError, match=r"^the batch of step 2 from 'data' was refused by the "
+                       r"model: 'x' should hold class indices in 0\.\.2, found 7"):
+        _fit_quietly(flowkit.CategoricalMADE(3, 3, (8,)), classes, steps=2)
+
+
+@pytest.mark.parametrize("where", ["data", "valid"])
+def test_fit_says_what_a_loader_should_yield(where):
+    """Review 19: a loader of dicts read "'data' should be a torch.Tensor or numpy array, got
+    dict"; the data was a DataLoader."""
+    from torch.utils.data import DataLoader
+
+    dicts = DataLoader([{"x": torch.randn(2)} for _ in range(64)], batch_size=16)
+    data, valid = (dicts, None) if where == "data" else (torch.randn(64, 2), dicts)
+    with pytest.raises(TypeError, match=rf"^the DataLoader passed as '{where}' should yield "
+                       r"batches x or \(x, context\) of tensors or numpy arrays, got a dict$"):
+        _fit_quietly(_maf(), data, valid=valid)
+
+
+def test_reverse_kl_names_the_target_of_the_wrong_shape_or_dtype():
+    """Review 19: the shape error did not quote the argument, and an integer target was blamed
+    for not depending on its input through autograd."""
+    fit = flowkit.fit_reverse_kl
+    iaf = flowkit.IAF(2, layers=1, hidden_features=(8,))
+    with pytest.raises(ValueError, match=r"^'target_log_density' should return log-densities of "
+                       r"shape \(N,\), got \(2, 1\) for N=2$"):
+        fit(iaf, lambda x: x[:, :1], steps=1, progress=False, device="cpu")
+    with pytest.raises(TypeError, match=r"^'target_log_density' should return floating "
+                       "log-densities, got dtype torch.int64"):
+        fit(iaf, lambda x: x.sum(-1).long(), steps=1, progress=False, device="cpu")
+
+
 def test_building_blocks_of_the_wrong_kind_are_named():
     """Errors name the argument (they were AttributeErrors, or 'unhashable type: list')."""
     from flowkit import MAF, Flow, StandardNormal

@@ -1328,6 +1328,27 @@ def test_resume_refuses_other_data_batch_size_and_optimizer(tmp_path):
     assert len(h.train_loss) == 8
 
 
+def test_resume_with_another_validation_split_names_valid(tmp_path):
+    """Review 19: it read "'data' (230 rows) is not the data the checkpoint was trained on (256
+    rows)", rows the caller never passed."""
+    x = gaussian(256)
+    options = _first_segment(tmp_path, x)
+    with pytest.raises(ArgumentError, match=r"^the checkpoint was trained on all of 'data', this "
+                       r"run on 'data' less valid=0.1: other rows train; pass no fraction as "
+                       r"'valid' to resume it$") as e:
+        fit(small_maf(), x, valid=0.1, **options)
+    assert e.value.argument == "valid"
+
+
+def test_resume_with_another_validation_fraction_names_it(tmp_path):
+    x = gaussian(320)
+    options = _first_segment(tmp_path, x, valid=0.2)
+    with pytest.raises(ArgumentError, match=r"trained on 'data' less valid=0.2, this run on "
+                       r"'data' less valid=0.25: .* pass valid=0.2 to resume it$"):
+        fit(small_maf(), x, **{**options, "valid": 0.25})
+    assert len(fit(small_maf(), x, **{**options, "valid": 0.2}).train_loss) == 8
+
+
 def test_resume_of_a_sampling_function_refuses_another_batch_size(tmp_path):
     def sample(n, generator):
         return torch.randn(n, 2, generator=generator)

@@ -267,8 +267,10 @@ def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> list[int]:
 class TensorSource:
     """Shuffled mini-batches of an in-memory dataset (see the module docstring)."""
 
-    def __init__(self, data: Batch, batch_size: int, seed: int, dist: Dist):
+    def __init__(self, data: Batch, batch_size: int, seed: int, dist: Dist,
+                 holdout: float | None = None):
         self.x, self.c = data
+        self.holdout = holdout  # the fraction of the rows passed held out for validation
         n = self.x.shape[0]
         if batch_size > n:
             raise ValueError(
@@ -293,16 +295,25 @@ class TensorSource:
 
     def state_dict(self) -> dict[str, Any]:
         """No position to keep (the order follows from the seed and step), but what identifies
-        the data, for a resumed run to check against: rows, batch size and a fingerprint."""
+        the data, for a resumed run to check against: rows, batch size, a fingerprint and the
+        fraction held out for validation."""
         if self._fingerprint is None:
             self._fingerprint = _fingerprint(self.x, self.c)
         return {"rows": self.x.shape[0], "batch_size": self.batch_size,
-                "fingerprint": self._fingerprint}
+                "fingerprint": self._fingerprint, "holdout": self.holdout}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         if "rows" not in state:  # written before these were recorded
             return
         check_same_batch_size(state, self.batch_size)
+        if state.get("holdout", self.holdout) != self.holdout:  # (recorded since review 19)
+            raise ArgumentError(
+                "valid", "the checkpoint was trained on ", *_held_out(state["holdout"]),
+                ", this run on ", *_held_out(self.holdout), ": other rows train; pass ",
+                *((Mention("valid", state["holdout"]),) if state["holdout"] is not None else
+                  ("no fraction as ", Mention("valid"))),
+                " to resume it",
+            )
         rows = self.x.shape[0]
         if state["rows"] != rows or not torch.allclose(
             state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
@@ -314,6 +325,13 @@ class TensorSource:
                 + ": resume with the same data, or start a new run in another ",
                 Mention("checkpoint_dir"),
             )
+
+
+def _held_out(fraction: float | None) -> tuple[str | Mention, ...]:
+    """Which rows of ``data`` train, for a message: ``'data' less valid=0.1``, or all."""
+    if fraction is None:
+        return ("all of ", Mention("data"))
+    return (Mention("data"), " less ", Mention("valid", fraction))
 
 
 def _fingerprint(x: Tensor, c: Tensor | None) -> Tensor:
@@ -395,6 +413,22 @@ def _generators(loader: DataLoader) -> list[torch.Generator]:
     return [g for i, g in enumerate(gens) if g is not None and g not in gens[:i]]
 
 
+def loader_batch(name: str, batch: Any, device: torch.device, dtype: torch.dtype) -> Batch:
+    """A batch that the DataLoader passed as ``name`` yielded, as :func:`as_batch` makes it;
+    one that is not ``x`` or ``(x, context)`` of tensors or arrays (a dict, say) is refused
+    naming the loader."""
+    x, c = split_pair(name, batch)
+    if not all(isinstance(t, Tensor | np.ndarray) for t in (x, c) if t is not None):
+        got = type(batch).__name__
+        if isinstance(batch, tuple | list):
+            got += " of " + ", ".join(type(t).__name__ for t in batch)
+        raise TypeError(
+            f"the DataLoader passed as '{name}' should yield batches x or (x, context) of "
+            f"tensors or numpy arrays, got a {got}"
+        )
+    return as_batch(name, x, c, device, dtype)
+
+
 def first_batch(name: str, loader: DataLoader, device: torch.device, dtype: torch.dtype) -> Batch:
     """The first batch of ``loader`` as :func:`as_batch` makes it, for checks before training.
 
@@ -408,7 +442,7 @@ def first_batch(name: str, loader: DataLoader, device: torch.device, dtype: torc
         g.set_state(state)
     if batch is None:
         raise ValueError(f"the DataLoader passed as '{name}' yields no batches")
-    return as_batch(name, *split_pair(name, batch), device, dtype)
+    return loader_batch(name, batch, device, dtype)
 
 
 class LoaderSource:
@@ -456,7 +490,7 @@ class LoaderSource:
             self._start_epoch(self._epoch + 1)
             batch = next(self._iter)
         self._position += 1
-        return as_batch("data", *split_pair("data", batch), self.device, self.dtype)
+        return loader_batch("data", batch, self.device, self.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "position": self._position, "epoch_rng": self._epoch_rng}

@@ -30,12 +30,11 @@ from .data import (
     LoaderSource,
     SamplerSource,
     TensorSource,
-    as_batch,
     check_finite,
     derive_seed,
     first_batch,
     load_arrays,
-    split_pair,
+    loader_batch,
 )
 from .history import History
 from .loop import Plan, Trainer
@@ -348,7 +347,7 @@ def _make_source(
             arrays, held_out = _hold_out(arrays, holdout, s.seed)
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0])
-        return TensorSource(arrays, batch_size, s.seed, s.dist), held_out
+        return TensorSource(arrays, batch_size, s.seed, s.dist, holdout), held_out
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
         f"function sample(n, generator); got {type(data).__name__}"
@@ -492,7 +491,7 @@ def _make_validation(
 
         def batches(every: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
             for b in valid:
-                yield as_batch("valid", *split_pair("valid", b), s.device, dtype)
+                yield loader_batch("valid", b, s.device, dtype)
     else:
         x, c = load_arrays("valid", valid, s.device, dtype)
         _check_first_batch(model, x, c, "valid", batch=False)

@@ -286,7 +286,13 @@ class Trainer:
 
     def _train_step(self, runner: nn.Module, args: tuple[Any, ...]) -> None:
         self.opt.zero_grad(set_to_none=True)
-        loss = runner(*args)
+        try:
+            loss = runner(*args)
+        except (ValueError, TypeError) as e:  # e.g. a later batch that does not fit the model
+            blamed = self.objective.blame(e, self.step + 1)
+            if blamed is None:
+                raise
+            raise blamed from e
         loss.backward()
         if self.o["clip_grad_norm"] is not None:
             nn.utils.clip_grad_norm_(self.params, self.o["clip_grad_norm"])

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..transforms.bounded import Logit
-from ..validation import Mention
+from ..validation import ArgumentError, Mention
 from .distributed import Dist
 
 
@@ -49,6 +49,12 @@ class Objective(nn.Module):
         calls it, as they all see the same mean loss."""
         cause = getattr(self.loss, "cause", None)
         return None if cause is None else cause(index, step, dist)
+
+    def blame(self, error: Exception, step: int) -> Exception | None:
+        """The error to raise for ``error``, which computing the loss of step ``step`` raised,
+        when the loss can name its cause (:meth:`NegLogLikelihood.blame`), else None."""
+        blame = getattr(self.loss, "blame", None)
+        return None if blame is None else blame(error, step)
 
     def recorded(self) -> None:
         """The losses of the steps so far were recorded: forget what the loss kept of them."""
@@ -108,6 +114,21 @@ class NegLogLikelihood:
             )
         if outside and self.bounded:  # (else a log-density that overflowed: the usual fixes)
             return outside_support(batch, outside)
+        return None
+
+
+    def blame(self, error: Exception, step: int) -> Exception | None:
+        """The model refused the batch of step ``step`` (a later batch of a DataLoader or a
+        sampling function of the wrong width, or holding values outside the model's domain:
+        only the first batch is checked before training): ``error`` naming ``'data'`` and the
+        step, as a ``ValueError`` (:class:`~flowkit.validation.ArgumentError`) or
+        ``TypeError``; None for other errors."""
+        parts = (f"the batch of step {step} from ", Mention("data"),
+                 f" was refused by the model: {error}")
+        if isinstance(error, ValueError):
+            return ArgumentError("data", *parts)
+        if isinstance(error, TypeError):
+            return TypeError("".join(p if isinstance(p, str) else f"'{p.name}'" for p in parts))
         return None
 
 

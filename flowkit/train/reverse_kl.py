@@ -116,10 +116,15 @@ def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:
     numpy would train nothing, silently)."""
     x, log_q = flow.sample_and_log_prob(2)  # with gradients, as the steps draw them
     log_p = target(x)
-    for name, t in (("flow.sample_and_log_prob", log_q), ("target_log_density", log_p)):
+    for name, t in (("'flow'.sample_and_log_prob", log_q), ("'target_log_density'", log_p)):
         if not isinstance(t, Tensor) or t.shape != (2,):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} should return log-densities of shape (N,), got {got} for N=2")
+    if not log_p.is_floating_point():
+        raise TypeError(
+            f"'target_log_density' should return floating log-densities, got dtype {log_p.dtype} "
+            "(integer or bool values carry no gradient): compute them in the dtype of its input"
+        )
     if x.requires_grad and not log_p.requires_grad:
         raise ValueError(
             "'target_log_density' returned log-densities that do not depend on its input through "
