@@ -448,9 +448,7 @@ def _check_first_batch(
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
     if not batch and is_bounded(model):
-        chunks = x.split(_CHUNK)
-        contexts = context.split(_CHUNK) if context is not None else [None] * len(chunks)
-        count, rows = rows_outside(model, zip(chunks, contexts, strict=True))
+        count, rows = rows_outside(model, _chunks(x, context))
         if count:
             raise ArgumentError(name, *outside_support((Mention(name),), count, rows))
 
@@ -470,13 +468,18 @@ def _check_first_batch_and_standardize(
         _check_first_batch(model, x, context)
     if not unset(model):
         return
-    chunks = x.split(_CHUNK)
-    contexts = context.split(_CHUNK) if context is not None else [None] * len(chunks)
-    set_from_data(model, zip(chunks, contexts, strict=True), lambda x, c: log_prob(model, x, c))
+    set_from_data(model, _chunks(x, context), lambda x, c: log_prob(model, x, c))
 
 
 _CHUNK = 8192
-"""Rows per forward pass when the standardization is set from the training set."""
+"""Rows per forward pass over a whole array (setting the standardization, scoring the rows)."""
+
+
+def _chunks(x: Tensor, context: Tensor | None) -> list[tuple[Tensor, Tensor | None]]:
+    """``(x, context)`` in blocks of :data:`_CHUNK` rows."""
+    chunks = x.split(_CHUNK)
+    contexts = context.split(_CHUNK) if context is not None else [None] * len(chunks)
+    return list(zip(chunks, contexts, strict=True))
 
 
 def _make_validation(
