@@ -380,6 +380,10 @@ def test_fit_names_the_step_of_a_later_loader_batch_the_model_refuses():
     with pytest.raises(ArgumentError, match=r"^the batch of step 3 from 'data' was refused by the "
                        r"model: 'x' should have shape \(\.\.\., 2\), got \(16, 3\)"):
         _fit_quietly(_maf(), wide, steps=4)
+    integers = loader(torch.randn(16, 2), torch.ones(16, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"^the batch of step 2 from 'data' was refused by the "
+                       r"model: 'x' should have dtype torch.float32"):
+        _fit_quietly(_maf(), integers, steps=2)
     classes = loader(torch.zeros(8, 3, dtype=torch.long), torch.full((8, 3), 7))
     with pytest.raises(ArgumentError, match=r"^the batch of step 2 from 'data' was refused by the "
                        r"model: 'x' should hold class indices in 0\.\.2, found 7"):

@@ -123,12 +123,12 @@ class NegLogLikelihood:
         only the first batch is checked before training): ``error`` naming ``'data'`` and the
         step, as a ``ValueError`` (:class:`~flowkit.validation.ArgumentError`) or
         ``TypeError``; None for other errors."""
-        parts = (f"the batch of step {step} from ", Mention("data"),
-                 f" was refused by the model: {error}")
         if isinstance(error, ValueError):
-            return ArgumentError("data", *parts)
+            return ArgumentError("data", f"the batch of step {step} from ", Mention("data"),
+                                 f" was refused by the model: {error}")
         if isinstance(error, TypeError):
-            return TypeError("".join(p if isinstance(p, str) else f"'{p.name}'" for p in parts))
+            return TypeError(f"the batch of step {step} from 'data' was refused by the model: "
+                             f"{error}")
         return None
 
 
