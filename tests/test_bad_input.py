@@ -296,15 +296,146 @@ def test_fit_refuses_nan_in_a_later_batch_of_a_validation_loader(value):
     the run and restore_best kept the last weights, without a word."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from flowkit.validation import ArgumentError
-
     v = torch.randn(200, 2)
     v[120, 1] = value
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
-    with pytest.raises(ArgumentError, match=r"^'valid' holds NaN or Inf values in 1 of its 200 "
-                       "rows"):
+    with pytest.raises(flowkit.train.NonFiniteLossError, match=r"^'valid' holds NaN or Inf "
+                       "values in 1 of its 200 rows, found by the validation at step 16"):
         flowkit.fit(flow, torch.randn(640, 2), valid=DataLoader(TensorDataset(v), batch_size=50),
                     steps=30, early_stopping_patience=3, seed=0, progress=False, device="cpu")
+
+
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_a_validation_function_returning_a_non_finite_loss_ends_the_run_by_name(value):
+    """Review 19: it was recorded as "no improvement", and early stopping ended the run on it
+    without a word."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    with pytest.raises(flowkit.train.NonFiniteLossError, match=(
+        rf"^the validation function 'valid' returned {value} at step 5 .*should return a "
+        r"finite loss.*The model holds the weights of step 5")) as info:
+        flowkit.fit(flow, torch.randn(64, 2), valid=lambda m: value, steps=20, batch_size=32,
+                    valid_every=5, early_stopping_patience=2, seed=0, progress=False,
+                    device="cpu")
+    assert info.value.step == 5 and info.value.history.valid_loss == []
+
+
+def test_validation_rows_outside_a_bounded_flow_end_the_run_by_name():
+    """Review 19: a validation row outside the box made the validation loss inf, accepted as
+    "no improvement": early stopping ended the run after its first validation. A DataLoader's
+    rows are found at the validation (array rows are checked before training)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), bounds=([0.0, 0.0], [1.0, 1.0]))
+    v = torch.rand(100, 2)
+    v[[37, 80], 0] = 1.5
+    with pytest.raises(flowkit.train.NonFiniteLossError, match=(
+        r"^the validation at step 4: 'valid' holds 2 row\(s\) \(rows 37, 80\) that the model "
+        r"gives log-density -inf: points outside its support")) as info:
+        flowkit.fit(flow, torch.rand(64, 2), valid=DataLoader(TensorDataset(v), batch_size=30),
+                    steps=8, batch_size=16, early_stopping_patience=1, seed=0, progress=False,
+                    device="cpu")
+    assert info.value.step == 4 and info.value.value == INF
+
+
+def _fit_quietly(flow, data, **kwargs):
+    return flowkit.fit(flow, data, **{"steps": 3, "batch_size": 32, "seed": 0, "progress": False,
+                                      "device": "cpu", **kwargs})
+
+
+def test_fit_takes_unusual_numpy_arrays_as_their_values():
+    """Review 19: a big-endian array (FITS files) met torch's byte-order error, and a read-only
+    one (np.load(..., mmap_mode="r")) passed torch's UserWarning on; both are now taken as
+    their values: big-endian converted to the native order, read-only copied (never
+    written)."""
+    import warnings
+
+    def losses(x, c):
+        torch.manual_seed(0)
+        return _fit_quietly(_maf(context_features=1), (x, c), valid=(x[:20], c[:20])).train_loss
+
+    x = np.random.default_rng(0).normal(size=(96, 2))
+    c = np.random.default_rng(1).normal(size=(96, 1))
+    expected = losses(x, c)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    for pair in ((x.astype(">f8"), c.astype(">f4")), (frozen, c)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch's "not writable" warning among them
+            assert losses(*pair) == expected
+    assert np.array_equal(frozen, x) and not frozen.flags.writeable
+
+
+@pytest.mark.parametrize(("value", "error", "message"), [
+    (np.ones((64, 2), dtype=np.longdouble), ValueError,
+     r"^'data' holds numpy float\d+ values \(long double\), which torch cannot hold: cast them "
+     r"to float64 first"),
+    ((np.ones((64, 2)), np.ones((64, 1), dtype=np.longdouble)), ValueError,
+     r"^'data context' holds numpy float\d+ values"),
+    (torch.empty(64, 2, device="meta"), ValueError,
+     "^'data' is on the meta device, which holds no values"),
+    (lambda n: torch.randn(n, 2), TypeError,
+     r"^'data', a sampling function, should have the signature sample\(n, generator\).* its "
+     r"signature is \(n\)$"),
+])
+def test_fit_names_data_that_torch_cannot_take(value, error, message):
+    """Review 19: these met torch's own errors (numpy.longdouble, 'Cannot copy out of meta
+    tensor', '<lambda>() takes 1 positional argument but 2 were given')."""
+    if np.dtype(np.longdouble).itemsize <= 8 and not callable(value) and not isinstance(
+            value, torch.Tensor):
+        pytest.skip("long double is float64 on this platform")
+    context = 1 if isinstance(value, tuple) else 0
+    with pytest.raises(error, match=message):
+        _fit_quietly(_maf(context_features=context), value)
+
+
+def test_fit_names_the_step_of_a_later_loader_batch_the_model_refuses():
+    """Review 19: these read "'x' should have shape (..., 2), got (16, 3)", naming neither
+    'data' nor the step (only the first batch is checked before training)."""
+    from torch.utils.data import DataLoader
+
+    from flowkit.validation import ArgumentError
+
+    def loader(*batches):
+        return DataLoader(list(batches), batch_size=None)
+
+    wide = loader(torch.randn(16, 2), torch.randn(16, 2), torch.randn(16, 3))
+    with pytest.raises(ArgumentError, match=r"^the batch of step 3 from 'data' was refused by the "
+                       r"model: 'x' should have shape \(\.\.\., 2\), got \(16, 3\)"):
+        _fit_quietly(_maf(), wide, steps=4)
+    integers = loader(torch.randn(16, 2), torch.ones(16, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"^the batch of step 2 from 'data' was refused by the "
+                       r"model: 'x' should have dtype torch.float32"):
+        _fit_quietly(_maf(), integers, steps=2)
+    classes = loader(torch.zeros(8, 3, dtype=torch.long), torch.full((8, 3), 7))
+    with pytest.raises(ArgumentError, match=r"^the batch of step 2 from 'data' was refused by the "
+                       r"model: 'x' should hold class indices in 0\.\.2, found 7"):
+        _fit_quietly(flowkit.CategoricalMADE(3, 3, (8,)), classes, steps=2)
+
+
+@pytest.mark.parametrize("where", ["data", "valid"])
+def test_fit_says_what_a_loader_should_yield(where):
+    """Review 19: a loader of dicts read "'data' should be a torch.Tensor or numpy array, got
+    dict"; the data was a DataLoader."""
+    from torch.utils.data import DataLoader
+
+    dicts = DataLoader([{"x": torch.randn(2)} for _ in range(64)], batch_size=16)
+    data, valid = (dicts, None) if where == "data" else (torch.randn(64, 2), dicts)
+    with pytest.raises(TypeError, match=rf"^the DataLoader passed as '{where}' should yield "
+                       r"batches x or \(x, context\) of tensors or numpy arrays, got a dict$"):
+        _fit_quietly(_maf(), data, valid=valid)
+
+
+def test_reverse_kl_names_the_target_of_the_wrong_shape_or_dtype():
+    """Review 19: the shape error did not quote the argument, and an integer target was blamed
+    for not depending on its input through autograd."""
+    fit = flowkit.fit_reverse_kl
+    iaf = flowkit.IAF(2, layers=1, hidden_features=(8,))
+    with pytest.raises(ValueError, match=r"^'target_log_density' should return log-densities of "
+                       r"shape \(N,\), got \(2, 1\) for N=2$"):
+        fit(iaf, lambda x: x[:, :1], steps=1, progress=False, device="cpu")
+    with pytest.raises(TypeError, match=r"^'target_log_density' should return floating "
+                       "log-densities, got dtype torch.int64"):
+        fit(iaf, lambda x: x.sum(-1).long(), steps=1, progress=False, device="cpu")
 
 
 def test_building_blocks_of_the_wrong_kind_are_named():

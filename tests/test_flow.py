@@ -192,12 +192,27 @@ def test_bounds_make_a_density_on_the_box(builder, tmp_path):
 
 
 def test_fit_names_training_rows_outside_the_bounds():
+    """Array rows are all scored before training (review 19: a row was found only at the step
+    whose batch held it); a DataLoader's at that step."""
+    from torch.utils.data import DataLoader, TensorDataset
+
     flow = MAF(2, layers=1, hidden_features=(8,), bounds=([0.0, 0.0], [1.0, 1.0]))
     x = torch.rand(256, 2)
-    x[5, 1] = 1.5
-    with pytest.raises(flowkit.train.NonFiniteLossError, match=r"holds 1 row\(s\) that the model "
-                       r"gives log-density -inf: points outside its support"):
-        flowkit.fit(flow, x, steps=5, batch_size=256, progress=False, device="cpu")
+    x[200, 1] = 1.5
+    for valid in (None, 0.25):  # rows numbered as passed, also when some are held out
+        with pytest.raises(flowkit.validation.ArgumentError, match=r"^'data' holds 1 row\(s\) "
+                           r"\(row 200\) that the model gives log-density -inf: points outside "
+                           "its support"):
+            flowkit.fit(flow, x, valid=valid, steps=5, progress=False, device="cpu")
+    assert not flow.transform.transforms[1].is_initialized  # refused before anything was set
+    with pytest.raises(flowkit.validation.ArgumentError, match=r"^'valid' holds 2 row\(s\) "
+                       r"\(rows 3, 200\) that the model gives log-density -inf"):
+        flowkit.fit(flow, torch.rand(64, 2), valid=torch.cat([x[:3], -x[3:4], x[4:]]), steps=5,
+                    progress=False, device="cpu")
+    with pytest.raises(flowkit.train.NonFiniteLossError, match=r"the batch of step 9 from 'data' "
+                       r"holds 1 row\(s\) that the model gives log-density -inf"):
+        flowkit.fit(flow, DataLoader(TensorDataset(x), batch_size=25), steps=10,
+                    progress=False, device="cpu")
 
 
 def test_seeded_sampling_is_reproducible():

@@ -1046,17 +1046,25 @@ def test_nonfinite_weights_without_checkpoints_are_not_returned():
     assert torch.isfinite(model.loc).all()
 
 
-def test_a_nan_validation_loss_is_never_the_best():
-    values = iter([math.nan, 3.0, math.nan, 2.0, math.inf])
+def test_a_nan_validation_loss_ends_the_run_with_the_best_weights():
+    """Review 19: a NaN validation loss was recorded as "no improvement" (early stopping then
+    ended the run on it); it is now an error, and the model holds its best validation's
+    weights."""
+    values = iter([3.0, 2.0, math.nan])
+    saved = {}
+
+    def valid(m):
+        saved[len(saved)] = {k: v.clone() for k, v in m.state_dict().items()}
+        return next(values)
+
     flow = small_maf()
-    h = fit(flow, gaussian(256), valid=lambda m: next(values), steps=10, batch_size=64,
-            valid_every=2, restore_best=True, seed=0, **QUIET)
-    assert h.valid_steps == [2, 4, 6, 8, 10]
-    assert h.best_step == 8 and h.best_valid_loss == 2.0
-    nans = iter([math.nan] * 3)
-    h = fit(small_maf(), gaussian(256), valid=lambda m: next(nans), steps=6, batch_size=64,
-            valid_every=2, early_stopping_patience=3, seed=0, **QUIET)
-    assert h.best_step is None and h.best_valid_loss is None and h.stopped_early
+    with pytest.raises(NonFiniteLossError, match=r"'valid' returned nan at step 6 .*The model "
+                       r"holds the weights of its best validation \(step 4\)") as info:
+        fit(flow, gaussian(256), valid=valid, steps=10, batch_size=64, valid_every=2,
+            restore_best=True, seed=0, **QUIET)
+    assert info.value.history.valid_steps == [2, 4] and info.value.history.best_step == 4
+    assert all(torch.equal(v, flow.state_dict()[k]) for k, v in saved[1].items())
+    assert not flow.training
 
 
 def test_valid_as_a_function_is_called_in_eval_mode_without_gradients():
@@ -1320,6 +1328,27 @@ def test_resume_refuses_other_data_batch_size_and_optimizer(tmp_path):
     assert len(h.train_loss) == 8
 
 
+def test_resume_with_another_validation_split_names_valid(tmp_path):
+    """Review 19: it read "'data' (230 rows) is not the data the checkpoint was trained on (256
+    rows)", rows the caller never passed."""
+    x = gaussian(256)
+    options = _first_segment(tmp_path, x)
+    with pytest.raises(ArgumentError, match=r"^the checkpoint was trained on all of 'data', this "
+                       r"run on 'data' less valid=0.1: other rows train; pass no fraction as "
+                       r"'valid' to resume it$") as e:
+        fit(small_maf(), x, valid=0.1, **options)
+    assert e.value.argument == "valid"
+
+
+def test_resume_with_another_validation_fraction_names_it(tmp_path):
+    x = gaussian(320)
+    options = _first_segment(tmp_path, x, valid=0.2)
+    with pytest.raises(ArgumentError, match=r"trained on 'data' less valid=0.2, this run on "
+                       r"'data' less valid=0.25: .* pass valid=0.2 to resume it$"):
+        fit(small_maf(), x, **{**options, "valid": 0.25})
+    assert len(fit(small_maf(), x, **{**options, "valid": 0.2}).train_loss) == 8
+
+
 def test_resume_of_a_sampling_function_refuses_another_batch_size(tmp_path):
     def sample(n, generator):
         return torch.randn(n, 2, generator=generator)
@@ -1328,6 +1357,34 @@ def test_resume_of_a_sampling_function_refuses_another_batch_size(tmp_path):
     with pytest.raises(ArgumentError, match="'batch_size' is 32 .* batches of 64"):
         fit(small_maf(), sample, **{**options, "batch_size": 32})
     assert len(fit(small_maf(), sample, **options).train_loss) == 8
+
+
+def test_resume_of_reverse_kl_refuses_another_batch_size(tmp_path):
+    """Review 19: it continued with the other batch size, as fit refuses (the same check)."""
+    def target(x):
+        return -0.5 * (x**2).sum(-1)
+
+    options = dict(steps=4, batch_size=64, seed=0, checkpoint_dir=tmp_path, **QUIET)
+    flowkit.fit_reverse_kl(flowkit.IAF(2, layers=1, hidden_features=(8,)), target, **options)
+    resumed = {**options, "steps": 6, "resume": True}
+    with pytest.raises(ArgumentError, match="'batch_size' is 32 but the checkpoint was trained "
+                       "with batches of 64; pass batch_size=64") as e:
+        flowkit.fit_reverse_kl(flowkit.IAF(2, layers=1, hidden_features=(8,)), target,
+                               **{**resumed, "batch_size": 32})
+    assert e.value.argument == "batch_size"
+    h = flowkit.fit_reverse_kl(flowkit.IAF(2, layers=1, hidden_features=(8,)), target, **resumed)
+    assert len(h.train_loss) == 6
+
+
+def test_resume_with_fewer_steps_than_done_is_refused(tmp_path):
+    """Review 19: it returned the longer run without a word."""
+    x = gaussian(256)
+    options = _first_segment(tmp_path, x)
+    with pytest.raises(ArgumentError, match=r"^'steps' is 2 but '.*checkpoint.pt' has done 4 "
+                       r"steps already: .* pass 'steps' of at least 4") as e:
+        fit(small_maf(), x, **{**options, "steps": 2})
+    assert e.value.argument == "steps"
+    assert len(fit(small_maf(), x, **{**options, "steps": 4}).train_loss) == 4
 
 
 def test_extending_a_run_that_restored_its_best_weights_continues_from_its_last(tmp_path):

@@ -90,3 +90,18 @@ def test_model_mismatch_names_only_the_arguments_that_differ(tmp_path):
     message = str(info.value)
     assert "was written for a MAF with {'seed': 0}, not for this MAF with {'seed': 5}" in message
     assert "layers" not in message and "hidden_features" not in message
+
+
+def test_a_schedule_callable_that_returns_no_scheduler_is_refused() -> None:
+    """Review 19: a schedule function that forgot its ``return`` trained at a constant rate."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    before = {k: v.clone() for k, v in flow.state_dict().items()}
+    with pytest.raises(TypeError, match=r"^'lr_schedule' returned NoneType, expected a torch "
+                       "LRScheduler"):
+        flowkit.fit(flow, torch.randn(64, 2), steps=2, batch_size=32,
+                    lr_schedule=lambda opt, steps: None, progress=False, device="cpu")
+    assert all(torch.equal(v, flow.state_dict()[k]) for k, v in before.items())
+    schedule = lambda opt, steps: torch.optim.lr_scheduler.LinearLR(opt, total_iters=steps)  # noqa: E731
+    h = flowkit.fit(flow, torch.randn(64, 2), steps=2, batch_size=32, lr_schedule=schedule,
+                    progress=False, device="cpu")
+    assert len(h.train_loss) == 2

@@ -27,7 +27,7 @@ from .history import History
 
 
 class NonFiniteLossError(WordedError, FloatingPointError):
-    """The training loss, or the weights, became NaN or infinite.
+    """The training loss, the validation loss, or the weights, became NaN or infinite.
 
     The model holds the weights of the last recording at which everything was finite, or, in a
     run that keeps its best validation's weights (``restore_best``, ``early_stopping_patience``),
@@ -35,7 +35,7 @@ class NonFiniteLossError(WordedError, FloatingPointError):
 
     Attributes:
         step: the first step (1-based) whose loss was not finite, or the step at which
-            non-finite weights were found.
+            non-finite weights, or a non-finite validation loss, were found.
         value: that loss, or the first non-finite value of those weights.
         history: the run's :class:`~flowkit.train.History` up to the last recording before
             (None where the error was raised outside a run).

@@ -18,6 +18,7 @@ position, so that a resumed run sees exactly the batches an uninterrupted run wo
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -61,6 +62,7 @@ def as_tensor(
         raise TypeError(
             f"'{name}' should be a torch.Tensor or numpy array, got {type(value).__name__}"
         )
+    value = readable(name, value)
     try:
         t = torch.as_tensor(value)
     except TypeError as e:  # numpy arrays of objects or strings
@@ -74,6 +76,28 @@ def as_tensor(
         )
     cast = dtype if t.is_floating_point() or not keep_discrete else None
     return t.to(device=device, dtype=cast)
+
+
+def readable(name: str, value: Any) -> Any:
+    """``value`` as torch reads it without an error or a warning: a meta tensor is refused
+    (it holds no values), numpy ``longdouble`` too (torch has no such type); a numpy array of
+    the other byte order is converted to the native one, and a read-only one (a memory map
+    opened with ``mode="r"``) copied, which torch would share and warn about. Anything else is
+    returned as it is (a copy only where needed; the values are unchanged)."""
+    if isinstance(value, Tensor) and value.is_meta:
+        raise ValueError(f"'{name}' is on the meta device, which holds no values: pass data on "
+                         "a device that holds them, such as 'cpu'")
+    if not isinstance(value, np.ndarray):
+        return value
+    kind, size = value.dtype.kind, value.dtype.itemsize
+    if (kind == "f" and size > 8) or (kind == "c" and size > 16):
+        raise ValueError(
+            f"'{name}' holds numpy {value.dtype} values (long double), which torch cannot hold: "
+            "cast them to float64 first (x.astype(np.float64))"
+        )
+    if not value.dtype.isnative:  # big-endian data, as FITS files and some instruments write
+        return value.astype(value.dtype.newbyteorder("="))
+    return value if value.flags.writeable else value.copy()
 
 
 def as_batch(
@@ -110,7 +134,8 @@ def load_arrays(
     ``density=True`` (training data of a continuous density, a :class:`~flowkit.Flow`), also
     warns (:class:`DataWarning`) when a column of ``x`` is constant or takes few distinct values
     (:func:`warn_if_degenerate`)."""
-    raw = split_pair(name, value)
+    x, c = split_pair(name, value)
+    raw = readable(name, x), None if c is None else readable(f"{name} context", c)
     rounded = []  # (a loop, not a comprehension: the warnings' stack level counts frames)
     for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
         rounded.append(_warn_if_rounded(label, t, dtype))
@@ -242,8 +267,10 @@ def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> list[int]:
 class TensorSource:
     """Shuffled mini-batches of an in-memory dataset (see the module docstring)."""
 
-    def __init__(self, data: Batch, batch_size: int, seed: int, dist: Dist):
+    def __init__(self, data: Batch, batch_size: int, seed: int, dist: Dist,
+                 holdout: float | None = None):
         self.x, self.c = data
+        self.holdout = holdout  # the fraction of the rows passed held out for validation
         n = self.x.shape[0]
         if batch_size > n:
             raise ValueError(
@@ -268,16 +295,25 @@ class TensorSource:
 
     def state_dict(self) -> dict[str, Any]:
         """No position to keep (the order follows from the seed and step), but what identifies
-        the data, for a resumed run to check against: rows, batch size and a fingerprint."""
+        the data, for a resumed run to check against: rows, batch size, a fingerprint and the
+        fraction held out for validation."""
         if self._fingerprint is None:
             self._fingerprint = _fingerprint(self.x, self.c)
         return {"rows": self.x.shape[0], "batch_size": self.batch_size,
-                "fingerprint": self._fingerprint}
+                "fingerprint": self._fingerprint, "holdout": self.holdout}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         if "rows" not in state:  # written before these were recorded
             return
-        _check_same_batch_size(state, self.batch_size)
+        check_same_batch_size(state, self.batch_size)
+        if state.get("holdout", self.holdout) != self.holdout:  # (recorded since review 19)
+            raise ArgumentError(
+                "valid", "the checkpoint was trained on ", *_held_out(state["holdout"]),
+                ", this run on ", *_held_out(self.holdout), ": other rows train; pass ",
+                *((Mention("valid", state["holdout"]),) if state["holdout"] is not None else
+                  ("no fraction as ", Mention("valid"))),
+                " to resume it",
+            )
         rows = self.x.shape[0]
         if state["rows"] != rows or not torch.allclose(
             state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
@@ -289,6 +325,13 @@ class TensorSource:
                 + ": resume with the same data, or start a new run in another ",
                 Mention("checkpoint_dir"),
             )
+
+
+def _held_out(fraction: float | None) -> tuple[str | Mention, ...]:
+    """Which rows of ``data`` train, for a message: ``'data' less valid=0.1``, or all."""
+    if fraction is None:
+        return ("all of ", Mention("data"))
+    return (Mention("data"), " less ", Mention("valid", fraction))
 
 
 def _fingerprint(x: Tensor, c: Tensor | None) -> Tensor:
@@ -304,8 +347,9 @@ def _fingerprint(x: Tensor, c: Tensor | None) -> Tensor:
     return torch.cat(sums).cpu()
 
 
-def _check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
-    """Refuse to resume a run written with another batch size (recorded as ``batch_size``)."""
+def check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
+    """Refuse to resume a run written with another batch size (recorded as ``batch_size``; a
+    state without it, written before it was recorded, passes)."""
     if state.get("batch_size", batch_size) != batch_size:
         raise ArgumentError(
             "batch_size", Mention("batch_size"), f" is {batch_size} but the checkpoint was "
@@ -328,6 +372,19 @@ class SamplerSource:
         device: torch.device,
         dtype: torch.dtype,
     ):
+        try:
+            signature = inspect.signature(sample)
+        except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(batch_size, None)
+            except TypeError:
+                raise TypeError(
+                    f"'data', a sampling function, should have the signature sample(n, "
+                    f"generator): it is called with the number of rows and a torch.Generator "
+                    f"to draw them from, but its signature is {signature}"
+                ) from None
         self.sample, self.device, self.dtype = sample, device, dtype
         self.batch_size, self.local = batch_size, local_batch_size(batch_size, dist)
         self.generator = torch.Generator(device=device).manual_seed(derive_seed(seed, dist.rank))
@@ -346,7 +403,7 @@ class SamplerSource:
         return {"generator": self.generator.get_state(), "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        _check_same_batch_size(state, self.batch_size)
+        check_same_batch_size(state, self.batch_size)
         self.generator.set_state(state["generator"])
 
 
@@ -354,6 +411,22 @@ def _generators(loader: DataLoader) -> list[torch.Generator]:
     """The generators a DataLoader's iterator draws from, besides torch's global one."""
     gens = [loader.generator, getattr(loader.sampler, "generator", None)]
     return [g for i, g in enumerate(gens) if g is not None and g not in gens[:i]]
+
+
+def loader_batch(name: str, batch: Any, device: torch.device, dtype: torch.dtype) -> Batch:
+    """A batch that the DataLoader passed as ``name`` yielded, as :func:`as_batch` makes it;
+    one that is not ``x`` or ``(x, context)`` of tensors or arrays (a dict, say) is refused
+    naming the loader."""
+    x, c = split_pair(name, batch)
+    if not all(isinstance(t, Tensor | np.ndarray) for t in (x, c) if t is not None):
+        got = type(batch).__name__
+        if isinstance(batch, tuple | list):
+            got += " of " + ", ".join(type(t).__name__ for t in batch)
+        raise TypeError(
+            f"the DataLoader passed as '{name}' should yield batches x or (x, context) of "
+            f"tensors or numpy arrays, got a {got}"
+        )
+    return as_batch(name, x, c, device, dtype)
 
 
 def first_batch(name: str, loader: DataLoader, device: torch.device, dtype: torch.dtype) -> Batch:
@@ -369,7 +442,7 @@ def first_batch(name: str, loader: DataLoader, device: torch.device, dtype: torc
         g.set_state(state)
     if batch is None:
         raise ValueError(f"the DataLoader passed as '{name}' yields no batches")
-    return as_batch(name, *split_pair(name, batch), device, dtype)
+    return loader_batch(name, batch, device, dtype)
 
 
 class LoaderSource:
@@ -417,7 +490,7 @@ class LoaderSource:
             self._start_epoch(self._epoch + 1)
             batch = next(self._iter)
         self._position += 1
-        return as_batch("data", *split_pair("data", batch), self.device, self.dtype)
+        return loader_batch("data", batch, self.device, self.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "position": self._position, "epoch_rng": self._epoch_rng}

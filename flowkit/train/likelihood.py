@@ -10,6 +10,7 @@ model's standardization from the data, and hands the loss
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from numbers import Real
@@ -29,12 +30,11 @@ from .data import (
     LoaderSource,
     SamplerSource,
     TensorSource,
-    as_batch,
     check_finite,
     derive_seed,
     first_batch,
     load_arrays,
-    split_pair,
+    loader_batch,
 )
 from .history import History
 from .loop import Plan, Trainer
@@ -42,8 +42,11 @@ from .objectives import (
     NegLogLikelihood,
     Objective,
     count_nonfinite_rows,
+    is_bounded,
     log_prob,
+    outside_support,
     require_method,
+    rows_outside,
 )
 from .options import TrainOptions, Unpack, resolve
 from .session import Session, session
@@ -173,8 +176,7 @@ def fit(
     holdout = _holdout_fraction(valid)
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
         dtype = _float_dtype(model)
-        source, held_out = _make_source(data, batch_size, s, dtype, holdout,
-                                        isinstance(model, Flow))
+        source, held_out = _make_source(model, data, batch_size, s, dtype, holdout)
         if held_out is not None:
             valid = held_out
         if any(isinstance(m, BatchNorm) for m in model.modules()):
@@ -312,16 +314,18 @@ HOLDOUT_SEED_KEY = 7
 
 
 def _make_source(
+    model: nn.Module,
     data: Any,
     batch_size: int | None,
     s: Session,
     dtype: torch.dtype,
     holdout: float | None,
-    density: bool,
 ) -> tuple[TensorSource | LoaderSource | SamplerSource, tuple[Tensor, Tensor | None] | None]:
     """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
-    fraction) is given: a random subset of array data, drawn from the run's seed. ``density``:
-    the model is a continuous density (array data is checked for degenerate columns)."""
+    fraction) is given: a random subset of array data, drawn from the run's seed. Array data
+    is checked whole against ``model`` here (:func:`_check_first_batch`), before rows are held
+    out, so that a message numbers the rows as they were passed; for a
+    :class:`~flowkit.Flow`, also for degenerate columns."""
     if isinstance(data, list) and len(data) == 2 and all(
         isinstance(v, Tensor | np.ndarray) for v in data
     ):
@@ -336,13 +340,14 @@ def _make_source(
                                s.device, dtype)
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
-        arrays = load_arrays("data", data, s.device, dtype, density=density)
+        arrays = load_arrays("data", data, s.device, dtype, density=isinstance(model, Flow))
+        _check_first_batch(model, *arrays, batch=False)
         held_out = None
         if holdout is not None:
             arrays, held_out = _hold_out(arrays, holdout, s.seed)
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0])
-        return TensorSource(arrays, batch_size, s.seed, s.dist), held_out
+        return TensorSource(arrays, batch_size, s.seed, s.dist, holdout), held_out
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
         f"function sample(n, generator); got {type(data).__name__}"
@@ -383,8 +388,10 @@ def _check_first_batch(
     model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data", batch: bool = True
 ) -> None:
     """Fail before the first optimizer step if the data does not fit the model: ``x`` and
-    ``context`` are the first batch (``batch``), or all of array data (whose every value a
-    discrete model then checks, rather than the step whose batch holds a bad one)."""
+    ``context`` are the first batch (``batch``), or all of array data, whose every value a
+    discrete model then checks, and whose every row a bounded flow scores (one pass without
+    gradients, by chunks: a row outside its box is named now, rather than at the step whose
+    batch holds it)."""
     if x.dim() < 2 or x.shape[0] == 0:
         raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
     features = getattr(model, "features", None)
@@ -440,86 +447,130 @@ def _check_first_batch(
     if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
+    if not batch and is_bounded(model):
+        count, rows = rows_outside(model, _chunks(x, context))
+        if count:
+            raise ArgumentError(name, *outside_support((Mention(name),), count, rows))
 
 
 def _check_first_batch_and_standardize(
     model: nn.Module, source: Any, x: Tensor, context: Tensor | None
 ) -> None:
     """Before the first step (after every setting was checked, so a refused call leaves the
-    model as it was): check the training array (other sources: the first batch), then set the
-    model's :class:`~flowkit.transforms.Standardize` modules that are not set yet, or only
-    provisionally by an earlier call (a look at samples), from the whole training set when it
-    is an array, else from the first batch. A resumed model has them set already."""
-    arrays = isinstance(source, TensorSource)
-    if arrays:
+    model as it was): check the first batch (a training array was checked whole as it
+    loaded), then set the model's :class:`~flowkit.transforms.Standardize` modules that are
+    not set yet, or only provisionally by an earlier call (a look at samples), from the whole
+    training set when it is an array, else from the first batch. A resumed model has them set
+    already."""
+    if isinstance(source, TensorSource):
         x, context = source.x, source.c
-    _check_first_batch(model, x, context, batch=not arrays)
+    else:
+        _check_first_batch(model, x, context)
     if not unset(model):
         return
-    chunks = x.split(_CHUNK)
-    contexts = context.split(_CHUNK) if context is not None else [None] * len(chunks)
-    set_from_data(model, zip(chunks, contexts, strict=True), lambda x, c: log_prob(model, x, c))
+    set_from_data(model, _chunks(x, context), lambda x, c: log_prob(model, x, c))
 
 
 _CHUNK = 8192
-"""Rows per forward pass when the standardization is set from the training set."""
+"""Rows per forward pass over a whole array (setting the standardization, scoring the rows)."""
+
+
+def _chunks(x: Tensor, context: Tensor | None) -> list[tuple[Tensor, Tensor | None]]:
+    """``(x, context)`` in blocks of :data:`_CHUNK` rows."""
+    chunks = x.split(_CHUNK)
+    contexts = context.split(_CHUNK) if context is not None else [None] * len(chunks)
+    return list(zip(chunks, contexts, strict=True))
 
 
 def _make_validation(
     model: nn.Module, valid: Any, batch_size: int, s: Session, dtype: torch.dtype
-) -> Callable[[], float]:
-    """A function returning the validation loss: the mean NLL over the whole validation set
-    (all processes), or what the user's ``valid(model)`` returns (averaged over processes)."""
+) -> _DataValidation | _UserValidation:
+    """The validation: the mean NLL over the whole validation set (all processes), or what the
+    user's ``valid(model)`` returns (averaged over processes)."""
     if callable(valid) and not isinstance(valid, DataLoader | Tensor | np.ndarray):
-        return _user_validation(model, valid, s)
+        return _UserValidation(model, valid, s)
     if isinstance(valid, DataLoader):
         _check_first_batch(model, *first_batch("valid", valid, s.device, dtype), "valid")
 
-        def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
+        def batches(every: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
             for b in valid:
-                yield as_batch("valid", *split_pair("valid", b), s.device, dtype)
+                yield loader_batch("valid", b, s.device, dtype)
     else:
         x, c = load_arrays("valid", valid, s.device, dtype)
         _check_first_batch(model, x, c, "valid", batch=False)
-        # each process evaluates every world_size-th row; the sums are then added up
-        r, w = s.dist.rank, s.dist.world_size
-        x, c = x[r::w], None if c is None else c[r::w]
         chunk = max(batch_size, 1024)
 
-        def batches() -> Iterator[tuple[Tensor, Tensor | None]]:
-            for i in range(0, x.shape[0], chunk):
-                yield x[i : i + chunk], None if c is None else c[i : i + chunk]
+        def batches(every: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
+            # each process evaluates every world_size-th row (the sums are then added up), or
+            # ``every`` row, to number them as the caller passed them
+            r, w = (0, 1) if every else (s.dist.rank, s.dist.world_size)
+            xs, cs = x[r::w], None if c is None else c[r::w]
+            for i in range(0, xs.shape[0], chunk):
+                yield xs[i : i + chunk], None if cs is None else cs[i : i + chunk]
 
-    def validate() -> float:
+    return _DataValidation(model, batches, s)
+
+
+class _DataValidation:
+    """The mean NLL of the validation batches (``batches()``), summed over all processes; NaN
+    when a row holds NaN or Inf (:meth:`cause` then says which)."""
+
+    def __init__(self, model: nn.Module, batches: Callable[..., Iterator[tuple[Tensor, Any]]],
+                 s: Session):
+        self.model, self.batches, self.s = model, batches, s
+        self.counts = (0, 0, 0)  # rows, rows holding NaN/Inf, rows of log-density -inf
+
+    def __call__(self) -> float:
+        model, s = self.model, self.s
         was_training = model.training
         model.eval()
-        # NLL sum, rows, rows holding NaN/Inf (a DataLoader's later batches are not checked)
-        total = torch.zeros(3, device=s.device, dtype=torch.float64)
+        # NLL sum, rows, rows holding NaN/Inf (a DataLoader's later batches are not checked),
+        # rows of log-density -inf
+        total = torch.zeros(4, device=s.device, dtype=torch.float64)
         with torch.no_grad():
-            for xb, cb in batches():
-                total[0] -= log_prob(model, xb, cb).sum()
+            for xb, cb in self.batches():
+                log_p = log_prob(model, xb, cb)
+                total[0] -= log_p.sum()
                 total[1] += xb.shape[0]
                 total[2] += count_nonfinite_rows(xb, xb) + count_nonfinite_rows(cb, xb)
+                total[3] += (log_p == -math.inf).sum()
         model.train(was_training)
-        nll, rows, bad = s.dist.all_sum(total).tolist()
+        nll, rows, bad, outside = s.dist.all_sum(total).tolist()
+        self.counts = (int(rows), int(bad), int(outside))
+        return math.nan if bad else nll / rows
+
+    def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
+        """Why the validation loss of step ``step`` was ``value``, not finite."""
+        rows, bad, outside = self.counts
         if bad:
-            raise ArgumentError(
-                "valid", f"holds NaN or Inf values in {int(bad)} of its {int(rows)} rows (a "
-                "DataLoader is checked for them in its first batch only, before training; the "
-                "validation that found them stopped the run)"
+            return (
+                Mention("valid"), f" holds NaN or Inf values in {bad} of its {rows} rows, found "
+                f"by the validation at step {step} (a DataLoader is checked for them in its "
+                "first batch only, before training).",
             )
-        return nll / rows
+        where = (f"the validation at step {step}: ", Mention("valid"))
+        if outside:
+            count, first = rows_outside(self.model, self.batches(every=True))
+            if is_bounded(self.model):
+                return outside_support(where, count, first)
+            return (*where, f" holds {count} row(s) (first {first}) that the model gives "
+                    "log-density -inf, so the validation loss is infinite.")
+        return (*where, f" gives the validation loss {value}: the model's log-density is not "
+                "finite on some of its rows.")
 
-    return validate
 
+class _UserValidation:
+    """What the user's ``valid(model)`` returns, averaged over processes."""
 
-def _user_validation(model: nn.Module, valid: Callable[[nn.Module], Any], s: Session
-                     ) -> Callable[[], float]:
-    def validate() -> float:
+    def __init__(self, model: nn.Module, valid: Callable[[nn.Module], Any], s: Session):
+        self.model, self.valid, self.s = model, valid, s
+
+    def __call__(self) -> float:
+        model = self.model
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            loss = valid(model)
+            loss = self.valid(model)
         model.train(was_training)
         if isinstance(loss, Tensor) and loss.numel() == 1 and loss.is_floating_point():
             loss = loss.item()
@@ -527,7 +578,13 @@ def _user_validation(model: nn.Module, valid: Callable[[nn.Module], Any], s: Ses
             raise ArgumentError(
                 "valid", f"should return the validation loss as a number, got {loss!r}"
             )
-        total = s.dist.all_mean(torch.tensor(float(loss), dtype=torch.float64, device=s.device))
-        return total.item()
+        t = torch.tensor(float(loss), dtype=torch.float64, device=self.s.device)
+        return self.s.dist.all_mean(t).item()
 
-    return validate
+    def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
+        """Why the validation loss of step ``step`` was ``value``, not finite."""
+        return (
+            "the validation function ", Mention("valid"), f" returned {value} at step {step} "
+            "(on this or another process): it should return a finite loss (a NaN or infinite "
+            "one can never be the best, so early stopping would end the run on it).",
+        )

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -53,10 +53,20 @@ class Plan:
     restore_best: bool = False
 
 
+class Validation(Protocol):
+    """What computes the validation loss of a run: called for it, and asked why it was not
+    finite (which ends the run: :class:`~flowkit.train.NonFiniteLossError`)."""
+
+    def __call__(self) -> float: ...
+
+    def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
+        """The message parts telling why the validation loss of step ``step`` was ``value``."""
+        ...
+
+
 class _Best:
-    """Best validation loss so far, its weights (when ``keep`` is set) and patience count. A
-    NaN or infinite validation loss is recorded but never the best (it counts as no
-    improvement)."""
+    """Best validation loss so far (always finite), its weights (when ``keep`` is set) and
+    patience count."""
 
     def __init__(self, patience: int | None, keep: bool):
         self.patience, self.keep, self.state, self.bad = patience, keep, None, 0
@@ -65,7 +75,7 @@ class _Best:
         history.valid_steps.append(step)
         history.valid_loss.append(loss)
         best = history.best_valid_loss
-        if math.isfinite(loss) and (best is None or loss < best):
+        if best is None or loss < best:
             history.best_step, history.best_valid_loss, self.bad = step, loss, 0
             if self.keep:
                 self.state = _copy(model)
@@ -118,7 +128,7 @@ class Trainer:
             ``batches_per_epoch``, ``state_dict()`` and ``load_state_dict(state, step)``.
         o: the resolved shared options.
         plan: the run's length and validation.
-        validate: a function returning the validation loss, or None.
+        validate: what computes the validation loss (:class:`Validation`), or None.
     """
 
     def __init__(
@@ -129,7 +139,7 @@ class Trainer:
         source: Any,
         o: TrainOptions,
         plan: Plan,
-        validate: Callable[[], float] | None,
+        validate: Validation | None,
     ):
         self.s, self.model, self.objective, self.source = s, model, objective, source
         self.o, self.plan, self.validate = o, plan, validate
@@ -180,6 +190,13 @@ class Trainer:
             self.sched.load_state_dict(c["scheduler"])
         if o["lr"] != c["lr"]:
             rescale_lr(self.opt, self.sched, o["lr"] / c["lr"])
+        if c["step"] > self.plan.steps:
+            raise ArgumentError(
+                "steps", Mention("steps"), f" is {self.plan.steps} but '{s.path}' has done "
+                f"{c['step']} steps already: a resumed run cannot end before them; pass ",
+                Mention("steps"), f" of at least {c['step']}, or load its model "
+                "(flowkit.load_model) to use it as it is",
+            )
         self.best.load_state_dict(c["best"], s.device)
         self.step = self.saved_step = c["step"]
         self.history = History.from_dict(c["history"])
@@ -269,7 +286,13 @@ class Trainer:
 
     def _train_step(self, runner: nn.Module, args: tuple[Any, ...]) -> None:
         self.opt.zero_grad(set_to_none=True)
-        loss = runner(*args)
+        try:
+            loss = runner(*args)
+        except (ValueError, TypeError) as e:  # e.g. a later batch that does not fit the model
+            blamed = self.objective.blame(e, self.step + 1)
+            if blamed is None:
+                raise
+            raise blamed from e
         loss.backward()
         if self.o["clip_grad_norm"] is not None:
             nn.utils.clip_grad_norm_(self.params, self.o["clip_grad_norm"])
@@ -311,8 +334,12 @@ class Trainer:
 
     def _validate(self) -> None:
         t0 = time.perf_counter()
+        assert self.validate is not None
         loss = self.validate()
         self.history.valid_time += time.perf_counter() - t0
+        if not math.isfinite(loss):  # never the best: early stopping would end the run on it
+            self._fail(NonFiniteLossError, self.validate.cause(self.step, loss), self.step, loss,
+                       fixes=False)
         self.best.update(self.model, self.history, self.step, loss)
         self.bar.valid(self.history)
 

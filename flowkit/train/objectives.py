@@ -10,14 +10,14 @@ r"""The training losses, and the wrapper that makes a loss a module for the trai
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..transforms.bounded import Logit
-from ..validation import Mention
+from ..validation import ArgumentError, Mention
 from .distributed import Dist
 
 
@@ -49,6 +49,12 @@ class Objective(nn.Module):
         calls it, as they all see the same mean loss."""
         cause = getattr(self.loss, "cause", None)
         return None if cause is None else cause(index, step, dist)
+
+    def blame(self, error: Exception, step: int) -> Exception | None:
+        """The error to raise for ``error``, which computing the loss of step ``step`` raised,
+        when the loss can name its cause (:meth:`NegLogLikelihood.blame`), else None."""
+        blame = getattr(self.loss, "blame", None)
+        return None if blame is None else blame(error, step)
 
     def recorded(self) -> None:
         """The losses of the steps so far were recorded: forget what the loss kept of them."""
@@ -85,7 +91,7 @@ class NegLogLikelihood:
 
     def __call__(self, model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
         if self.bounded is None:
-            self.bounded = any(isinstance(m, Logit) for m in model.modules())
+            self.bounded = is_bounded(model)
         log_p = log_prob(model, x, context)
         rows = (count_nonfinite_rows(x, x), count_nonfinite_rows(context, x),
                 (log_p == -math.inf).sum())
@@ -107,12 +113,67 @@ class NegLogLikelihood:
                 "at the first step).",
             )
         if outside and self.bounded:  # (else a log-density that overflowed: the usual fixes)
-            return (
-                *batch, f" holds {outside} row(s) that the model gives log-density -inf: points "
-                "outside its support (a flow built with 'bounds' is zero outside its box), so "
-                "the loss is infinite. Fit data inside the box, or widen it.",
-            )
+            return outside_support(batch, outside)
         return None
+
+
+    def blame(self, error: Exception, step: int) -> Exception | None:
+        """The model refused the batch of step ``step`` (a later batch of a DataLoader or a
+        sampling function of the wrong width, or holding values outside the model's domain:
+        only the first batch is checked before training): ``error`` naming ``'data'`` and the
+        step, as a ``ValueError`` (:class:`~flowkit.validation.ArgumentError`) or
+        ``TypeError``; None for other errors."""
+        if isinstance(error, ValueError):
+            return ArgumentError("data", f"the batch of step {step} from ", Mention("data"),
+                                 f" was refused by the model: {error}")
+        if isinstance(error, TypeError):
+            return TypeError(f"the batch of step {step} from 'data' was refused by the model: "
+                             f"{error}")
+        return None
+
+
+def is_bounded(model: nn.Module) -> bool:
+    """Whether ``model`` has a :class:`~flowkit.transforms.Logit` (a flow built with
+    ``bounds``): its log-density is ``-inf`` outside a box."""
+    return any(isinstance(m, Logit) for m in model.modules())
+
+
+def outside_support(
+    where: tuple[str | Mention, ...], count: int, rows: list[int] | None = None
+) -> tuple[str | Mention, ...]:
+    """The message parts blaming ``count`` rows of ``where`` (e.g. ``the batch of step 3 from
+    'data'``), the first of them numbered in ``rows``, that a bounded model gives log-density
+    ``-inf``."""
+    listed = ""
+    if rows:
+        more = ", ..." if count > len(rows) else ""
+        listed = f" ({'row' if count == 1 else 'rows'} {', '.join(map(str, rows))}{more})"
+    return (
+        *where, f" holds {count} row(s){listed} that the model gives log-density -inf: points "
+        "outside its support (a flow built with 'bounds' is zero outside its box), so the loss "
+        "is infinite. Keep the data inside the box, or widen it.",
+    )
+
+
+def rows_outside(
+    model: nn.Module, batches: Iterable[tuple[Tensor, Tensor | None]], first: int = 5
+) -> tuple[int, list[int]]:
+    """How many rows of ``batches`` (``(x, context)`` pairs, in order) ``model`` gives
+    log-density ``-inf``, and the numbers of the first ``first`` of them (counted across the
+    batches): one pass in evaluation mode without gradients."""
+    count, rows, offset = 0, [], 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for x, c in batches:
+                hit = (log_prob(model, x, c) == -math.inf).nonzero().flatten()
+                count += hit.numel()
+                rows += (hit[: max(first - len(rows), 0)] + offset).tolist()
+                offset += x.shape[0]
+    finally:
+        model.train(was_training)
+    return count, rows
 
 
 def count_nonfinite_rows(t: Tensor | None, like: Tensor) -> Tensor:

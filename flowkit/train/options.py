@@ -51,7 +51,8 @@ class TrainOptions(TypedDict, total=False):
         lr_schedule: ``None`` (constant; the default of ``fit_reverse_kl``), ``"cosine"``
             (cosine decay to 0 over the run; the default of ``fit``, so a resumed ``fit`` run
             keeps its ``steps``), ``"linear"`` (linear decay to 0), or a callable
-            ``(optimizer, steps) -> LRScheduler``; stepped once per optimizer step. ``fit``'s
+            ``(optimizer, steps) -> LRScheduler`` (what it returns is checked to be one);
+            stepped once per optimizer step. ``fit``'s
             defaults were chosen on the defaults benchmark (``docs/defaults.md``).
         clip_grad_norm: ``None`` (default: no clipping) or a finite number > 0: the global
             gradient norm is clipped to it at every step.
@@ -218,7 +219,14 @@ def make_schedule(
     if spec == "linear":
         return LinearLR(opt, start_factor=1.0, end_factor=0.0, total_iters=steps)
     assert callable(spec)
-    return spec(opt, steps)
+    schedule = spec(opt, steps)
+    if not isinstance(schedule, LRScheduler):
+        raise TypeError(
+            f"'lr_schedule' returned {type(schedule).__name__}, expected a torch LRScheduler "
+            "(a callable (optimizer, steps) -> LRScheduler; for a constant rate pass "
+            "lr_schedule=None)"
+        )
+    return schedule
 
 
 def rescale_lr(opt: torch.optim.Optimizer, sched: LRScheduler | None, ratio: float) -> None:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..flows import Flow, spline_edge_shares, spline_layers
 from ..validation import check_int
-from .data import local_batch_size
+from .data import check_same_batch_size, local_batch_size
 from .history import History
 from .loop import Plan, Trainer
 from .objectives import NegElbo, Objective, require_method
@@ -82,7 +82,7 @@ def fit_reverse_kl(
     check_int("steps", steps, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
     with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
-        source = _Draws(local_batch_size(int(batch_size), s.dist))
+        source = _Draws(int(batch_size), local_batch_size(int(batch_size), s.dist))
         objective = Objective(flow, NegElbo(target_log_density))
         trainer = Trainer(s, flow, objective, source, o, Plan(int(steps)), None)
         history = trainer.run(lambda args: _check_target(flow, target_log_density))
@@ -91,21 +91,23 @@ def fit_reverse_kl(
 
 
 class _Draws:
-    """The "data" of reverse KL: each step the flow draws ``n`` samples itself."""
+    """The "data" of reverse KL: each step the flow draws ``n`` samples itself (this process's
+    share of ``batch_size``). A resumed run must draw as many (as :func:`~flowkit.train.fit`'s
+    sources check)."""
 
     batches_per_epoch = None
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, batch_size: int, n: int):
+        self.batch_size, self.n = batch_size, n
 
     def next_batch(self, step: int) -> tuple[int]:
         return (self.n,)
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return {"batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        pass
+        check_same_batch_size(state, self.batch_size)
 
 
 def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:
@@ -114,10 +116,15 @@ def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:
     numpy would train nothing, silently)."""
     x, log_q = flow.sample_and_log_prob(2)  # with gradients, as the steps draw them
     log_p = target(x)
-    for name, t in (("flow.sample_and_log_prob", log_q), ("target_log_density", log_p)):
+    for name, t in (("'flow'.sample_and_log_prob", log_q), ("'target_log_density'", log_p)):
         if not isinstance(t, Tensor) or t.shape != (2,):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} should return log-densities of shape (N,), got {got} for N=2")
+    if not log_p.is_floating_point():
+        raise TypeError(
+            f"'target_log_density' should return floating log-densities, got dtype {log_p.dtype} "
+            "(integer or bool values carry no gradient): compute them in the dtype of its input"
+        )
     if x.requires_grad and not log_p.requires_grad:
         raise ValueError(
             "'target_log_density' returned log-densities that do not depend on its input through "
