@@ -148,6 +148,25 @@ def test_set_from_data_sets_nothing_when_a_batch_fails():
     assert not lazy.initialized and lazy._collector is None
 
 
+@pytest.mark.parametrize(("batches", "name"), [
+    (torch.randn(4, 2), "'batches' should be an iterable of batches"),  # rows would be unpacked
+    ([torch.randn(4, 2)], r"'batches\[0\]' should be a tuple"),
+    (3, "'batches' should be an iterable"),
+])
+def test_set_from_data_names_batches_of_the_wrong_kind(batches, name):
+    lazy = Standardize(2)
+    with pytest.raises(TypeError, match=name):
+        set_from_data(lazy, batches, call=lazy)
+    assert not lazy.initialized
+
+
+def test_set_from_data_warns_when_one_row_sets_the_scale_to_one():
+    lazy = Standardize(2)
+    with pytest.warns(UserWarning, match="'batches' hold a single row"):
+        set_from_data(lazy, [(torch.tensor([[5.0, 7.0]]),)], call=lazy)
+    assert lazy.shift.tolist() == [5.0, 7.0] and lazy.scale.tolist() == [1.0, 1.0]
+
+
 def test_state_is_in_buffers_and_survives_a_state_dict_round_trip():
     t = Standardize(2)
     t(torch.randn(20, 2) * 3.0 + 1.0)

@@ -468,7 +468,9 @@ def _check_first_batch_and_standardize(
         _check_first_batch(model, x, context)
     if not unset(model):
         return
-    set_from_data(model, _chunks(x, context), lambda x, c: log_prob(model, x, c))
+    with warnings.catch_warnings():  # a single row: the DataWarning of the data said so
+        warnings.filterwarnings("ignore", message="'batches' hold a single row")
+        set_from_data(model, _chunks(x, context), lambda x, c: log_prob(model, x, c))
 
 
 _CHUNK = 8192

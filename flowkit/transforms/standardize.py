@@ -54,6 +54,7 @@ training data barely vary in; a constant feature is uncorrelated with the rest.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
@@ -443,11 +444,23 @@ def set_from_data(
         >>> len(done), bool(torch.allclose(done[0].shift, x.mean(0)))
         (1, True)
     """
+    if isinstance(batches, Tensor) or not isinstance(batches, Iterable):
+        raise TypeError(
+            "'batches' should be an iterable of batches, each a tuple of the call's arguments, "
+            f"e.g. [(x_chunk,), ...] or [(x_chunk, context_chunk), ...], got "
+            f"{type(batches).__name__}"
+        )
+    batches = list(batches)  # one pass per module (see above)
+    for i, batch in enumerate(batches):
+        if not isinstance(batch, (tuple, list)):
+            raise TypeError(
+                f"'batches[{i}]' should be a tuple of the call's arguments, e.g. (x_chunk,), "
+                f"got {type(batch).__name__}"
+            )
     pending = unset(model)
     if not pending:
         return []
     call = model.log_prob if call is None else call
-    batches = list(batches)  # one pass per module (see above)
     done: list[Standardize] = []
     training = model.training
     model.eval()
@@ -468,6 +481,10 @@ def set_from_data(
                 first = collector.first
                 if first is None:  # no module saw data
                     break
+                if collector.moments[first].count == 1:
+                    warnings.warn(
+                        "'batches' hold a single row: it sets the shift, and the scale is 1 "
+                        "(one row has no spread to measure); pass more rows", stacklevel=2)
                 first._set_from(collector.moments[first])
                 done.append(first)
                 pending = [m for m in pending if m is not first]
