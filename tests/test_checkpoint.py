@@ -3,12 +3,16 @@ tests/test_file_faults.py: bit flips, truncation, I/O faults, locks, kill -9).""
 
 from __future__ import annotations
 
+import collections
+import enum
 import json
 import os
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import flowkit
@@ -448,6 +452,91 @@ def test_extra_entries_must_be_plain_and_a_refused_save_does_not_clobber(tmp_pat
         save_checkpoint(path, "", extra={})
     assert torch.equal(load_checkpoint(path).extra["x"], torch.ones(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+class _Name(str):
+    pass
+
+
+_Pair = collections.namedtuple("_Pair", "a b")
+
+# values of every kind a caller may put in 'extra', the subclasses of plain types among them
+_LEAF_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=5),
+    st.floats(allow_nan=False), st.sampled_from([torch.float64, torch.device("cpu")]),
+    st.lists(st.integers(0, 4), max_size=3).map(torch.Size),
+    st.lists(st.floats(-1e3, 1e3), max_size=4).map(torch.tensor),
+    st.builds(lambda n: torch.arange(n, dtype=torch.int16), st.integers(0, 3)),
+    st.builds(lambda n: nn.Parameter(torch.ones(n)), st.integers(0, 3)),
+    st.floats(-1e3, 1e3).map(np.float64), st.sampled_from([_Level.LOW, _Name("a"), np.int64(2),
+                                                             np.float32(0.5)]),
+)
+_EXTRA_VALUES = st.recursive(
+    _LEAF_VALUES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+        st.builds(_Pair, inner, inner),
+        st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-3, 3)), inner, max_size=3),
+        st.dictionaries(st.text(max_size=3), inner, max_size=2).map(collections.OrderedDict),
+        st.dictionaries(st.text(max_size=3), inner, max_size=2).map(
+            lambda d: collections.defaultdict(int, d)),
+    ),
+    max_leaves=8,
+)
+
+
+def _same(a, b) -> bool:
+    """``b`` is ``a`` read back: the same types all the way down, equal values."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=st.dictionaries(st.text(max_size=3), _EXTRA_VALUES, max_size=3))
+def test_a_file_that_save_checkpoint_accepts_always_loads(tmp_path, extra):
+    """save_checkpoint refuses (a TypeError naming where in 'extra') whatever
+    torch.load(weights_only=True) would not read back, subclasses of plain types included
+    (np.float64, an IntEnum, a str subclass, a namedtuple, a defaultdict); what it writes,
+    load_checkpoint gives back with the same types and values."""
+    path = tmp_path / "a.pt"
+    path.unlink(missing_ok=True)
+    try:
+        save_checkpoint(path, "test", extra=extra)
+    except TypeError as e:
+        assert str(e).startswith("extra[")
+        assert not path.exists()
+        return
+    assert _same(load_checkpoint(path, kind="test").extra, extra)
+
+
+@pytest.mark.parametrize(
+    "value, named",
+    [
+        (np.float64(0.25), r"numpy.float64, a subclass of float .*store float\(value\)"),
+        (_Level.LOW, r"_Level, a subclass of int .*store int\(value\)"),
+        (_Name("x"), r"_Name, a subclass of str .*store str\(value\)"),
+        (_Pair(1, 2), r"_Pair, a subclass of tuple .*store tuple\(value\)"),
+    ],
+    ids=["np.float64", "IntEnum", "str-subclass", "namedtuple"],
+)
+def test_subclasses_of_plain_types_are_refused_at_save_naming_the_key(tmp_path, value, named):
+    with pytest.raises(TypeError, match=r"^extra\['c'\]\[1\] is a .*" + named):
+        save_checkpoint(tmp_path / "a.pt", "test", extra={"c": [1.0, value]})
+    with pytest.raises(TypeError, match=r"^extra\['d'\] should have str or int keys"):
+        save_checkpoint(tmp_path / "a.pt", "test", extra={"d": {_Level.LOW: 1}})
+    assert not (tmp_path / "a.pt").exists()
 
 
 def test_save_checkpoint_creates_parent_folders(tmp_path):

@@ -26,6 +26,7 @@ the registered buffer checks (MADE masks against their degrees, permutations) an
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,14 @@ __all__ = ["Checkpoint", "load_checkpoint", "load_model", "save_checkpoint", "sa
 MODEL_KIND = "model"
 """The ``kind`` of the files :func:`save_model` writes."""
 
-_LEAVES = (torch.Tensor, str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+_LEAVES = (
+    torch.Tensor, nn.Parameter, str, int, float, bool, type(None), torch.dtype, torch.device,
+    torch.Size,
+)
+"""The exact types of the values that ``torch.load(weights_only=True)`` reads back; a subclass
+(``np.float64`` of ``float``, an ``IntEnum`` of ``int``) is written by pickle under its own class,
+which that load refuses."""
+_CONTAINERS = (dict, OrderedDict, list, tuple)
 
 
 @dataclass(frozen=True)
@@ -122,16 +130,20 @@ def save_checkpoint(
         kind: what the file is for; readers ask :func:`load_checkpoint` for it.
         model: a model whose weights (and ``config``, if it has one) the file keeps.
         extra: other entries: tensors and plain containers (dict, list, tuple, str, int, float,
-            bool, None) only, so that the file is read back without unpickling objects.
+            bool, None) only, so that the file is read back without unpickling objects. The types
+            must be exactly these: a subclass (``np.float64``, what ``np.mean`` returns, an
+            ``IntEnum``, a ``str`` subclass) is refused, naming its key, not converted, so that
+            ``load_checkpoint`` gives back exactly what was saved.
 
     Raises:
         TypeError, ValueError: ``path`` is not a file path, ``kind`` not a non-empty string,
-            ``extra`` holds another type (the error names its key), or ``model.config`` is
+            ``extra`` holds another type or a subclass of a plain one (the error names its key,
+            e.g. ``extra['c']``, and the conversion), or ``model.config`` is
             malformed (a :class:`CheckpointError`).
         CheckpointWriteError: the write failed; the previous file is intact.
     """
     path = check_file_path(path)
-    if not isinstance(kind, str) or not kind:
+    if type(kind) is not str or not kind:
         raise TypeError(f"'kind' should be a non-empty string, got {kind!r}")
     extra = {} if extra is None else extra
     if not isinstance(extra, Mapping):
@@ -139,26 +151,50 @@ def save_checkpoint(
     extra = dict(extra)
     _check_plain(extra, "extra")
     entry = None if model is None else model_entry(model)
+    if entry is not None:
+        _check_plain(entry["config"], "model.config")
+        _check_plain(entry["state_dict"], "model.state_dict()")
     write_file({"kind": kind, "model": entry, "extra": extra}, path)
 
 
 def _check_plain(value: Any, where: str) -> None:
-    if isinstance(value, _LEAVES):
+    """Refuse a value (by where it is, e.g. ``extra['c']``) that :func:`load_checkpoint` could not
+    read back: only the exact types of :data:`_LEAVES` and :data:`_CONTAINERS`, not subclasses."""
+    kind = type(value)
+    if kind in _LEAVES:
         return
-    if isinstance(value, dict):
+    if kind in (dict, OrderedDict):
         for k, v in value.items():
-            if not isinstance(k, str | int):
-                raise TypeError(f"{where} should have str or int keys, got {k!r}")
+            if type(k) not in (str, int, bool):
+                raise TypeError(
+                    f"{where} should have str or int keys, got {k!r} ({_type_name(k)})"
+                )
             _check_plain(v, f"{where}[{k!r}]")
         return
-    if isinstance(value, list | tuple):
+    if kind in (list, tuple):
         for i, v in enumerate(value):
             _check_plain(v, f"{where}[{i}]")
         return
+    plain = next((t for t in (*_LEAVES, *_CONTAINERS) if isinstance(value, t)), None)
+    if plain is None:
+        raise TypeError(
+            f"{where} should hold tensors and plain containers only (dict, list, tuple, str, "
+            f"int, float, bool, None), got {type(value).__name__}"
+        )
+    convert = ("value.as_subclass(torch.Tensor)" if plain in (torch.Tensor, nn.Parameter)
+               else f"{plain.__name__}(value)")
     raise TypeError(
-        f"{where} should hold tensors and plain containers only (dict, list, tuple, str, int, "
-        f"float, bool, None), got {type(value).__name__}"
+        f"{where} is a {_type_name(value)}, a subclass of {plain.__name__} that "
+        f"load_checkpoint cannot read back (only the plain types are read without unpickling "
+        f"objects): store {convert} instead"
     )
+
+
+def _type_name(value: Any) -> str:
+    """``float64`` -> ``numpy.float64``; builtins by their bare name."""
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
 def load_checkpoint(
