@@ -687,14 +687,51 @@ def test_a_parent_that_is_a_file_is_named(tmp_path):
 
 
 def test_weights_of_another_shape_are_listed(tmp_path):
+    """A model with a config is refused by its differing arguments; one without (an
+    application's own module) by the weights that do not fit."""
     save_model(flowkit.MAF(2, hidden_features=(8,), layers=1), tmp_path / "m.pt")
     other = flowkit.MAF(2, hidden_features=(9,), layers=1)
+    with pytest.raises(CheckpointError, match=r"written for a MAF with \{'hidden_features': "
+                       r"\[8\]\}, not for this MAF with \{'hidden_features': \[9\]\}"):
+        load_checkpoint(tmp_path / "m.pt").restore(other)
+    other.config = None
     with pytest.raises(CheckpointError, match=r"6 of another shape \(first '.*': \(1, 8\) in the "
                        r"file, \(1, 9\) in the model\)"):
         load_checkpoint(tmp_path / "m.pt").restore(other)
     deeper = flowkit.MAF(2, hidden_features=(8, 8), layers=1)
+    deeper.config = None
     with pytest.raises(CheckpointError, match=r"weight\(s\) missing from the file \(first"):
         load_checkpoint(tmp_path / "m.pt").restore(deeper)
+
+
+@pytest.mark.parametrize(
+    "other, difference",
+    [
+        (lambda: flowkit.IAF(2, hidden_features=(8,), layers=2),
+         r"a MAF, not for this IAF"),
+        (lambda: flowkit.MAF(2, hidden_features=(8,), layers=2, activation="Tanh"),
+         r"a MAF with \{'activation': 'ReLU'\}, not for this MAF with \{'activation': 'Tanh'\}"),
+        (lambda: flowkit.MAF(2, hidden_features=(8,), layers=2,
+                             transformer_kwargs={"log_scale_bound": 5.0}),
+         r"a MAF with \{'transformer_kwargs': .*, not for this MAF with \{'transformer_kwargs': "
+         r"\{'log_scale_bound': 5.0\}\}"),
+    ],
+    ids=["iaf", "activation", "log_scale_bound"],
+)
+def test_restore_refuses_a_model_of_another_config_with_the_same_shapes(tmp_path, other,
+                                                                         difference):
+    """Checkpoint.restore compares the file's config with the model's as fit(resume=True) does
+    (check_same_config): a MAF's weights fit these models' shapes, and would give other
+    densities. The model is refused before any weight is loaded."""
+    torch.manual_seed(0)
+    save_model(flowkit.MAF(2, hidden_features=(8,), layers=2, activation="ReLU"),
+               tmp_path / "m.pt")
+    model = other()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"'.*m.pt' was written for " + difference +
+                       ": restore it into the model it was written for"):
+        load_checkpoint(tmp_path / "m.pt").restore(model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def test_a_compiled_model_is_saved_as_the_model_it_wraps(trained_flow, tmp_path):

@@ -38,7 +38,14 @@ from torch import nn
 from .format import CheckpointError, check_file_path, first_line, read_file, write_file
 from .registry import check_buffers, check_config, constructor, upgraded_config
 
-__all__ = ["Checkpoint", "load_checkpoint", "load_model", "save_checkpoint", "save_model"]
+__all__ = [
+    "Checkpoint",
+    "check_same_config",
+    "load_checkpoint",
+    "load_model",
+    "save_checkpoint",
+    "save_model",
+]
 
 MODEL_KIND = "model"
 """The ``kind`` of the files :func:`save_model` writes."""
@@ -72,20 +79,35 @@ class Checkpoint:
     extra: dict[str, Any]
 
     def restore(self, model: nn.Module, *, allow_nonfinite: bool = False) -> None:
-        """Load the stored weights into ``model`` and check them: the weights are tensors that fit
-        ``model`` exactly (``strict``), every buffer passes the checks registered for its module's
-        class (:func:`~flowkit.checkpoint.register_check`), and floating values are finite.
+        """Load the stored weights into ``model`` and check them: when both the file and
+        ``model`` have a ``config``, they are the same (:func:`check_same_config`, as when
+        :func:`flowkit.train.fit` resumes: a MAF's weights are not restored into an IAF, or into
+        a MAF of another activation, whose densities they would change); the weights are tensors
+        that fit ``model`` exactly (``strict``), every buffer passes the checks registered for its
+        module's class (:func:`~flowkit.checkpoint.register_check`), and floating values are
+        finite.
 
         Args:
             model: a model of the architecture the file was written for.
             allow_nonfinite: accept NaN and infinite weights (to inspect a diverged model).
 
         Raises:
-            CheckpointError: naming the file and the first weight or buffer that fails. ``model``
-                may then hold part of the stored weights: do not use it.
+            CheckpointError: naming the file and the configs' differing arguments, or the first
+                weight or buffer that fails. ``model`` may then hold part of the stored weights:
+                do not use it.
         """
         if self.model is None:
             raise CheckpointError(f"'{self.path}' holds no model weights")
+        check_same_config(
+            self.path, self.model.get("config"), model,
+            "restore it into the model it was written for (flowkit.load_model(path) rebuilds it)",
+        )
+        self._restore_weights(model, allow_nonfinite)
+
+    def _restore_weights(self, model: nn.Module, allow_nonfinite: bool) -> None:
+        """:meth:`restore` without the comparison of configs (for a model built from the file's
+        own config, whose custom embedding may be the same class under another module name)."""
+        assert self.model is not None
         state = self.model["state_dict"]
         model = unwrap_compiled(model)
         prefix = "_orig_mod."  # files of compiled models written before unwrap_compiled
@@ -115,6 +137,49 @@ class Checkpoint:
                             f"infinite value(s) of {value.numel()} (a diverged model; pass "
                             "allow_nonfinite=True to load it anyway)"
                         )
+
+
+def check_same_config(
+    path: str | os.PathLike, stored: dict[str, Any] | None, model: nn.Module, remedy: str
+) -> None:
+    """Refuse to put the weights of a file written for one model into a model of another
+    configuration (another class, activation, ``log_scale_bound``, seed, ...): with the same
+    shapes they would load, and give other densities. Used by :meth:`Checkpoint.restore` and
+    when :func:`flowkit.train.fit` resumes.
+
+    Args:
+        path: the file, for the message.
+        stored: the file's model ``config`` (None: nothing to compare).
+        model: the model the weights are for; one without a ``config`` is not compared.
+        remedy: the message's end, what to do instead.
+
+    Raises:
+        CheckpointError: the file's config (read as today's constructor reads it,
+            :func:`~flowkit.checkpoint.registry.upgraded_config`) differs from ``model.config``;
+            the message lists only the arguments that differ, e.g. ``'run.pt' was written for a
+            MAF with {'activation': 'ReLU'}, not for this MAF with {'activation': 'Tanh'}``.
+    """
+    current = model_entry(model)["config"]
+    if stored is None or current is None:
+        return
+    stored = upgraded_config(stored, f"'{path}'")
+    if stored != current:
+        raise CheckpointError(
+            f"'{path}' was written for {_config_difference(stored, current)}: {remedy}"
+        )
+
+
+def _config_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
+    """How two model configs differ, for a message: only the arguments that differ, e.g.
+    ``a MAF with {'seed': 0}, not for this MAF with {'seed': 5}``."""
+    then, now = stored["kwargs"], current["kwargs"]
+    keys = [k for k in {**then, **now} if then.get(k) != now.get(k)]
+
+    def model(config: dict[str, Any], kwargs: dict[str, Any]) -> str:
+        shown = {k: kwargs.get(k) for k in keys}
+        return config["type"] + (f" with {shown}" if shown else "")
+
+    return f"a {model(stored, then)}, not for this {model(current, now)}"
 
 
 def save_checkpoint(
@@ -407,7 +472,7 @@ def load_model(
     dtype = _saved_dtype(ckpt.model["state_dict"])
     if dtype is not None:
         model = model.to(dtype)
-    ckpt.restore(model, allow_nonfinite=allow_nonfinite)
+    ckpt._restore_weights(model, allow_nonfinite)  # built from the file's own config
     if isinstance(map_location, str | torch.device):
         model = model.to(map_location)
     return model.eval()
