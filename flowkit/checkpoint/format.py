@@ -19,8 +19,10 @@ so that the payload streams to disk as :func:`torch.save` writes it, and is read
 
 Files of format 1 (flowkit before format 2) are bare :func:`torch.save` files (zip archives)
 holding a dict with ``"flowkit_format": 1``. They are still read, with a
-:class:`LegacyFormatWarning`: they carry no checksum, so damage to them may go unnoticed; their
-contents get every other check. Saving again writes format 2.
+:class:`LegacyFormatWarning`: they carry no checksum, only the CRC-32 that a zip archive records
+for each of its records (checked, with :meth:`zipfile.ZipFile.testzip`, before anything is
+unpickled: a flipped bit inside a record is a :class:`CheckpointError` naming it), so some damage
+may go unnoticed; their contents get every other check. Saving again writes format 2.
 
 Writes go to a temporary file ``.<name>.<16 hex digits>.tmp`` in the target's folder, which is
 flushed, ``fsync``-ed and renamed over the target with :func:`os.replace`; the folder entry is
@@ -40,6 +42,7 @@ import re
 import secrets
 import struct
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -93,7 +96,8 @@ class CheckpointWriteError(OSError):
 
 
 class LegacyFormatWarning(UserWarning):
-    """A file of format 1 was read: it has no checksum, so damage to it may go unnoticed."""
+    """A file of format 1 was read: it has no checksum (only its zip records' CRC-32s, which were
+    checked), so some damage to it may go unnoticed."""
 
 
 def check_file_path(path: object, argument: str = "path") -> Path:
@@ -256,8 +260,8 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
 
     Raises:
         CheckpointError: ``path`` is not a file, is truncated, fails its checksum, is not a flowkit
-            file, is of a format this flowkit does not read, or (format 1 only) cannot be
-            unpickled as tensors and plain containers.
+            file, is of a format this flowkit does not read, or (format 1 only) fails a zip
+            record's CRC-32 or cannot be unpickled as tensors and plain containers.
         ValueError, TypeError: a ``map_location`` that is not a usable device.
         OSError: the file cannot be read (permission denied, ...).
     """
@@ -319,6 +323,7 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
 
 
 def _read_legacy(path: Path, data: bytes, map_location: Any) -> Any:
+    _check_zip(path, data)
     try:
         obj = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... here
@@ -337,12 +342,38 @@ def _read_legacy(path: Path, data: bytes, map_location: Any) -> Any:
             f"holding a dict with 'flowkit_format': 1, got {got}"
         )
     warnings.warn(
-        f"'{path}' was written by an older flowkit (format 1) without a checksum: damage to it "
-        "cannot be detected. Save it again (flowkit.save_model, or resume the run) to add one.",
+        f"'{path}' was written by an older flowkit (format 1) without a checksum: only the "
+        "CRC-32 of each of its zip records was checked, which misses some damage. Save it again "
+        "(flowkit.save_model, or resume the run) to add one.",
         LegacyFormatWarning,
         stacklevel=4,
     )
     return obj
+
+
+def _check_zip(path: Path, data: bytes) -> None:
+    """Check the CRC-32 that the zip archive ``data`` (a format-1 file, as :func:`torch.save`
+    writes it) records for each of its records; torch's loader does not. A flipped bit inside a
+    record is found; a damaged zip directory makes the archive unreadable.
+
+    Raises:
+        CheckpointError: naming the file and the first damaged record.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            damaged = archive.testzip()
+    except Exception as e:  # BadZipFile, EOFError, NotImplementedError (a damaged method), ...
+        raise CheckpointError(
+            f"'{path}' starts as a zip archive (a torch file, as flowkit files of format 1 are) "
+            f"but cannot be read as one: it is truncated or damaged ({type(e).__name__}: "
+            f"{first_line(e)})"
+        ) from e
+    if damaged is not None:
+        raise CheckpointError(
+            f"'{path}' is damaged: its zip record {damaged!r} does not match the CRC-32 stored "
+            "with it (the file changed after it was written: a disk or transfer error, or an "
+            "edit)"
+        )
 
 
 def check_map_location(map_location: Any) -> None:
