@@ -369,6 +369,12 @@ def test_save_model_path_errors_name_the_argument(tmp_path):
         save_model(flow, tmp_path)
     with pytest.raises(ValueError, match="got an empty string"):
         save_model(flow, "")
+    for folder, end in ((f"{tmp_path}/out/", "a separator"), (f"{tmp_path}/out/.", "'.'")):
+        # a folder meant, that does not exist yet: a file named 'out' was written before
+        with pytest.raises(ValueError, match=re.escape(f"'path' should be a file path, but "
+                           f"'{folder}' names a folder (it ends with {end}); pass a file inside "
+                           f"it, e.g. '{folder}") + "/?model.pt'"):
+            save_model(flow, folder)
     with pytest.raises(TypeError, match="'model' should be a torch.nn.Module, got str"):
         save_model("flow", tmp_path / "m.pt")
     assert list(tmp_path.iterdir()) == []

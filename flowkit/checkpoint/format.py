@@ -105,16 +105,25 @@ def check_file_path(path: object, argument: str = "path") -> Path:
 
     Raises:
         TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, ...).
-        ValueError: ``path`` is empty or an existing folder.
+        ValueError: ``path`` is empty, an existing folder, or names a folder by its form: it
+            ends with a separator (``"out/"``: a file ``out`` would be written otherwise), or
+            with ``.`` or ``..``.
     """
     if not isinstance(path, str | os.PathLike):
         raise TypeError(
             f"'{argument}' should be a file path (str or os.PathLike), got "
             f"{type(path).__name__} {path!r}"
         )
-    if os.fspath(path) in ("", b""):
+    text = os.fsdecode(os.fspath(path))
+    if text == "":
         raise ValueError(f"'{argument}' should be a file path, got an empty string")
-    path = Path(os.fsdecode(path))
+    if os.path.basename(text) in ("", ".", ".."):  # Path() would drop a final separator
+        raise ValueError(
+            f"'{argument}' should be a file path, but '{text}' names a folder (it ends with "
+            f"{'a separator' if os.path.basename(text) == '' else repr(os.path.basename(text))});"
+            f" pass a file inside it, e.g. '{os.path.join(text, 'model.pt')}'"
+        )
+    path = Path(text)
     if path.is_dir():
         raise ValueError(
             f"'{argument}' should be a file path, but '{path}' is a folder; pass a file inside "
