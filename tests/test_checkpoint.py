@@ -356,6 +356,12 @@ def test_nonfinite_weights_are_refused_unless_allowed(bad, tmp_path):
                        "allow_nonfinite=True") as info:
         load_model(tmp_path / "m.pt")
     assert str(tmp_path / "m.pt") in str(info.value)
+    for flag in ("yes", 1, None):  # a flag, checked like the others: not any truthy value
+        with pytest.raises(ValueError, match=f"'allow_nonfinite' should be True or False, got "
+                           f"{flag!r}"):
+            load_model(tmp_path / "m.pt", allow_nonfinite=flag)
+        with pytest.raises(ValueError, match="'allow_nonfinite' should be True or False"):
+            load_checkpoint(tmp_path / "m.pt").restore(flow, allow_nonfinite=flag)
     loaded = load_model(tmp_path / "m.pt", allow_nonfinite=True)
     torch.testing.assert_close(loaded.state_dict()[key], flow.state_dict()[key], rtol=0, atol=0,
                                equal_nan=True)

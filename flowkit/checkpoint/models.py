@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..validation import check_bool
 from .format import CheckpointError, check_file_path, first_line, read_file, write_file
 from .registry import check_buffers, check_config, constructor, upgraded_config
 
@@ -95,7 +96,9 @@ class Checkpoint:
             CheckpointError: naming the file and the configs' differing arguments, or the first
                 weight or buffer that fails. ``model`` may then hold part of the stored weights:
                 do not use it.
+            ValueError: ``allow_nonfinite`` is not True or False.
         """
+        check_bool("allow_nonfinite", allow_nonfinite)
         if self.model is None:
             raise CheckpointError(f"'{self.path}' holds no model weights")
         check_same_config(
@@ -426,8 +429,10 @@ def load_model(
             constructor refuses, weights that are not tensors, do not fit or are not finite, or
             structural buffers (MADE masks and orderings, permutations) that the model's
             construction does not allow.
-        ValueError, TypeError: ``map_location`` is not a usable device.
+        ValueError, TypeError: ``map_location`` is not a usable device, or ``allow_nonfinite``
+            is not True or False.
     """
+    check_bool("allow_nonfinite", allow_nonfinite)
     ckpt = load_checkpoint(path, map_location=map_location)
     if ckpt.model is None:
         raise CheckpointError(f"'{path}' holds no model (its kind is {ckpt.kind!r})")
