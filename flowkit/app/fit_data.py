@@ -9,6 +9,8 @@ return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, conte
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +98,13 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
             return {"x": np.load(path)}  # allow_pickle=False: arrays only
         with np.load(path) as archive:
             return {name: archive[name] for name in archive.files}
-    except (OSError, EOFError, ValueError) as e:
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+            RuntimeError) as e:
+        # zipfile's for a truncated or damaged .npz: a bad CRC-32, and a damaged header's
+        # "compression method" or "encrypted" (flowkit.data.mnist's reader catches the first)
         what = ("holds Python objects, not an array of numbers" if "allow_pickle" in str(e)
-                else f"cannot be read as a numpy {suffix} file ({e})")
+                else f"cannot be read as a numpy {suffix} file ({e}): it is damaged or "
+                "truncated")
         raise ValueError(f"'--data' '{path}' {what}") from None
 
 
