@@ -391,10 +391,12 @@ def test_save_model_path_errors_name_the_argument(tmp_path):
     [
         ("bogus", ValueError, "'map_location' should be a device such as 'cpu'"),
         (3.5, TypeError, "'map_location' should be None, a device"),
+        ("meta", ValueError, "'map_location' is 'meta', which holds no values .* pass a device"),
+        (torch.device("meta"), ValueError, r"'map_location' is device\(type='meta'\), which"),
         pytest.param("cuda:7", ValueError, "this machine has [0-9]+ CUDA device", marks=(
             pytest.mark.skipif(torch.cuda.device_count() > 7, reason="has 8 GPUs"))),
     ],
-    ids=["bogus", "float", "missing-gpu"],
+    ids=["bogus", "float", "meta", "meta-device", "missing-gpu"],
 )
 def test_bad_map_location_is_not_reported_as_a_corrupt_file(map_location, error, message,
                                                              tmp_path):
@@ -402,6 +404,41 @@ def test_bad_map_location_is_not_reported_as_a_corrupt_file(map_location, error,
     with pytest.raises(error, match=message) as info:
         load_model(tmp_path / "m.pt", map_location=map_location)
     assert not isinstance(info.value, CheckpointError)
+
+
+@pytest.mark.parametrize("path", [None, 123, b"m.pt", ""], ids=["None", "int", "bytes", "empty"])
+def test_load_path_errors_name_the_argument_as_save_model_does(tmp_path, path):
+    """pathlib's 'expected str, bytes or os.PathLike object, not NoneType' named nothing; "" read
+    as the folder '.'."""
+    flow = MODELS["maf"]()
+    with pytest.raises((TypeError, ValueError)) as saving:
+        save_model(flow, path)
+    for load in (load_model, load_checkpoint):
+        with pytest.raises(type(saving.value), match=r"^'path' should be a file path") as info:
+            load(path)
+        assert str(info.value) == str(saving.value)
+
+
+def test_objects_flowkit_does_not_read_are_named_without_torchs_advice(tmp_path):
+    """torch's weights_only refusal carried terminal escapes and the advice to load with
+    weights_only=False, which a load_model caller cannot follow (and which would run the file's
+    code): the message names the object's type and says what the file is."""
+    flow = MODELS["maf"]()
+    torch.save(flow, tmp_path / "pickled.pt")  # a whole pickled model, a zip like format 1
+    write_file({"kind": "test", "model": None, "extra": {"c": np.float64(0.5)}},
+               tmp_path / "np.pt")  # what save_checkpoint wrote before it refused np.float64
+    cases = {"pickled.pt": "could not be read as a flowkit checkpoint of format 1: it holds an "
+                           "object of type flowkit.flows.flow.Flow, which flowkit does not read",
+             "np.pt": "passed its checksum but its contents could not be loaded: it holds an "
+                      "object of type numpy.*, which flowkit does not read"}
+    for name, message in cases.items():
+        for load in (load_checkpoint, load_model):
+            with pytest.raises(CheckpointError, match=message) as info:
+                load(tmp_path / name)
+            text = str(info.value)
+            assert "\x1b" not in text and "weights_only" not in text, text
+            assert text.endswith("the file is not a flowkit file, or holds objects flowkit does "
+                                 "not read") and "\n" not in text, text
 
 
 def test_files_of_format_1_still_load_with_every_check_and_a_warning(tmp_path):

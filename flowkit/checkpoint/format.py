@@ -57,6 +57,7 @@ __all__ = [
     "atomic_write",
     "check_file_path",
     "check_map_location",
+    "path_argument",
     "read_file",
     "remove_temporary_files",
     "write_bytes_atomic",
@@ -100,14 +101,12 @@ class LegacyFormatWarning(UserWarning):
     checked), so some damage to it may go unnoticed."""
 
 
-def check_file_path(path: object, argument: str = "path") -> Path:
-    """``path`` as a :class:`~pathlib.Path` to write a file to.
+def path_argument(path: object, argument: str = "path") -> Path:
+    """``path`` as a :class:`~pathlib.Path`, for a reader or a writer.
 
     Raises:
-        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, ...).
-        ValueError: ``path`` is empty, an existing folder, or names a folder by its form: it
-            ends with a separator (``"out/"``: a file ``out`` would be written otherwise), or
-            with ``.`` or ``..``.
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, bytes).
+        ValueError: ``path`` is empty.
     """
     if not isinstance(path, str | os.PathLike):
         raise TypeError(
@@ -117,7 +116,21 @@ def check_file_path(path: object, argument: str = "path") -> Path:
     text = os.fsdecode(os.fspath(path))
     if text == "":
         raise ValueError(f"'{argument}' should be a file path, got an empty string")
-    if os.path.basename(text) in ("", ".", ".."):  # Path() would drop a final separator
+    return Path(text)
+
+
+def check_file_path(path: object, argument: str = "path") -> Path:
+    """``path`` as a :class:`~pathlib.Path` to write a file to.
+
+    Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, ...).
+        ValueError: ``path`` is empty, an existing folder, or names a folder by its form: it
+            ends with a separator (``"out/"``: a file ``out`` would be written otherwise), or
+            with ``.`` or ``..``.
+    """
+    path_argument(path, argument)
+    text = os.fsdecode(os.fspath(path))  # as given: Path() would drop a final separator
+    if os.path.basename(text) in ("", ".", ".."):
         raise ValueError(
             f"'{argument}' should be a file path, but '{text}' names a folder (it ends with "
             f"{'a separator' if os.path.basename(text) == '' else repr(os.path.basename(text))});"
@@ -275,7 +288,7 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
         OSError: the file cannot be read (permission denied, ...).
     """
     check_map_location(map_location)
-    path = Path(path)
+    path = path_argument(path)
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no file"
         raise CheckpointError(f"no checkpoint file at '{path}' ({what} there)")
@@ -326,7 +339,7 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
     except Exception as e:  # the bytes are intact: the payload is not one flowkit writes
         raise CheckpointError(
             f"'{path}' passed its checksum but its contents could not be loaded: "
-            f"{type(e).__name__}: {first_line(e)}"
+            f"{_load_error(e)}"
         ) from e
     return version, obj
 
@@ -337,8 +350,7 @@ def _read_legacy(path: Path, data: bytes, map_location: Any) -> Any:
         obj = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... here
         raise CheckpointError(
-            f"'{path}' could not be read as a flowkit checkpoint of format 1 (it may be "
-            f"truncated, corrupt or hold non-tensor objects): {type(e).__name__}: {first_line(e)}"
+            f"'{path}' could not be read as a flowkit checkpoint of format 1: {_load_error(e)}"
         ) from e
     if not isinstance(obj, dict) or obj.get("flowkit_format") != 1:
         got = (
@@ -385,6 +397,28 @@ def _check_zip(path: Path, data: bytes) -> None:
         )
 
 
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+"""Terminal escapes (torch's messages print parts in bold)."""
+_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
+
+
+def _load_error(e: BaseException) -> str:
+    """What :func:`torch.load` refused, for a message naming a file: one line without terminal
+    escapes. For the objects that ``weights_only=True`` does not unpickle, a flowkit sentence
+    replaces torch's advice to load with ``weights_only=False`` (which would run code from the
+    file, and which a caller of :func:`flowkit.load_model` cannot pass)."""
+    text = _ESCAPES.sub("", str(e)).strip()
+    if "Weights only load failed" in text:
+        found = _GLOBAL.search(text)
+        what = f"an object of type {found.group(1)}" if found else "Python objects"
+        return (
+            f"it holds {what}, which flowkit does not read (its files hold tensors and plain "
+            "containers only): the file is not a flowkit file, or holds objects flowkit does not "
+            "read"
+        )
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else '(no message)'}"
+
+
 def check_map_location(map_location: Any) -> None:
     """Refuse a ``map_location`` that :func:`torch.load` could not use, before any file is read.
 
@@ -393,7 +427,8 @@ def check_map_location(map_location: Any) -> None:
     :func:`torch.load` as they are).
 
     Raises:
-        ValueError: a string that is not a device, or a CUDA device this machine lacks.
+        ValueError: a string that is not a device, the ``meta`` device (it holds no values), or
+            a CUDA device this machine lacks.
         TypeError: any other type.
     """
     if map_location is None or callable(map_location) or isinstance(map_location, dict):
@@ -409,6 +444,11 @@ def check_map_location(map_location: Any) -> None:
         raise ValueError(
             f"'map_location' should be a device such as 'cpu' or 'cuda:0', got {map_location!r}"
         ) from e
+    if device.type == "meta":
+        raise ValueError(
+            f"'map_location' is {map_location!r}, which holds no values (weights loaded there "
+            "would be lost); pass a device such as 'cpu'"
+        )
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if device.index is not None and device.index >= count or count == 0:

@@ -36,7 +36,14 @@ import torch
 from torch import nn
 
 from ..validation import check_bool
-from .format import CheckpointError, check_file_path, first_line, read_file, write_file
+from .format import (
+    CheckpointError,
+    check_file_path,
+    first_line,
+    path_argument,
+    read_file,
+    write_file,
+)
 from .registry import check_buffers, check_config, constructor, upgraded_config
 
 __all__ = [
@@ -279,10 +286,11 @@ def load_checkpoint(
     Raises:
         CheckpointError: a missing, damaged (checksum, length), foreign or malformed file, or one
             of another kind. The message names the file.
-        ValueError, TypeError: ``map_location`` is not a usable device.
+        ValueError, TypeError: ``path`` is not a file path (None, a number, empty), or
+            ``map_location`` is not a usable device (``"meta"`` included: it holds no values).
         OSError: the file cannot be read (permission denied, ...).
     """
-    path = Path(path)
+    path = path_argument(path)
     version, obj = read_file(path, map_location=map_location)
     if version == 1:
         obj = dict(obj)
@@ -429,8 +437,8 @@ def load_model(
             constructor refuses, weights that are not tensors, do not fit or are not finite, or
             structural buffers (MADE masks and orderings, permutations) that the model's
             construction does not allow.
-        ValueError, TypeError: ``map_location`` is not a usable device, or ``allow_nonfinite``
-            is not True or False.
+        ValueError, TypeError: ``path`` is not a file path, ``map_location`` is not a usable
+            device, or ``allow_nonfinite`` is not True or False.
     """
     check_bool("allow_nonfinite", allow_nonfinite)
     ckpt = load_checkpoint(path, map_location=map_location)
