@@ -270,6 +270,40 @@ def test_a_bit_flip_anywhere_in_an_npz_is_read_or_named(tmp_path):
                 assert "'--data'" in str(e) or str(path) in str(e), (offset, e)
 
 
+def test_a_big_endian_file_is_converted_exactly(tmp_path):
+    """A valid .npy of '>f8' (and a big-endian context array) trains as the same values in this
+    machine's byte order; torch's 'byte order different from the native byte order' error named
+    neither --data nor the file before."""
+    rng = np.random.default_rng(6)
+    x, c = rng.normal(size=(40, 2)), rng.normal(size=(40, 1))
+    np.savez(tmp_path / "native.npz", x=x, c=c)
+    np.savez(tmp_path / "big.npz", x=x.astype(">f8"), c=c.astype(">f8"))
+    np.save(tmp_path / "big.npy", x.astype(">f8"))
+    np.save(tmp_path / "native.npy", x)
+    results = {}
+    for name, extra in (("native.npy", []), ("big.npy", []), ("native.npz", ["--context", "c"]),
+                        ("big.npz", ["--context", "c"])):
+        assert cli.main(["fit", "--data", str(tmp_path / name), *extra, *FAST,
+                         "--out", str(tmp_path / name.replace(".", "-"))]) == 0
+        results[name] = _metrics(tmp_path / name.replace(".", "-"))["valid_nll"]
+    assert results["big.npy"] == results["native.npy"]
+    assert results["big.npz"] == results["native.npz"]
+
+
+def test_a_folder_as_data_and_a_valid_size_below_one_are_named(tmp_path, capsys):
+    (tmp_path / "cli").mkdir()
+    assert cli.main(["fit", "--data", str(tmp_path / "cli"), *FAST,
+                     "--out", str(tmp_path / "o")]) == 2
+    assert re.search(r"'--data' should be a toy dataset .* got '.*cli' \(a folder: pass a .npy "
+                     r"or .npz file inside it\)", capsys.readouterr().err)
+    for size in ("0", "-3"):
+        with pytest.raises(SystemExit) as info:
+            cli.main(["fit", "--data", "moons", "--valid-size", size, *FAST,
+                      "--out", str(tmp_path / "o")])
+        assert info.value.code == 2
+        assert "argument --valid-size: should be an integer >= 1" in capsys.readouterr().err
+
+
 def _npy_bytes(array):
     import io
 
