@@ -3,12 +3,20 @@ tests/test_file_faults.py: bit flips, truncation, I/O faults, locks, kill -9).""
 
 from __future__ import annotations
 
+import collections
+import enum
+import io
 import json
 import os
+import re
+import struct
+import zipfile
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import flowkit
@@ -348,6 +356,12 @@ def test_nonfinite_weights_are_refused_unless_allowed(bad, tmp_path):
                        "allow_nonfinite=True") as info:
         load_model(tmp_path / "m.pt")
     assert str(tmp_path / "m.pt") in str(info.value)
+    for flag in ("yes", 1, None):  # a flag, checked like the others: not any truthy value
+        with pytest.raises(ValueError, match=f"'allow_nonfinite' should be True or False, got "
+                           f"{flag!r}"):
+            load_model(tmp_path / "m.pt", allow_nonfinite=flag)
+        with pytest.raises(ValueError, match="'allow_nonfinite' should be True or False"):
+            load_checkpoint(tmp_path / "m.pt").restore(flow, allow_nonfinite=flag)
     loaded = load_model(tmp_path / "m.pt", allow_nonfinite=True)
     torch.testing.assert_close(loaded.state_dict()[key], flow.state_dict()[key], rtol=0, atol=0,
                                equal_nan=True)
@@ -361,6 +375,12 @@ def test_save_model_path_errors_name_the_argument(tmp_path):
         save_model(flow, tmp_path)
     with pytest.raises(ValueError, match="got an empty string"):
         save_model(flow, "")
+    for folder, end in ((f"{tmp_path}/out/", "a separator"), (f"{tmp_path}/out/.", "'.'")):
+        # a folder meant, that does not exist yet: a file named 'out' was written before
+        with pytest.raises(ValueError, match=re.escape(f"'path' should be a file path, but "
+                           f"'{folder}' names a folder (it ends with {end}); pass a file inside "
+                           f"it, e.g. '{folder}") + "/?model.pt'"):
+            save_model(flow, folder)
     with pytest.raises(TypeError, match="'model' should be a torch.nn.Module, got str"):
         save_model("flow", tmp_path / "m.pt")
     assert list(tmp_path.iterdir()) == []
@@ -371,10 +391,12 @@ def test_save_model_path_errors_name_the_argument(tmp_path):
     [
         ("bogus", ValueError, "'map_location' should be a device such as 'cpu'"),
         (3.5, TypeError, "'map_location' should be None, a device"),
+        ("meta", ValueError, "'map_location' is 'meta', which holds no values .* pass a device"),
+        (torch.device("meta"), ValueError, r"'map_location' is device\(type='meta'\), which"),
         pytest.param("cuda:7", ValueError, "this machine has [0-9]+ CUDA device", marks=(
             pytest.mark.skipif(torch.cuda.device_count() > 7, reason="has 8 GPUs"))),
     ],
-    ids=["bogus", "float", "missing-gpu"],
+    ids=["bogus", "float", "meta", "meta-device", "missing-gpu"],
 )
 def test_bad_map_location_is_not_reported_as_a_corrupt_file(map_location, error, message,
                                                              tmp_path):
@@ -382,6 +404,41 @@ def test_bad_map_location_is_not_reported_as_a_corrupt_file(map_location, error,
     with pytest.raises(error, match=message) as info:
         load_model(tmp_path / "m.pt", map_location=map_location)
     assert not isinstance(info.value, CheckpointError)
+
+
+@pytest.mark.parametrize("path", [None, 123, b"m.pt", ""], ids=["None", "int", "bytes", "empty"])
+def test_load_path_errors_name_the_argument_as_save_model_does(tmp_path, path):
+    """pathlib's 'expected str, bytes or os.PathLike object, not NoneType' named nothing; "" read
+    as the folder '.'."""
+    flow = MODELS["maf"]()
+    with pytest.raises((TypeError, ValueError)) as saving:
+        save_model(flow, path)
+    for load in (load_model, load_checkpoint):
+        with pytest.raises(type(saving.value), match=r"^'path' should be a file path") as info:
+            load(path)
+        assert str(info.value) == str(saving.value)
+
+
+def test_objects_flowkit_does_not_read_are_named_without_torchs_advice(tmp_path):
+    """torch's weights_only refusal carried terminal escapes and the advice to load with
+    weights_only=False, which a load_model caller cannot follow (and which would run the file's
+    code): the message names the object's type and says what the file is."""
+    flow = MODELS["maf"]()
+    torch.save(flow, tmp_path / "pickled.pt")  # a whole pickled model, a zip like format 1
+    write_file({"kind": "test", "model": None, "extra": {"c": np.float64(0.5)}},
+               tmp_path / "np.pt")  # what save_checkpoint wrote before it refused np.float64
+    cases = {"pickled.pt": "could not be read as a flowkit checkpoint of format 1: it holds an "
+                           "object of type flowkit.flows.flow.Flow, which flowkit does not read",
+             "np.pt": "passed its checksum but its contents could not be loaded: it holds an "
+                      "object of type numpy.*, which flowkit does not read"}
+    for name, message in cases.items():
+        for load in (load_checkpoint, load_model):
+            with pytest.raises(CheckpointError, match=message) as info:
+                load(tmp_path / name)
+            text = str(info.value)
+            assert "\x1b" not in text and "weights_only" not in text, text
+            assert text.endswith("the file is not a flowkit file, or holds objects flowkit does "
+                                 "not read") and "\n" not in text, text
 
 
 def test_files_of_format_1_still_load_with_every_check_and_a_warning(tmp_path):
@@ -407,6 +464,32 @@ def test_files_of_format_1_still_load_with_every_check_and_a_warning(tmp_path):
         load_model(tmp_path / "tampered.pt")
     save_model(loaded, tmp_path / "old.pt")  # saving again writes format 2
     assert load_checkpoint(tmp_path / "old.pt").version == 2
+
+
+def test_a_bit_flipped_in_a_record_of_a_format_1_file_names_the_record(tmp_path):
+    """Format 1 has no checksum, but each zip record carries a CRC-32 that torch's loader does
+    not check: a flipped bit inside the weights (which loaded as other weights before) is a
+    CheckpointError naming the record; a cut file is one too."""
+    flow = MODELS["maf"]()
+    torch.save({"flowkit_format": 1, "kind": "model",
+                "model": {"config": flow.config, "state_dict": flow.state_dict()}},
+               tmp_path / "old.pt")
+    data = (tmp_path / "old.pt").read_bytes()
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        record = next(i for i in archive.infolist() if i.filename.endswith("/data/0"))
+    names, extra = struct.unpack_from("<HH", data, record.header_offset + 26)
+    start = record.header_offset + 30 + names + extra  # the record's bytes: a float32 weight
+    flipped = bytearray(data)
+    flipped[start + 2] ^= 0x40
+    (tmp_path / "flipped.pt").write_bytes(bytes(flipped))
+    for load in (load_checkpoint, load_model):
+        with pytest.raises(CheckpointError, match=re.escape(f"'{tmp_path / 'flipped.pt'}' is "
+                           f"damaged: its zip record '{record.filename}' does not match the "
+                           "CRC-32")):
+            load(tmp_path / "flipped.pt")
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) - 30])
+    with pytest.raises(CheckpointError, match="starts as a zip archive .* truncated or damaged"):
+        load_checkpoint(tmp_path / "cut.pt")
 
 
 def test_config_must_be_json(tmp_path):
@@ -448,6 +531,91 @@ def test_extra_entries_must_be_plain_and_a_refused_save_does_not_clobber(tmp_pat
         save_checkpoint(path, "", extra={})
     assert torch.equal(load_checkpoint(path).extra["x"], torch.ones(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+class _Name(str):
+    pass
+
+
+_Pair = collections.namedtuple("_Pair", "a b")
+
+# values of every kind a caller may put in 'extra', the subclasses of plain types among them
+_LEAF_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=5),
+    st.floats(allow_nan=False), st.sampled_from([torch.float64, torch.device("cpu")]),
+    st.lists(st.integers(0, 4), max_size=3).map(torch.Size),
+    st.lists(st.floats(-1e3, 1e3), max_size=4).map(torch.tensor),
+    st.builds(lambda n: torch.arange(n, dtype=torch.int16), st.integers(0, 3)),
+    st.builds(lambda n: nn.Parameter(torch.ones(n)), st.integers(0, 3)),
+    st.floats(-1e3, 1e3).map(np.float64), st.sampled_from([_Level.LOW, _Name("a"), np.int64(2),
+                                                             np.float32(0.5)]),
+)
+_EXTRA_VALUES = st.recursive(
+    _LEAF_VALUES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+        st.builds(_Pair, inner, inner),
+        st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-3, 3)), inner, max_size=3),
+        st.dictionaries(st.text(max_size=3), inner, max_size=2).map(collections.OrderedDict),
+        st.dictionaries(st.text(max_size=3), inner, max_size=2).map(
+            lambda d: collections.defaultdict(int, d)),
+    ),
+    max_leaves=8,
+)
+
+
+def _same(a, b) -> bool:
+    """``b`` is ``a`` read back: the same types all the way down, equal values."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=st.dictionaries(st.text(max_size=3), _EXTRA_VALUES, max_size=3))
+def test_a_file_that_save_checkpoint_accepts_always_loads(tmp_path, extra):
+    """save_checkpoint refuses (a TypeError naming where in 'extra') whatever
+    torch.load(weights_only=True) would not read back, subclasses of plain types included
+    (np.float64, an IntEnum, a str subclass, a namedtuple, a defaultdict); what it writes,
+    load_checkpoint gives back with the same types and values."""
+    path = tmp_path / "a.pt"
+    path.unlink(missing_ok=True)
+    try:
+        save_checkpoint(path, "test", extra=extra)
+    except TypeError as e:
+        assert str(e).startswith("extra[")
+        assert not path.exists()
+        return
+    assert _same(load_checkpoint(path, kind="test").extra, extra)
+
+
+@pytest.mark.parametrize(
+    "value, named",
+    [
+        (np.float64(0.25), r"numpy.float64, a subclass of float .*store float\(value\)"),
+        (_Level.LOW, r"_Level, a subclass of int .*store int\(value\)"),
+        (_Name("x"), r"_Name, a subclass of str .*store str\(value\)"),
+        (_Pair(1, 2), r"_Pair, a subclass of tuple .*store tuple\(value\)"),
+    ],
+    ids=["np.float64", "IntEnum", "str-subclass", "namedtuple"],
+)
+def test_subclasses_of_plain_types_are_refused_at_save_naming_the_key(tmp_path, value, named):
+    with pytest.raises(TypeError, match=r"^extra\['c'\]\[1\] is a .*" + named):
+        save_checkpoint(tmp_path / "a.pt", "test", extra={"c": [1.0, value]})
+    with pytest.raises(TypeError, match=r"^extra\['d'\] should have str or int keys"):
+        save_checkpoint(tmp_path / "a.pt", "test", extra={"d": {_Level.LOW: 1}})
+    assert not (tmp_path / "a.pt").exists()
 
 
 def test_save_checkpoint_creates_parent_folders(tmp_path):
@@ -598,14 +766,51 @@ def test_a_parent_that_is_a_file_is_named(tmp_path):
 
 
 def test_weights_of_another_shape_are_listed(tmp_path):
+    """A model with a config is refused by its differing arguments; one without (an
+    application's own module) by the weights that do not fit."""
     save_model(flowkit.MAF(2, hidden_features=(8,), layers=1), tmp_path / "m.pt")
     other = flowkit.MAF(2, hidden_features=(9,), layers=1)
+    with pytest.raises(CheckpointError, match=r"written for a MAF with \{'hidden_features': "
+                       r"\[8\]\}, not for this MAF with \{'hidden_features': \[9\]\}"):
+        load_checkpoint(tmp_path / "m.pt").restore(other)
+    other.config = None
     with pytest.raises(CheckpointError, match=r"6 of another shape \(first '.*': \(1, 8\) in the "
                        r"file, \(1, 9\) in the model\)"):
         load_checkpoint(tmp_path / "m.pt").restore(other)
     deeper = flowkit.MAF(2, hidden_features=(8, 8), layers=1)
+    deeper.config = None
     with pytest.raises(CheckpointError, match=r"weight\(s\) missing from the file \(first"):
         load_checkpoint(tmp_path / "m.pt").restore(deeper)
+
+
+@pytest.mark.parametrize(
+    "other, difference",
+    [
+        (lambda: flowkit.IAF(2, hidden_features=(8,), layers=2),
+         r"a MAF, not for this IAF"),
+        (lambda: flowkit.MAF(2, hidden_features=(8,), layers=2, activation="Tanh"),
+         r"a MAF with \{'activation': 'ReLU'\}, not for this MAF with \{'activation': 'Tanh'\}"),
+        (lambda: flowkit.MAF(2, hidden_features=(8,), layers=2,
+                             transformer_kwargs={"log_scale_bound": 5.0}),
+         r"a MAF with \{'transformer_kwargs': .*, not for this MAF with \{'transformer_kwargs': "
+         r"\{'log_scale_bound': 5.0\}\}"),
+    ],
+    ids=["iaf", "activation", "log_scale_bound"],
+)
+def test_restore_refuses_a_model_of_another_config_with_the_same_shapes(tmp_path, other,
+                                                                         difference):
+    """Checkpoint.restore compares the file's config with the model's as fit(resume=True) does
+    (check_same_config): a MAF's weights fit these models' shapes, and would give other
+    densities. The model is refused before any weight is loaded."""
+    torch.manual_seed(0)
+    save_model(flowkit.MAF(2, hidden_features=(8,), layers=2, activation="ReLU"),
+               tmp_path / "m.pt")
+    model = other()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"'.*m.pt' was written for " + difference +
+                       ": restore it into the model it was written for"):
+        load_checkpoint(tmp_path / "m.pt").restore(model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def test_a_compiled_model_is_saved_as_the_model_it_wraps(trained_flow, tmp_path):

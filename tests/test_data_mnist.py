@@ -49,6 +49,13 @@ def _serve(monkeypatch, tmp_path: Path, split: str, array: np.ndarray, sha256: s
     monkeypatch.setitem(mnist._FILES, split, mnist._Remote(len(array), len(content), digest))
 
 
+def _publish(monkeypatch, split: str, array: np.ndarray) -> None:
+    """Make ``array`` the published ``split``: its row count, size and SHA-256."""
+    content = _amat_bytes(array)
+    digest = hashlib.sha256(content).hexdigest()
+    monkeypatch.setitem(mnist._FILES, split, mnist._Remote(len(array), len(content), digest))
+
+
 # ----------------------------------------------------------------------------- split files
 
 
@@ -200,11 +207,47 @@ def test_npz_preferred_then_amat(monkeypatch, tmp_path):
     np.savez(root / "binarized_mnist.npz", valid=from_npz)
     (root / "binarized_mnist_valid.amat").write_bytes(_amat_bytes(from_amat))
     (root / "binarized_mnist_test.amat").write_bytes(_amat_bytes(from_amat))
-    for split in ("valid", "test"):
-        monkeypatch.setitem(mnist._FILES, split, mnist._Remote(2, 0, ""))
+    _publish(monkeypatch, "valid", from_npz)
+    _publish(monkeypatch, "test", from_amat)
     assert np.array_equal(binarized_mnist("valid", root=root, download=False).numpy(), from_npz)
     # The npz has no test split: fall back to the .amat file.
     assert np.array_equal(binarized_mnist("test", root=root, download=False).numpy(), from_amat)
+
+
+def test_a_cached_amat_that_changed_is_refused_when_read(monkeypatch, tmp_path):
+    """The published SHA-256 is checked each time the split is read, not only after a download:
+    one flipped pixel of the cached file, or other images of the right shape, are refused with
+    the file's name and the fix; deleting it and calling again downloads a verified copy."""
+    images = _images(3)
+    _serve(monkeypatch, tmp_path, "valid", images)
+    root = tmp_path / "root"
+    cached = root / "binarized_mnist_valid.amat"
+    assert np.array_equal(binarized_mnist("valid", root=root).numpy(), images)
+    content = bytearray(cached.read_bytes())
+    content[0] = ord("1") if content[0] == ord("0") else ord("0")
+    for changed in (bytes(content), _amat_bytes(_images(3, seed=9))):
+        cached.write_bytes(changed)
+        with pytest.raises(ValueError, match=re.escape(f"{cached}: split 'valid' is not the "
+                           "published binarized MNIST") + r" .*the file was damaged or replaced "
+                           r".*; delete it and call binarized_mnist\('valid'\) again"):
+            binarized_mnist("valid", root=root, download=False)
+    cached.unlink()
+    assert np.array_equal(binarized_mnist("valid", root=root).numpy(), images)
+
+
+def test_an_npz_split_that_is_not_the_published_one_is_refused(monkeypatch, tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    images = _images(2)
+    _publish(monkeypatch, "valid", images)
+    other = images.copy()
+    other[1, 5] ^= 1
+    np.savez(root / "binarized_mnist.npz", valid=other)
+    with pytest.raises(ValueError, match=re.escape(f"{root / 'binarized_mnist.npz'}: split "
+                       "'valid' is not the published") + r".*delete its array 'valid'"):
+        binarized_mnist("valid", root=root, download=False)
+    np.savez(root / "binarized_mnist.npz", valid=images)
+    assert np.array_equal(binarized_mnist("valid", root=root, download=False).numpy(), images)
 
 
 def test_missing_split_without_download(tmp_path):
@@ -297,3 +340,20 @@ def test_a_truncated_or_corrupted_npz_names_the_file(tmp_path):
     corrupted.write_bytes(data[:member] + bytes(64) + data[member + 64:])
     with pytest.raises(ValueError, match=re.escape(f"{corrupted}['train'] cannot be read")):
         load_split_file(corrupted, "train")
+
+
+def test_a_bit_flip_anywhere_in_an_npz_is_read_or_named(tmp_path):
+    """One bit flipped in each byte of a small .npz (bit i mod 8 of byte i): each file is read
+    or refused with a ValueError naming it (a damaged "compression method" field gave zipfile's
+    NotImplementedError before)."""
+    whole = tmp_path / "whole.npz"
+    np.savez(whole, train=_images(2))
+    data = whole.read_bytes()
+    path = tmp_path / "flipped.npz"
+    for offset in range(len(data)):
+        path.write_bytes(data[:offset] + bytes([data[offset] ^ (1 << offset % 8)])
+                         + data[offset + 1:])
+        try:
+            load_split_file(path, "train")
+        except ValueError as e:
+            assert str(path) in str(e), (offset, e)

@@ -217,6 +217,93 @@ def test_files_numpy_cannot_use_are_named_with_the_option(tmp_path, capsys, name
     assert err.count("\n") == 1 and re.search(f"'--data' .*{message}", err), err
 
 
+def _npz_bytes(compressed=False, **arrays):
+    import io
+
+    buffer = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def _flipped(data: bytes, offset: int, bit: int = 4) -> bytes:
+    return data[:offset] + bytes([data[offset] ^ (1 << bit)]) + data[offset + 1:]
+
+
+_NPZ = _npz_bytes(x=np.random.default_rng(1).normal(size=(50, 2)))
+_NPZ_COMPRESSED = _npz_bytes(compressed=True, x=np.random.default_rng(1).normal(size=(50, 2)))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (_NPZ[: len(_NPZ) // 2], r"File is not a zip file"),
+        (_flipped(_NPZ, len(_NPZ) // 2), r"Bad CRC-32 for file 'x.npy'"),
+        (_flipped(_NPZ_COMPRESSED, len(_NPZ_COMPRESSED) // 2), r"(Bad CRC-32|Error -3)"),
+    ],
+    ids=["truncated", "bit-flip", "bit-flip-compressed"],
+)
+def test_a_damaged_npz_is_a_one_line_error_naming_the_option(tmp_path, capsys, content, message):
+    """zipfile's BadZipFile (and zlib's error for a compressed member) ended the command in a
+    traceback (review 19, finding 9)."""
+    path = tmp_path / "d.npz"
+    path.write_bytes(content)
+    assert cli.main(["fit", "--data", str(path), *FAST, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(f"^flowkit fit: error: '--data' '{re.escape(str(path))}' cannot be read as "
+                     f"a numpy .npz file \\(.*{message}.*\\): it is damaged or truncated", err), err
+
+
+def test_a_bit_flip_anywhere_in_an_npz_is_read_or_named(tmp_path):
+    """One bit flipped in each byte of a small .npz (bit i mod 8 of byte i): every file is read
+    or refused with a ValueError naming '--data' (never another exception: a damaged header
+    gave zipfile's NotImplementedError or RuntimeError too)."""
+    from flowkit.app.fit_data import load_file
+
+    path = tmp_path / "d.npz"
+    for data in (_npz_bytes(x=np.ones((4, 2))), _npz_bytes(compressed=True, x=np.ones((4, 2)))):
+        for offset in range(len(data)):
+            path.write_bytes(_flipped(data, offset, offset % 8))
+            try:
+                load_file(path, None, None)
+            except ValueError as e:
+                assert "'--data'" in str(e) or str(path) in str(e), (offset, e)
+
+
+def test_a_big_endian_file_is_converted_exactly(tmp_path):
+    """A valid .npy of '>f8' (and a big-endian context array) trains as the same values in this
+    machine's byte order; torch's 'byte order different from the native byte order' error named
+    neither --data nor the file before."""
+    rng = np.random.default_rng(6)
+    x, c = rng.normal(size=(40, 2)), rng.normal(size=(40, 1))
+    np.savez(tmp_path / "native.npz", x=x, c=c)
+    np.savez(tmp_path / "big.npz", x=x.astype(">f8"), c=c.astype(">f8"))
+    np.save(tmp_path / "big.npy", x.astype(">f8"))
+    np.save(tmp_path / "native.npy", x)
+    results = {}
+    for name, extra in (("native.npy", []), ("big.npy", []), ("native.npz", ["--context", "c"]),
+                        ("big.npz", ["--context", "c"])):
+        assert cli.main(["fit", "--data", str(tmp_path / name), *extra, *FAST,
+                         "--out", str(tmp_path / name.replace(".", "-"))]) == 0
+        results[name] = _metrics(tmp_path / name.replace(".", "-"))["valid_nll"]
+    assert results["big.npy"] == results["native.npy"]
+    assert results["big.npz"] == results["native.npz"]
+
+
+def test_a_folder_as_data_and_a_valid_size_below_one_are_named(tmp_path, capsys):
+    (tmp_path / "cli").mkdir()
+    assert cli.main(["fit", "--data", str(tmp_path / "cli"), *FAST,
+                     "--out", str(tmp_path / "o")]) == 2
+    assert re.search(r"'--data' should be a toy dataset .* got '.*cli' \(a folder: pass a .npy "
+                     r"or .npz file inside it\)", capsys.readouterr().err)
+    for size in ("0", "-3"):
+        with pytest.raises(SystemExit) as info:
+            cli.main(["fit", "--data", "moons", "--valid-size", size, *FAST,
+                      "--out", str(tmp_path / "o")])
+        assert info.value.code == 2
+        assert "argument --valid-size: should be an integer >= 1" in capsys.readouterr().err
+
+
 def _npy_bytes(array):
     import io
 

@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--valid-size",
-        type=int,
+        type=positive_int,
         default=None,
         help=f"validation points of a toy dataset (default: {VALID_SIZE})",
     )

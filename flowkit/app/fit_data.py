@@ -3,12 +3,15 @@
 :func:`load_toy` gives a sampling function, drawn afresh at every step, and a fixed validation
 set; :func:`load_file` reads an ``(N, D)`` array of finite real values and splits off its
 ``--context`` (columns, or another array of the .npz); ``fit(valid=<fraction>)`` then holds out
-``--valid-fraction`` of its rows. Bad values are refused here, named by the options. Both
+``--valid-fraction`` of its rows. Arrays of the other byte order are converted to this
+machine's (exactly). Bad values are refused here, named by the options. Both
 return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, context)``.
 """
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +40,11 @@ def load_file(
     if not path.is_file():
         from flowkit.data import TOY_DATASETS
 
+        what = ("a folder: pass a .npy or .npz file inside it" if path.is_dir()
+                else "no such file")
         raise ValueError(
             f"'--data' should be a toy dataset ({', '.join(TOY_DATASETS)}) or an existing .npy "
-            f"or .npz file, got '{path}' (no such file)"
+            f"or .npz file, got '{path}' ({what})"
         )
     if suffix not in (".npy", ".npz"):
         raise ValueError(
@@ -93,13 +98,26 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
                          "as one: another format renamed, or a damaged file)")
     try:
         if suffix == ".npy":
-            return {"x": np.load(path)}  # allow_pickle=False: arrays only
+            return {"x": _native(np.load(path))}  # allow_pickle=False: arrays only
         with np.load(path) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (OSError, EOFError, ValueError) as e:
+            return {name: _native(archive[name]) for name in archive.files}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+            RuntimeError) as e:
+        # zipfile's for a truncated or damaged .npz: a bad CRC-32, and a damaged header's
+        # "compression method" or "encrypted" (flowkit.data.mnist's reader catches the first)
         what = ("holds Python objects, not an array of numbers" if "allow_pickle" in str(e)
-                else f"cannot be read as a numpy {suffix} file ({e})")
+                else f"cannot be read as a numpy {suffix} file ({e}): it is damaged or "
+                "truncated")
         raise ValueError(f"'--data' '{path}' {what}") from None
+
+
+def _native(a: np.ndarray) -> np.ndarray:
+    """``a`` in this machine's byte order (a file of ``>f8``, as FITS files and some instruments
+    write, is big-endian; torch refuses such arrays): the same values, converted exactly, as
+    :class:`flowkit.sklearn.FlowDensity` accepts them."""
+    if a.dtype.kind in "biufc" and not a.dtype.isnative:
+        return a.astype(a.dtype.newbyteorder("="))
+    return a
 
 
 def _split_context(

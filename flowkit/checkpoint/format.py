@@ -19,8 +19,10 @@ so that the payload streams to disk as :func:`torch.save` writes it, and is read
 
 Files of format 1 (flowkit before format 2) are bare :func:`torch.save` files (zip archives)
 holding a dict with ``"flowkit_format": 1``. They are still read, with a
-:class:`LegacyFormatWarning`: they carry no checksum, so damage to them may go unnoticed; their
-contents get every other check. Saving again writes format 2.
+:class:`LegacyFormatWarning`: they carry no checksum, only the CRC-32 that a zip archive records
+for each of its records (checked, with :meth:`zipfile.ZipFile.testzip`, before anything is
+unpickled: a flipped bit inside a record is a :class:`CheckpointError` naming it), so some damage
+may go unnoticed; their contents get every other check. Saving again writes format 2.
 
 Writes go to a temporary file ``.<name>.<16 hex digits>.tmp`` in the target's folder, which is
 flushed, ``fsync``-ed and renamed over the target with :func:`os.replace`; the folder entry is
@@ -40,6 +42,7 @@ import re
 import secrets
 import struct
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -54,6 +57,7 @@ __all__ = [
     "atomic_write",
     "check_file_path",
     "check_map_location",
+    "path_argument",
     "read_file",
     "remove_temporary_files",
     "write_bytes_atomic",
@@ -93,7 +97,26 @@ class CheckpointWriteError(OSError):
 
 
 class LegacyFormatWarning(UserWarning):
-    """A file of format 1 was read: it has no checksum, so damage to it may go unnoticed."""
+    """A file of format 1 was read: it has no checksum (only its zip records' CRC-32s, which were
+    checked), so some damage to it may go unnoticed."""
+
+
+def path_argument(path: object, argument: str = "path") -> Path:
+    """``path`` as a :class:`~pathlib.Path`, for a reader or a writer.
+
+    Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, bytes).
+        ValueError: ``path`` is empty.
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"'{argument}' should be a file path (str or os.PathLike), got "
+            f"{type(path).__name__} {path!r}"
+        )
+    text = os.fsdecode(os.fspath(path))
+    if text == "":
+        raise ValueError(f"'{argument}' should be a file path, got an empty string")
+    return Path(text)
 
 
 def check_file_path(path: object, argument: str = "path") -> Path:
@@ -101,16 +124,19 @@ def check_file_path(path: object, argument: str = "path") -> Path:
 
     Raises:
         TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, ...).
-        ValueError: ``path`` is empty or an existing folder.
+        ValueError: ``path`` is empty, an existing folder, or names a folder by its form: it
+            ends with a separator (``"out/"``: a file ``out`` would be written otherwise), or
+            with ``.`` or ``..``.
     """
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(
-            f"'{argument}' should be a file path (str or os.PathLike), got "
-            f"{type(path).__name__} {path!r}"
+    path_argument(path, argument)
+    text = os.fsdecode(os.fspath(path))  # as given: Path() would drop a final separator
+    if os.path.basename(text) in ("", ".", ".."):
+        raise ValueError(
+            f"'{argument}' should be a file path, but '{text}' names a folder (it ends with "
+            f"{'a separator' if os.path.basename(text) == '' else repr(os.path.basename(text))});"
+            f" pass a file inside it, e.g. '{os.path.join(text, 'model.pt')}'"
         )
-    if os.fspath(path) in ("", b""):
-        raise ValueError(f"'{argument}' should be a file path, got an empty string")
-    path = Path(os.fsdecode(path))
+    path = Path(text)
     if path.is_dir():
         raise ValueError(
             f"'{argument}' should be a file path, but '{path}' is a folder; pass a file inside "
@@ -256,13 +282,13 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
 
     Raises:
         CheckpointError: ``path`` is not a file, is truncated, fails its checksum, is not a flowkit
-            file, is of a format this flowkit does not read, or (format 1 only) cannot be
-            unpickled as tensors and plain containers.
+            file, is of a format this flowkit does not read, or (format 1 only) fails a zip
+            record's CRC-32 or cannot be unpickled as tensors and plain containers.
         ValueError, TypeError: a ``map_location`` that is not a usable device.
         OSError: the file cannot be read (permission denied, ...).
     """
     check_map_location(map_location)
-    path = Path(path)
+    path = path_argument(path)
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no file"
         raise CheckpointError(f"no checkpoint file at '{path}' ({what} there)")
@@ -313,18 +339,18 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
     except Exception as e:  # the bytes are intact: the payload is not one flowkit writes
         raise CheckpointError(
             f"'{path}' passed its checksum but its contents could not be loaded: "
-            f"{type(e).__name__}: {first_line(e)}"
+            f"{_load_error(e)}"
         ) from e
     return version, obj
 
 
 def _read_legacy(path: Path, data: bytes, map_location: Any) -> Any:
+    _check_zip(path, data)
     try:
         obj = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... here
         raise CheckpointError(
-            f"'{path}' could not be read as a flowkit checkpoint of format 1 (it may be "
-            f"truncated, corrupt or hold non-tensor objects): {type(e).__name__}: {first_line(e)}"
+            f"'{path}' could not be read as a flowkit checkpoint of format 1: {_load_error(e)}"
         ) from e
     if not isinstance(obj, dict) or obj.get("flowkit_format") != 1:
         got = (
@@ -337,12 +363,60 @@ def _read_legacy(path: Path, data: bytes, map_location: Any) -> Any:
             f"holding a dict with 'flowkit_format': 1, got {got}"
         )
     warnings.warn(
-        f"'{path}' was written by an older flowkit (format 1) without a checksum: damage to it "
-        "cannot be detected. Save it again (flowkit.save_model, or resume the run) to add one.",
+        f"'{path}' was written by an older flowkit (format 1) without a checksum: only the "
+        "CRC-32 of each of its zip records was checked, which misses some damage. Save it again "
+        "(flowkit.save_model, or resume the run) to add one.",
         LegacyFormatWarning,
         stacklevel=4,
     )
     return obj
+
+
+def _check_zip(path: Path, data: bytes) -> None:
+    """Check the CRC-32 that the zip archive ``data`` (a format-1 file, as :func:`torch.save`
+    writes it) records for each of its records; torch's loader does not. A flipped bit inside a
+    record is found; a damaged zip directory makes the archive unreadable.
+
+    Raises:
+        CheckpointError: naming the file and the first damaged record.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            damaged = archive.testzip()
+    except Exception as e:  # BadZipFile, EOFError, NotImplementedError (a damaged method), ...
+        raise CheckpointError(
+            f"'{path}' starts as a zip archive (a torch file, as flowkit files of format 1 are) "
+            f"but cannot be read as one: it is truncated or damaged ({type(e).__name__}: "
+            f"{first_line(e)})"
+        ) from e
+    if damaged is not None:
+        raise CheckpointError(
+            f"'{path}' is damaged: its zip record {damaged!r} does not match the CRC-32 stored "
+            "with it (the file changed after it was written: a disk or transfer error, or an "
+            "edit)"
+        )
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+"""Terminal escapes (torch's messages print parts in bold)."""
+_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
+
+
+def _load_error(e: BaseException) -> str:
+    """What :func:`torch.load` refused, for a message naming a file: one line without terminal
+    escapes. For the objects that ``weights_only=True`` does not unpickle, a flowkit sentence
+    replaces torch's advice to load with ``weights_only=False`` (which would run code from the
+    file, and which a caller of :func:`flowkit.load_model` cannot pass)."""
+    text = _ESCAPES.sub("", str(e)).strip()
+    if "Weights only load failed" in text:
+        found = _GLOBAL.search(text)
+        what = f"an object of type {found.group(1)}" if found else "Python objects"
+        return (
+            f"it holds {what}, which flowkit does not read (its files hold tensors and plain "
+            "containers only): the file is not a flowkit file, or holds objects flowkit does not "
+            "read"
+        )
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else '(no message)'}"
 
 
 def check_map_location(map_location: Any) -> None:
@@ -353,7 +427,8 @@ def check_map_location(map_location: Any) -> None:
     :func:`torch.load` as they are).
 
     Raises:
-        ValueError: a string that is not a device, or a CUDA device this machine lacks.
+        ValueError: a string that is not a device, the ``meta`` device (it holds no values), or
+            a CUDA device this machine lacks.
         TypeError: any other type.
     """
     if map_location is None or callable(map_location) or isinstance(map_location, dict):
@@ -369,6 +444,11 @@ def check_map_location(map_location: Any) -> None:
         raise ValueError(
             f"'map_location' should be a device such as 'cpu' or 'cuda:0', got {map_location!r}"
         ) from e
+    if device.type == "meta":
+        raise ValueError(
+            f"'map_location' is {map_location!r}, which holds no values (weights loaded there "
+            "would be lost); pass a device such as 'cpu'"
+        )
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if device.index is not None and device.index >= count or count == 0:

@@ -26,6 +26,7 @@ the registered buffer checks (MADE masks against their degrees, permutations) an
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,15 +35,37 @@ from typing import Any
 import torch
 from torch import nn
 
-from .format import CheckpointError, check_file_path, first_line, read_file, write_file
+from ..validation import check_bool
+from .format import (
+    CheckpointError,
+    check_file_path,
+    first_line,
+    path_argument,
+    read_file,
+    write_file,
+)
 from .registry import check_buffers, check_config, constructor, upgraded_config
 
-__all__ = ["Checkpoint", "load_checkpoint", "load_model", "save_checkpoint", "save_model"]
+__all__ = [
+    "Checkpoint",
+    "check_same_config",
+    "load_checkpoint",
+    "load_model",
+    "save_checkpoint",
+    "save_model",
+]
 
 MODEL_KIND = "model"
 """The ``kind`` of the files :func:`save_model` writes."""
 
-_LEAVES = (torch.Tensor, str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+_LEAVES = (
+    torch.Tensor, nn.Parameter, str, int, float, bool, type(None), torch.dtype, torch.device,
+    torch.Size,
+)
+"""The exact types of the values that ``torch.load(weights_only=True)`` reads back; a subclass
+(``np.float64`` of ``float``, an ``IntEnum`` of ``int``) is written by pickle under its own class,
+which that load refuses."""
+_CONTAINERS = (dict, OrderedDict, list, tuple)
 
 
 @dataclass(frozen=True)
@@ -64,20 +87,37 @@ class Checkpoint:
     extra: dict[str, Any]
 
     def restore(self, model: nn.Module, *, allow_nonfinite: bool = False) -> None:
-        """Load the stored weights into ``model`` and check them: the weights are tensors that fit
-        ``model`` exactly (``strict``), every buffer passes the checks registered for its module's
-        class (:func:`~flowkit.checkpoint.register_check`), and floating values are finite.
+        """Load the stored weights into ``model`` and check them: when both the file and
+        ``model`` have a ``config``, they are the same (:func:`check_same_config`, as when
+        :func:`flowkit.train.fit` resumes: a MAF's weights are not restored into an IAF, or into
+        a MAF of another activation, whose densities they would change); the weights are tensors
+        that fit ``model`` exactly (``strict``), every buffer passes the checks registered for its
+        module's class (:func:`~flowkit.checkpoint.register_check`), and floating values are
+        finite.
 
         Args:
             model: a model of the architecture the file was written for.
             allow_nonfinite: accept NaN and infinite weights (to inspect a diverged model).
 
         Raises:
-            CheckpointError: naming the file and the first weight or buffer that fails. ``model``
-                may then hold part of the stored weights: do not use it.
+            CheckpointError: naming the file and the configs' differing arguments, or the first
+                weight or buffer that fails. ``model`` may then hold part of the stored weights:
+                do not use it.
+            ValueError: ``allow_nonfinite`` is not True or False.
         """
+        check_bool("allow_nonfinite", allow_nonfinite)
         if self.model is None:
             raise CheckpointError(f"'{self.path}' holds no model weights")
+        check_same_config(
+            self.path, self.model.get("config"), model,
+            "restore it into the model it was written for (flowkit.load_model(path) rebuilds it)",
+        )
+        self._restore_weights(model, allow_nonfinite)
+
+    def _restore_weights(self, model: nn.Module, allow_nonfinite: bool) -> None:
+        """:meth:`restore` without the comparison of configs (for a model built from the file's
+        own config, whose custom embedding may be the same class under another module name)."""
+        assert self.model is not None
         state = self.model["state_dict"]
         model = unwrap_compiled(model)
         prefix = "_orig_mod."  # files of compiled models written before unwrap_compiled
@@ -109,6 +149,49 @@ class Checkpoint:
                         )
 
 
+def check_same_config(
+    path: str | os.PathLike, stored: dict[str, Any] | None, model: nn.Module, remedy: str
+) -> None:
+    """Refuse to put the weights of a file written for one model into a model of another
+    configuration (another class, activation, ``log_scale_bound``, seed, ...): with the same
+    shapes they would load, and give other densities. Used by :meth:`Checkpoint.restore` and
+    when :func:`flowkit.train.fit` resumes.
+
+    Args:
+        path: the file, for the message.
+        stored: the file's model ``config`` (None: nothing to compare).
+        model: the model the weights are for; one without a ``config`` is not compared.
+        remedy: the message's end, what to do instead.
+
+    Raises:
+        CheckpointError: the file's config (read as today's constructor reads it,
+            :func:`~flowkit.checkpoint.registry.upgraded_config`) differs from ``model.config``;
+            the message lists only the arguments that differ, e.g. ``'run.pt' was written for a
+            MAF with {'activation': 'ReLU'}, not for this MAF with {'activation': 'Tanh'}``.
+    """
+    current = model_entry(model)["config"]
+    if stored is None or current is None:
+        return
+    stored = upgraded_config(stored, f"'{path}'")
+    if stored != current:
+        raise CheckpointError(
+            f"'{path}' was written for {_config_difference(stored, current)}: {remedy}"
+        )
+
+
+def _config_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
+    """How two model configs differ, for a message: only the arguments that differ, e.g.
+    ``a MAF with {'seed': 0}, not for this MAF with {'seed': 5}``."""
+    then, now = stored["kwargs"], current["kwargs"]
+    keys = [k for k in {**then, **now} if then.get(k) != now.get(k)]
+
+    def model(config: dict[str, Any], kwargs: dict[str, Any]) -> str:
+        shown = {k: kwargs.get(k) for k in keys}
+        return config["type"] + (f" with {shown}" if shown else "")
+
+    return f"a {model(stored, then)}, not for this {model(current, now)}"
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     kind: str,
@@ -122,16 +205,20 @@ def save_checkpoint(
         kind: what the file is for; readers ask :func:`load_checkpoint` for it.
         model: a model whose weights (and ``config``, if it has one) the file keeps.
         extra: other entries: tensors and plain containers (dict, list, tuple, str, int, float,
-            bool, None) only, so that the file is read back without unpickling objects.
+            bool, None) only, so that the file is read back without unpickling objects. The types
+            must be exactly these: a subclass (``np.float64``, what ``np.mean`` returns, an
+            ``IntEnum``, a ``str`` subclass) is refused, naming its key, not converted, so that
+            ``load_checkpoint`` gives back exactly what was saved.
 
     Raises:
         TypeError, ValueError: ``path`` is not a file path, ``kind`` not a non-empty string,
-            ``extra`` holds another type (the error names its key), or ``model.config`` is
+            ``extra`` holds another type or a subclass of a plain one (the error names its key,
+            e.g. ``extra['c']``, and the conversion), or ``model.config`` is
             malformed (a :class:`CheckpointError`).
         CheckpointWriteError: the write failed; the previous file is intact.
     """
     path = check_file_path(path)
-    if not isinstance(kind, str) or not kind:
+    if type(kind) is not str or not kind:
         raise TypeError(f"'kind' should be a non-empty string, got {kind!r}")
     extra = {} if extra is None else extra
     if not isinstance(extra, Mapping):
@@ -139,26 +226,50 @@ def save_checkpoint(
     extra = dict(extra)
     _check_plain(extra, "extra")
     entry = None if model is None else model_entry(model)
+    if entry is not None:
+        _check_plain(entry["config"], "model.config")
+        _check_plain(entry["state_dict"], "model.state_dict()")
     write_file({"kind": kind, "model": entry, "extra": extra}, path)
 
 
 def _check_plain(value: Any, where: str) -> None:
-    if isinstance(value, _LEAVES):
+    """Refuse a value (by where it is, e.g. ``extra['c']``) that :func:`load_checkpoint` could not
+    read back: only the exact types of :data:`_LEAVES` and :data:`_CONTAINERS`, not subclasses."""
+    kind = type(value)
+    if kind in _LEAVES:
         return
-    if isinstance(value, dict):
+    if kind in (dict, OrderedDict):
         for k, v in value.items():
-            if not isinstance(k, str | int):
-                raise TypeError(f"{where} should have str or int keys, got {k!r}")
+            if type(k) not in (str, int, bool):
+                raise TypeError(
+                    f"{where} should have str or int keys, got {k!r} ({_type_name(k)})"
+                )
             _check_plain(v, f"{where}[{k!r}]")
         return
-    if isinstance(value, list | tuple):
+    if kind in (list, tuple):
         for i, v in enumerate(value):
             _check_plain(v, f"{where}[{i}]")
         return
+    plain = next((t for t in (*_LEAVES, *_CONTAINERS) if isinstance(value, t)), None)
+    if plain is None:
+        raise TypeError(
+            f"{where} should hold tensors and plain containers only (dict, list, tuple, str, "
+            f"int, float, bool, None), got {type(value).__name__}"
+        )
+    convert = ("value.as_subclass(torch.Tensor)" if plain in (torch.Tensor, nn.Parameter)
+               else f"{plain.__name__}(value)")
     raise TypeError(
-        f"{where} should hold tensors and plain containers only (dict, list, tuple, str, int, "
-        f"float, bool, None), got {type(value).__name__}"
+        f"{where} is a {_type_name(value)}, a subclass of {plain.__name__} that "
+        f"load_checkpoint cannot read back (only the plain types are read without unpickling "
+        f"objects): store {convert} instead"
     )
+
+
+def _type_name(value: Any) -> str:
+    """``float64`` -> ``numpy.float64``; builtins by their bare name."""
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
 def load_checkpoint(
@@ -175,10 +286,11 @@ def load_checkpoint(
     Raises:
         CheckpointError: a missing, damaged (checksum, length), foreign or malformed file, or one
             of another kind. The message names the file.
-        ValueError, TypeError: ``map_location`` is not a usable device.
+        ValueError, TypeError: ``path`` is not a file path (None, a number, empty), or
+            ``map_location`` is not a usable device (``"meta"`` included: it holds no values).
         OSError: the file cannot be read (permission denied, ...).
     """
-    path = Path(path)
+    path = path_argument(path)
     version, obj = read_file(path, map_location=map_location)
     if version == 1:
         obj = dict(obj)
@@ -325,8 +437,10 @@ def load_model(
             constructor refuses, weights that are not tensors, do not fit or are not finite, or
             structural buffers (MADE masks and orderings, permutations) that the model's
             construction does not allow.
-        ValueError, TypeError: ``map_location`` is not a usable device.
+        ValueError, TypeError: ``path`` is not a file path, ``map_location`` is not a usable
+            device, or ``allow_nonfinite`` is not True or False.
     """
+    check_bool("allow_nonfinite", allow_nonfinite)
     ckpt = load_checkpoint(path, map_location=map_location)
     if ckpt.model is None:
         raise CheckpointError(f"'{path}' holds no model (its kind is {ckpt.kind!r})")
@@ -371,7 +485,7 @@ def load_model(
     dtype = _saved_dtype(ckpt.model["state_dict"])
     if dtype is not None:
         model = model.to(dtype)
-    ckpt.restore(model, allow_nonfinite=allow_nonfinite)
+    ckpt._restore_weights(model, allow_nonfinite)  # built from the file's own config
     if isinstance(map_location, str | torch.device):
         model = model.to(map_location)
     return model.eval()
