@@ -32,8 +32,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, run_lock
-from ..checkpoint.models import model_entry
-from ..checkpoint.registry import upgraded_config
+from ..checkpoint.models import check_same_config, model_entry
 from ..validation import ArgumentError, Mention
 from .data import derive_seed
 from .distributed import Dist, resolve_device, setup
@@ -161,14 +160,8 @@ def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: 
             f"'{path}' is a flowkit training checkpoint without the entries {missing} (written "
             "by another program, or edited): it cannot be resumed"
         )
-    stored, current = ckpt.model.get("config"), model_entry(model)["config"]
-    if stored is not None and current is not None:
-        stored = upgraded_config(stored, f"'{path}'")
-        if stored != current:
-            raise CheckpointError(
-                f"'{path}' was written for {_config_difference(stored, current)}: resume with "
-                "the model it was written for"
-            )
+    check_same_config(path, ckpt.model.get("config"), model,
+                      "resume with the model it was written for")
     if extra["history"]["objective"] != objective:
         raise CheckpointError(
             f"'{path}' was written by a run minimising {extra['history']['objective']!r}, "
@@ -180,19 +173,6 @@ def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: 
             f"number (this run has {dist.world_size})"
         )
     ckpt.restore(model)
-
-
-def _config_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
-    """How two model configs differ, for a message: only the arguments that differ, e.g.
-    ``a MAF with {'seed': 0}, not for this MAF with {'seed': 5}``."""
-    then, now = stored["kwargs"], current["kwargs"]
-    keys = [k for k in {**then, **now} if then.get(k) != now.get(k)]
-
-    def model(config: dict[str, Any], kwargs: dict[str, Any]) -> str:
-        shown = {k: kwargs.get(k) for k in keys}
-        return config["type"] + (f" with {shown}" if shown else "")
-
-    return f"a {model(stored, then)}, not for this {model(current, now)}"
 
 
 def _choose_seed(
