@@ -186,14 +186,21 @@ FEW_VALUES = 0.05
 at least two) raises a :class:`DataWarning` (see :func:`warn_if_degenerate`)."""
 
 
+POINT_MASS = 0.2
+"""A floating training column in which one value holds at least this share of the rows (and
+at least 10 rows), among more distinct values than :data:`FEW_VALUES` flags, raises a
+:class:`DataWarning`: a point mass inside a continuous column (zero-inflated data)."""
+
+
 def warn_if_degenerate(
     name: str, x: Tensor, stacklevel: int = 6, skip: Sequence[int] = ()
 ) -> None:
     """Warn if a floating column of ``x`` ``(N, D)`` (other than those in ``skip``) holds one
-    value, or at most ``FEW_VALUES * N`` distinct values. A density over such a column
-    concentrates on those values (a point mass for a constant column), which a flow approaches
-    by contracting the column at every layer: the training NLL falls without bound and the
-    log-density of a value between or outside them means nothing. ``stacklevel`` as
+    value, at most ``FEW_VALUES * N`` distinct values, or one value in at least
+    ``POINT_MASS * N`` rows. A density over such a column concentrates on those values (a point
+    mass for a constant column), which a flow approaches by contracting the column at every
+    layer: the training NLL falls without bound and the log-density of a value between or
+    outside them means nothing. ``stacklevel`` as
     :func:`warnings.warn` counts it from the helper this calls (2: this function's caller; the
     default 6, fit's caller)."""
     if not x.is_floating_point() or x.dim() != 2:
@@ -225,6 +232,23 @@ def warn_if_degenerate(
             "concentrates on such values as it trains, so its log-density there grows and "
             "means little; add uniform noise of one quantization step to the column "
             "(dequantization), or model it with a discrete distribution", stacklevel=stacklevel
+        )
+    rows = torch.arange(x.shape[0], device=x.device)[:, None]
+    run_start = torch.where(
+        torch.cat([torch.ones_like(ordered[:1], dtype=torch.bool), ordered[1:] != ordered[:-1]]),
+        rows, 0).cummax(dim=0).values  # where the run of equal values holding each row starts
+    longest, end = (rows - run_start + 1).max(dim=0)
+    longest[list(skip)] = 0
+    massed = (distinct > FEW_VALUES * x.shape[0]) & (longest >= max(10, POINT_MASS * x.shape[0]))
+    if massed := massed.nonzero().flatten().tolist():
+        j = massed[0]
+        _data_warning(
+            f"'{name}', column {j}, holds the value {ordered[end[j], j].item():.6g} in "
+            f"{int(longest[j])} of its {x.shape[0]} rows ({len(massed)} column(s) like it: "
+            f"{massed[:10]}): a point mass inside a continuous column, which a flow approaches "
+            "by contracting the column there, so the training NLL falls without bound; model "
+            "that value apart (e.g. a mixture of the point mass and a density of the other "
+            "rows) or add noise of the measurement's resolution", stacklevel=stacklevel
         )
 
 

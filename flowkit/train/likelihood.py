@@ -92,8 +92,9 @@ def fit(
             Complex values are refused. Array data that the cast rounds to fewer than 1000 steps
             per standard deviation in some column raise a
             :class:`~flowkit.train.PrecisionWarning`; for a :class:`~flowkit.Flow`, a single
-            row, a constant column, or one with at most 5% as many distinct values as rows
-            (counts, pixels, coarse rounding), raises a :class:`~flowkit.train.DataWarning`.
+            row, a constant column, one with at most 5% as many distinct values as rows
+            (counts, pixels, coarse rounding), or one in which a single value holds 20% of the
+            rows (a point mass), raises a :class:`~flowkit.train.DataWarning`.
 
             Before the first step, the model's :class:`~flowkit.transforms.Standardize`
             modules (the builders' default ``standardize=True``) that are not set, or set only
