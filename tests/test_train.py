@@ -631,6 +631,12 @@ def test_progress_bar_shows_step_loss_valid_and_rate(capsys):
     final = err.replace("\r", "\n").strip().splitlines()[-1]
     assert final.startswith("nll: 100%") and "20/20" in final
     assert "step/s" in final and "loss=" in final and "valid=" in final
+    # valid data: the run returns its best validation's weights, and the bar ends saying which
+    # (the last valid= shown may be another: review 18)
+    h = fit(small_maf(), gaussian(256), valid=gaussian(64), steps=20, batch_size=64, seed=0,
+            device="cpu")
+    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert (f"returned=best valid {h.best_valid_loss:.4f} (step {h.best_step})" in final)
     fit(small_maf(), gaussian(256), steps=5, batch_size=64, **QUIET)
     assert capsys.readouterr().err == ""
 

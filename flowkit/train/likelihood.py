@@ -225,9 +225,10 @@ def _warn_if_never_improved(history: History) -> None:
         f"the first validation (step {history.best_step}) had the lowest validation loss of "
         f"the {len(losses)}, and it grew from {first:.4g} to {last:.4g}: the weights returned "
         f"are those of step {history.best_step} (restore_best), and the training after it only "
-        "fitted the training data. With few validation rows, validate on more; otherwise lower "
-        "the learning rate, or check that the training and validation data come from the same "
-        "distribution", UserWarning, stacklevel=3,
+        "fitted the training data. That is expected when the model starts close to the data's "
+        "density (a bounded flow on near-uniform data); otherwise, with few validation rows, "
+        "validate on more, or lower the learning rate, or check that the training and "
+        "validation data come from the same distribution", UserWarning, stacklevel=3,
     )
 
 

@@ -112,6 +112,13 @@ class _Bar:
         if history.stopped_early:
             self.postfix["stopped early; best step"] = str(history.best_step)
 
+    def restored(self, history: History) -> None:
+        """The run's last word when it ends with the best validation's weights: that loss and
+        its step (the last ``valid`` shown may be another)."""
+        self.postfix.pop("stopped early; best step", None)
+        self.postfix["returned"] = (
+            f"best valid {history.best_valid_loss:.4f} (step {history.best_step})")
+
     def show(self, refresh: bool = False) -> None:
         self.tqdm.set_postfix(self.postfix, refresh=refresh)
 
@@ -280,6 +287,8 @@ class Trainer:
                 self._train_step(runner, args)
                 self._between_steps()
             self._record()
+            if self.best.state is not None and self.history.best_step is not None:
+                self.bar.restored(self.history)
             self.bar.show(refresh=True)
         self._finish()
         return self.history
