@@ -412,6 +412,27 @@ def test_fit_names_the_step_of_a_later_loader_batch_the_model_refuses():
         _fit_quietly(flowkit.CategoricalMADE(3, 3, (8,)), classes, steps=2)
 
 
+def test_an_error_of_the_models_own_code_is_not_blamed_on_the_data():
+    """Review 20: any ValueError or TypeError of a step read "the batch of step N from 'data'
+    was refused by the model", a bug in the model's code included; only errors naming the
+    model's arguments blame the batch."""
+
+    class Buggy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.loc = torch.nn.Parameter(torch.zeros(2))
+            self.calls = 0
+
+        def log_prob(self, x):
+            self.calls += 1
+            if self.calls == 3:
+                return x.sum(-1) + None  # a bug: TypeError
+            return -(x - self.loc).square().sum(-1)
+
+    with pytest.raises(TypeError, match=r"^unsupported operand type\(s\) for \+"):
+        _fit_quietly(Buggy(), torch.randn(64, 2), steps=5, batch_size=16)
+
+
 @pytest.mark.parametrize("where", ["data", "valid"])
 def test_fit_says_what_a_loader_should_yield(where):
     """Review 19: a loader of dicts read "'data' should be a torch.Tensor or numpy array, got

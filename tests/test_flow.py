@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flowkit
-from flowkit import IAF, MADE, MAF
+from flowkit import IAF, MADE, MAF, Flow
 from flowkit.nn.inversion import _solve_with_params
 from flowkit.transforms import Compose, Permutation, autoregressive
 from flowkit.transforms.standardize import set_from_data
@@ -552,3 +552,26 @@ def test_a_flow_computes_in_its_own_dtype_under_autocast(builder, transformer):
         torch.testing.assert_close(g, e)
     torch.testing.assert_close(got[2], expected[2])
     torch.testing.assert_close(got[3], expected[3])
+
+
+def test_a_users_base_is_scored_by_its_log_prob():
+    """The flow skips the check of its own z only for flowkit's Gaussian bases; a user's base
+    with a helper of its own named _log_prob (here the unnormalized part) is scored by its
+    log_prob (review 20: a density off by log 2 pi, without an error)."""
+
+    class Base(torch.nn.Module):
+        features = 2
+
+        def _log_prob(self, z):
+            return -0.5 * z.square().sum(-1)
+
+        def log_prob(self, z):
+            return self._log_prob(z) - math.log(2 * math.pi)
+
+        def rsample(self, n):
+            return torch.randn(n, 2)
+
+    transform = flowkit.MAF(2, hidden_features=(8,), layers=1, standardize=False).transform
+    x = torch.randn(5, 2)
+    mine, flowkits = Flow(transform, Base()), Flow(transform, flowkit.StandardNormal(2))
+    torch.testing.assert_close(mine.log_prob(x), flowkits.log_prob(x))

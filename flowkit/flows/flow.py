@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from flowkit.distributions.normal import DiagonalGaussian
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Transform
@@ -218,11 +219,13 @@ class Flow(nn.Module):
         return h[..., :inner], h[..., inner:]
 
     def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
-        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``. flowkit's
-        unconditional bases have an unchecked ``_log_prob``: ``z`` is the flow's own."""
+        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``. For
+        flowkit's Gaussian bases, their unchecked ``_log_prob``: ``z`` is the flow's own."""
         if self.conditional_base:
             return self.base.log_prob(z, h)
-        return getattr(self.base, "_log_prob", self.base.log_prob)(z)
+        if isinstance(self.base, DiagonalGaussian):
+            return self.base._log_prob(z)
+        return self.base.log_prob(z)
 
     def _base_rsample(self, rows: int, h: Tensor | None) -> Tensor:
         """``rows`` reparameterized base draws ``(rows, D)`` given the base's context ``h``

@@ -122,7 +122,12 @@ class NegLogLikelihood:
         sampling function of the wrong width, or holding values outside the model's domain:
         only the first batch is checked before training): ``error`` naming ``'data'`` and the
         step, as a ``ValueError`` (:class:`~flowkit.validation.ArgumentError`) or
-        ``TypeError``; None for other errors."""
+        ``TypeError``. Only errors by which the model refuses its arguments, which flowkit's
+        models begin with their names (``'x' should ...``, ``'context' ...``), blame the batch;
+        None for any other error (a bug in a model's code, NaN weights after a divergence),
+        which is raised as it is."""
+        if not str(error).startswith(("'x'", "'context'")):
+            return None
         if isinstance(error, ValueError):
             return ArgumentError("data", f"the batch of step {step} from ", Mention("data"),
                                  f" was refused by the model: {error}")
