@@ -711,6 +711,27 @@ def test_a_file_saved_before_lu_linear_existed_loads_without_it(tmp_path):
     assert torch.equal(loaded.log_prob(x), old.eval().log_prob(x))
 
 
+@pytest.mark.parametrize("build", [flowkit.MAF, flowkit.IAF])
+def test_a_file_of_the_first_config_version_restores_into_the_model_it_rebuilds(build, tmp_path):
+    """A version-1 config (no 'version', none of the arguments added since: lu_linear, bounds,
+    base_context) restores into the model built from its upgraded arguments, as load_model
+    builds it (review 20: base_context was missing from the added arguments, so restore
+    refused every such file)."""
+    from flowkit.checkpoint import load_checkpoint
+    from flowkit.checkpoint.registry import upgraded_config
+
+    old = build(2, layers=2, hidden_features=(8,), standardize=False)
+    kwargs = {k: v for k, v in old.config["kwargs"].items()
+              if k not in ("lu_linear", "bounds", "base_context")}
+    old.config = {"type": old.config["type"], "kwargs": kwargs}
+    save_model(old, tmp_path / "m.pt")
+    ckpt = load_checkpoint(tmp_path / "m.pt")
+    rebuilt = build(**upgraded_config(ckpt.model["config"], "m.pt")["kwargs"])
+    ckpt.restore(rebuilt)
+    x = torch.randn(5, 2)
+    assert torch.equal(rebuilt.eval().log_prob(x), old.eval().log_prob(x))
+
+
 def test_a_new_spline_flow_records_its_version_and_has_linear_tails(tmp_path):
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,), transformer="spline")
     assert flow.config["version"] == 3

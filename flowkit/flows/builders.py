@@ -246,7 +246,8 @@ _REGISTRATION: dict[str, Any] = {
         "standardize": _stored_standardize,
     },
     # files saved before these arguments existed rebuild what they built then
-    "added": {"standardize": False, "lu_linear": False, "bounds": None},
+    "added": {"standardize": False, "lu_linear": False, "bounds": None,
+              "base_context": "embedded"},
     "version": 3,
 }
 """How :func:`MAF` and :func:`IAF` are registered for save/load (with :func:`_upgrade`)."""
