@@ -254,3 +254,17 @@ def test_bad_input():
 def test_repr():
     d = FlowDistribution(_flow("maf"), torch.randn(2, 5, C, dtype=torch.float64))
     assert repr(d) == "FlowDistribution(features=3, context_features=4, batch_shape=(2, 5))"
+
+
+def test_shapes_take_what_torch_takes():
+    """numpy integers, integer tensors and 1-D arrays are sizes, as for torch's distributions
+    (review 20: they were refused); bools, negatives, floats and bare integers are not."""
+    import numpy as np
+
+    d = FlowDistribution(_flow("maf", 0))
+    for shape in ((np.int64(3),), (torch.tensor(3),), np.array([3]), torch.Size([3]), [3]):
+        assert d.sample(shape).shape == (3, D)
+    assert d.expand((np.int64(2),)).batch_shape == (2,)
+    for bad in ((True,), (-1,), (2.5,), 3, torch.tensor(3)):
+        with pytest.raises(ValueError, match="'sample_shape' should be a tuple of non-negative"):
+            d.sample(bad)

@@ -46,6 +46,8 @@ sample count: they raise a ``NotImplementedError`` that names the estimators. ``
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -61,16 +63,27 @@ _Shape = torch.Size | tuple[int, ...] | list[int]
 
 
 def _shape(name: str, value: object) -> torch.Size:
-    """``value`` as a ``torch.Size``: a sequence of non-negative integers (torch's convention:
-    ``(3,)``, not ``3``)."""
-    if isinstance(value, (tuple, list)) and all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value
-    ):
-        return torch.Size(value)
+    """``value`` as a ``torch.Size``: a sequence of non-negative integers, as torch takes them
+    (``(3,)``, not ``3``; numpy integers, integer tensors and 1-D arrays too)."""
+    sizes = None
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        try:
+            sizes = [_size(n) for n in value]
+        except TypeError:
+            sizes = None
+    if sizes is not None and all(n >= 0 for n in sizes):
+        return torch.Size(sizes)
     hint = f" such as ({value},)" if isinstance(value, int) and not isinstance(value, bool) else ""
     raise ValueError(
         f"'{name}' should be a tuple of non-negative integers{hint}, got {value!r}"
     )
+
+
+def _size(n: object) -> int:
+    """One size of a shape: an integer that is not a bool (``operator.index``)."""
+    if isinstance(n, bool) or (isinstance(n, Tensor) and n.dtype == torch.bool):
+        raise TypeError(n)
+    return operator.index(n)
 
 KL_SAMPLES = 1000
 """Samples of the Monte-Carlo KL estimate that :func:`torch.distributions.kl_divergence`
