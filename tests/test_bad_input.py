@@ -29,6 +29,8 @@ CASES: dict[str, Case] = {
         lambda: flowkit.MADE(3, (8,), activation=torch.nn.ReLU()), ValueError, "'activation'"),
     "MADE activation name": (
         lambda: flowkit.MADE(3, (8,), activation="relu7"), ValueError, "'activation'"),
+    "MADE activation function": (
+        lambda: flowkit.MADE(3, (8,), activation=torch.tanh), ValueError, "'activation'"),
     "MADE features 0": (lambda: flowkit.MADE(0), ValueError, "'features'"),
     "MADE features 2.5": (lambda: flowkit.MADE(2.5), ValueError, "'features'"),
     "MADE hidden 8.5": (lambda: flowkit.MADE(3, (8.5,)), ValueError, r"'hidden_features\[0\]'"),

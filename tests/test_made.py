@@ -375,3 +375,16 @@ def test_made_products_are_in_its_dtype_under_autocast(product):
         got = made(x, c)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected)
+
+
+def test_activation_by_name_class_or_factory():
+    """A torch.nn activation by name, its class, or a factory of no arguments (a partial: the
+    MADE stores no config, so any elementwise module will do); the autoregressive property
+    holds with each."""
+    import functools
+
+    for activation, kind in (("elu", torch.nn.ELU), (torch.nn.Tanh, torch.nn.Tanh),
+                             (functools.partial(torch.nn.LeakyReLU, 0.2), torch.nn.LeakyReLU)):
+        made = MADE(4, (16,), activation=activation)
+        assert type(made.activation) is kind
+        check_autoregressive(made)

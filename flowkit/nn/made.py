@@ -10,7 +10,7 @@ bijection on top.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import pairwise
 
@@ -61,8 +61,9 @@ class MADE(nn.Module):
             ``hidden_degrees == "random"``. Switch with :meth:`set_mask` / :meth:`next_mask`.
         seed: seed of every random choice above (independent of the global RNG).
         activation: hidden nonlinearity: a :mod:`torch.nn` activation by name (``"relu"``,
-            ``"elu"``, ...; :func:`flowkit.nn.activation.activation_class`) or an elementwise
-            ``nn.Module`` class (built with no arguments), default :class:`torch.nn.ReLU`.
+            ``"elu"``, ...; :func:`flowkit.nn.activation.activation_class`) or what builds an
+            elementwise ``nn.Module`` with no arguments (a class, a ``functools.partial``),
+            default :class:`torch.nn.ReLU`.
         direct_connection: add a masked linear map from inputs (and context) to outputs.
         residual: use residual masked blocks ``h <- h + W act(h)`` after the first hidden
             layer (all hidden layers must then have the same size; they share degrees).
@@ -84,17 +85,18 @@ class MADE(nn.Module):
         hidden_degrees: HiddenDegrees = "random",
         num_masks: int = 1,
         seed: int = 0,
-        activation: str | type[nn.Module] = nn.ReLU,
+        activation: str | Callable[[], nn.Module] = nn.ReLU,
         direct_connection: bool = False,
         residual: bool = False,
     ):
         super().__init__()
         if isinstance(activation, str):
             activation = activation_class(activation)
-        elif not (isinstance(activation, type) and issubclass(activation, nn.Module)):
+        elif isinstance(activation, nn.Module) or not callable(activation):
             raise ValueError(
                 "'activation' should be the name of a torch.nn activation ('relu', 'elu', ...) "
-                f"or an nn.Module class such as nn.ELU (not an instance), got {activation!r}"
+                "or what builds one with no arguments (nn.ELU, functools.partial(nn.LeakyReLU, "
+                f"0.2)), not a module already built, got {activation!r}"
             )
         features = check_int("features", features, 1)
         if isinstance(hidden_features, str) or not isinstance(hidden_features, Sequence):
@@ -134,7 +136,15 @@ class MADE(nn.Module):
         self.context_features = context_features
         self.num_masks = num_masks
         self.residual = residual
-        self.activation = activation()
+        try:
+            self.activation = activation()
+        except TypeError:  # e.g. torch.tanh, which needs its input
+            self.activation = None
+        if not isinstance(self.activation, nn.Module):
+            raise ValueError(
+                f"'activation' should build an nn.Module when called with no arguments, got "
+                f"{activation!r}"
+            )
 
         widths = (features * inputs_per_feature + context_features, *hidden_features)
         self.hidden = nn.ModuleList(MaskedLinear(a, b) for a, b in pairwise(widths))
