@@ -850,3 +850,20 @@ def test_a_compiled_model_is_saved_as_the_model_it_wraps(trained_flow, tmp_path)
             p.zero_()
     load_checkpoint(tmp_path / "m.pt").restore(fresh)
     assert torch.equal(fresh.eval().log_prob(x, c), expected)
+
+
+def test_a_float64_model_is_rebuilt_in_float64(tmp_path):
+    """A box narrower than float32 resolves (built under a float64 default dtype) loads under
+    the float32 default: load_model builds a float64 file's model in float64 (review 20: its
+    Logit refused the bounds, checked in float32)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        flow = flowkit.MAF(1, layers=1, hidden_features=(4,), bounds=([1.0], [1.0 + 1e-9]))
+    finally:
+        torch.set_default_dtype(previous)
+    save_model(flow, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    assert torch.get_default_dtype() == previous
+    x = torch.tensor([[1.0 + 5e-10]], dtype=torch.float64)
+    assert torch.equal(loaded.log_prob(x), flow.eval().log_prob(x))

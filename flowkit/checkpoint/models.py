@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -475,20 +476,35 @@ def load_model(
                 "and give other densities; pass an instance of the saved class"
             )
         kwargs["embedding"] = embedding
+    dtype = _saved_dtype(ckpt.model["state_dict"])
     try:
-        model = build(**kwargs)
+        with _built_in(dtype):
+            model = build(**kwargs)
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(
             f"'{path}': a {config['type']} cannot be built from the stored config "
             f"{config['kwargs']}: {first_line(e)}"
         ) from e
-    dtype = _saved_dtype(ckpt.model["state_dict"])
     if dtype is not None:
         model = model.to(dtype)
     ckpt._restore_weights(model, allow_nonfinite)  # built from the file's own config
     if isinstance(map_location, str | torch.device):
         model = model.to(map_location)
     return model.eval()
+
+
+@contextmanager
+def _built_in(dtype: torch.dtype | None) -> Iterator[None]:
+    """Within the block, float64 is torch's default dtype if ``dtype`` is: a float64 model is
+    rebuilt in float64, so that values its constructor checks in the default dtype (a
+    :class:`~flowkit.transforms.Logit`'s bounds) are checked as they were when it was built."""
+    previous = torch.get_default_dtype()
+    if dtype == torch.float64:
+        torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def _saved_dtype(state_dict: dict[str, Any]) -> torch.dtype | None:
