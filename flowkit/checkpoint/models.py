@@ -111,7 +111,8 @@ class Checkpoint:
             raise CheckpointError(f"'{self.path}' holds no model weights")
         check_same_config(
             self.path, self.model.get("config"), model,
-            "restore it into the model it was written for (flowkit.load_model(path) rebuilds it)",
+            "restore it into the model it was written for (flowkit.load_model(path) rebuilds "
+            "it; pass embedding= for a custom embedding)",
         )
         self._restore_weights(model, allow_nonfinite)
 
@@ -154,9 +155,12 @@ def check_same_config(
     path: str | os.PathLike, stored: dict[str, Any] | None, model: nn.Module, remedy: str
 ) -> None:
     """Refuse to put the weights of a file written for one model into a model of another
-    configuration (another class, activation, ``log_scale_bound``, seed, ...): with the same
-    shapes they would load, and give other densities. Used by :meth:`Checkpoint.restore` and
-    when :func:`flowkit.train.fit` resumes.
+    configuration (another class, activation, ``log_scale_bound``, ...): with the same shapes
+    they would load, and give other densities. Not compared: ``seed``, which only drew the
+    initial weights, masks and permutations that the file's weights and buffers replace, and
+    the module a custom embedding class was imported from (``__main__.Net`` is ``nets.Net``),
+    as :func:`load_model` reads it. Used by :meth:`Checkpoint.restore` and when
+    :func:`flowkit.train.fit` resumes.
 
     Args:
         path: the file, for the message.
@@ -174,10 +178,19 @@ def check_same_config(
     if stored is None or current is None:
         return
     stored = upgraded_config(stored, f"'{path}'")
-    if stored != current:
+    if _comparable(stored) != _comparable(current):
         raise CheckpointError(
             f"'{path}' was written for {_config_difference(stored, current)}: {remedy}"
         )
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without what :func:`check_same_config` does not compare."""
+    kwargs = {k: v for k, v in config["kwargs"].items() if k != "seed"}
+    embedding = kwargs.get("embedding")
+    if isinstance(embedding, dict) and isinstance(embedding.get("custom"), str):
+        kwargs["embedding"] = {**embedding, "custom": embedding["custom"].rsplit(".", 1)[-1]}
+    return {**config, "kwargs": kwargs}
 
 
 def _config_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
