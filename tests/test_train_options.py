@@ -84,11 +84,12 @@ def test_steps_hint_names_the_runs_that_can_be_extended(tmp_path):
 def test_model_mismatch_names_only_the_arguments_that_differ(tmp_path):
     _interrupted_run(tmp_path, None)
     with pytest.raises(flowkit.CheckpointError) as info:
-        flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,), seed=5), torch.randn(64, 2),
-                    steps=4, batch_size=32, lr_schedule=None, checkpoint_dir=tmp_path,
-                    resume=True, progress=False)
+        flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,), activation="tanh"),
+                    torch.randn(64, 2), steps=4, batch_size=32, lr_schedule=None,
+                    checkpoint_dir=tmp_path, resume=True, progress=False)
     message = str(info.value)
-    assert "was written for a MAF with {'seed': 0}, not for this MAF with {'seed': 5}" in message
+    assert ("was written for a MAF with {'activation': 'ReLU'}, not for this MAF with "
+            "{'activation': 'Tanh'}") in message
     assert "layers" not in message and "hidden_features" not in message
 
 
