@@ -1260,6 +1260,29 @@ def test_fit_warns_about_a_column_of_few_values():
         fit(flow, enough, steps=1, seed=0, **QUIET)
 
 
+
+def _degenerate_warnings(x: torch.Tensor) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flowkit.train.warn_if_degenerate("data", x, stacklevel=2)
+    return [str(w.message) for w in caught]
+
+
+def test_small_discrete_columns_get_the_few_values_warning_not_the_point_mass_one():
+    """Review 20: a binary column in 30 rows, Likert 1-5 in 60 and counts in 100 take more
+    values than 5% of their rows, and were called a point mass inside a continuous column. Up
+    to 10 distinct values (and at most half the rows) is the few-values warning; a small
+    continuous column, all of whose values differ, gets none."""
+    generator = torch.Generator().manual_seed(0)
+    binary = torch.randint(0, 2, (30, 1), generator=generator).double()
+    likert = torch.randint(1, 6, (60, 1), generator=generator).double()
+    counts = torch.poisson(torch.ones(100, 1), generator=generator).double()
+    for x in binary, likert, counts:
+        messages = _degenerate_warnings(x)
+        assert len(messages) == 1 and "distinct values in" in messages[0], messages
+    for n in 6, 12, 30:  # continuous: n distinct values in n rows
+        assert _degenerate_warnings(torch.randn(n, 2, generator=generator)) == []
+
 def test_fit_warns_about_a_point_mass_inside_a_continuous_column():
     """Zero-inflated data (review 18: half the rows exactly 0, the rest continuous) passed the
     checks of constant and few-valued columns, and the NLL fell without bound. One value in 20%
