@@ -1073,6 +1073,30 @@ def test_a_nan_validation_loss_ends_the_run_with_the_best_weights():
     assert not flow.training
 
 
+
+def test_a_nan_validation_loss_advises_resuming_without_a_lower_lr(tmp_path):
+    """Review 20: after a non-finite validation loss the message said to resume from the kept
+    checkpoint "with a lower 'lr'", which does not mend a validation that returns NaN; a
+    non-finite training loss still advises it."""
+    values = iter([3.0, 2.0, 2.5, math.nan])
+    options = dict(steps=12, batch_size=64, valid_every=2, checkpoint_every=3, seed=0, **QUIET)
+    with pytest.raises(NonFiniteLossError) as info:
+        fit(small_maf(), gaussian(256), valid=lambda m: next(values),
+            checkpoint_dir=tmp_path / "valid", **options)
+    message = str(info.value)
+    assert "'valid' returned nan at step 8" in message
+    assert re.search(r"\(step 6\), was kept: continue from it with resume=True\.", message)
+    assert "lower" not in message
+
+    def diverge(progress):
+        if progress.step == 7:
+            next(progress.model.parameters()).data.fill_(math.nan)
+
+    with pytest.raises(NonFiniteLossError, match=r"was kept: continue from it with resume=True "
+                       r"and a lower 'lr'"):
+        fit(small_maf(), gaussian(256), checkpoint_dir=tmp_path / "train",
+            callbacks=flowkit.train.Callbacks(after_step=diverge), **options)
+
 def test_valid_as_a_function_is_called_in_eval_mode_without_gradients():
     seen = []
 
