@@ -93,13 +93,21 @@ def test_model_mismatch_names_only_the_arguments_that_differ(tmp_path):
 
 
 def test_a_schedule_callable_that_returns_no_scheduler_is_refused() -> None:
-    """Review 19: a schedule function that forgot its ``return`` trained at a constant rate."""
+    """Review 19: a schedule function that forgot its ``return`` trained at a constant rate.
+    Review 20: a ReduceLROnPlateau passed the check and failed at step 1."""
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
     before = {k: v.clone() for k, v in flow.state_dict().items()}
     with pytest.raises(TypeError, match=r"^'lr_schedule' returned NoneType, expected a torch "
                        "LRScheduler"):
         flowkit.fit(flow, torch.randn(64, 2), steps=2, batch_size=32,
                     lr_schedule=lambda opt, steps: None, progress=False, device="cpu")
+    assert all(torch.equal(v, flow.state_dict()[k]) for k, v in before.items())
+    plateau = lambda opt, steps: torch.optim.lr_scheduler.ReduceLROnPlateau(opt)  # noqa: E731
+    with pytest.raises(TypeError, match=r"^'lr_schedule' returned ReduceLROnPlateau, which steps "
+                       r"on a validation metric .* but fit steps the schedule once per optimizer "
+                       r"step without one"):  # review 20: it failed at step 1 (step() needs it)
+        flowkit.fit(flow, torch.randn(64, 2), steps=2, batch_size=32, lr_schedule=plateau,
+                    progress=False, device="cpu")
     assert all(torch.equal(v, flow.state_dict()[k]) for k, v in before.items())
     schedule = lambda opt, steps: torch.optim.lr_scheduler.LinearLR(opt, total_iters=steps)  # noqa: E731
     h = flowkit.fit(flow, torch.randn(64, 2), steps=2, batch_size=32, lr_schedule=schedule,
