@@ -346,7 +346,7 @@ def test_a_truncated_or_corrupted_npz_names_the_file(tmp_path):
         load_split_file(corrupted, "train")
 
 
-def test_a_bit_flip_anywhere_in_an_npz_is_read_or_named(tmp_path):
+def test_load_split_file_reads_or_names_an_npz_with_a_bit_flipped_anywhere(tmp_path):
     """One bit flipped in each byte of a small .npz (bit i mod 8 of byte i): each file is read
     or refused with a ValueError naming it (a damaged "compression method" field gave zipfile's
     NotImplementedError before)."""
