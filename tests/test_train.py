@@ -637,6 +637,14 @@ def test_progress_bar_shows_step_loss_valid_and_rate(capsys):
             device="cpu")
     final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert (f"returned=best valid {h.best_valid_loss:.4f} (step {h.best_step})" in final)
+    # ... unless the best is the last validation, which valid= shows (review 20)
+    for losses, said in (([3.0, 2.5, 2.75], "valid=2.7500, returned=best valid 2.5000 (step 8)"),
+                         ([3.0, 2.75, 2.5], "valid=2.5000")):
+        values = iter(losses)
+        fit(small_maf(), gaussian(256), valid=lambda m, v=values: next(v), steps=12,
+            batch_size=64, valid_every=4, seed=0, device="cpu")
+        final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+        assert final.rstrip("]").endswith(said), final
     fit(small_maf(), gaussian(256), steps=5, batch_size=64, **QUIET)
     assert capsys.readouterr().err == ""
 

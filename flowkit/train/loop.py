@@ -114,7 +114,9 @@ class _Bar:
 
     def restored(self, history: History) -> None:
         """The run's last word when it ends with the best validation's weights: that loss and
-        its step (the last ``valid`` shown may be another)."""
+        its step, unless it is the last validation (which ``valid`` shows)."""
+        if history.best_step == history.valid_steps[-1]:
+            return
         self.postfix.pop("stopped early; best step", None)
         self.postfix["returned"] = (
             f"best valid {history.best_valid_loss:.4f} (step {history.best_step})")
