@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from numbers import Integral, Real
@@ -307,13 +308,16 @@ def is_int(value: object) -> bool:
 
 def check_int(name: str, value: object, minimum: int) -> int:
     """Check an integer argument (a size, a count, a seed): an ``int`` or numpy integer, not a
-    ``bool``, at least ``minimum``. Returns it as a Python ``int``. Anything else (``2.5``,
-    ``"2"``, ``True``, ``0`` for ``minimum=1``) is a ValueError, as for :func:`check_n`."""
+    ``bool``, at least ``minimum``. Returns it as a Python ``int`` (``operator.index``), which
+    callers should keep: a numpy integer stored in a checkpoint's options is refused there.
+    Anything else (``2.5``, ``"2"``, ``True``, ``0`` for ``minimum=1``) is a ValueError, as for
+    :func:`check_n`."""
     if not is_int(value):
         raise ArgumentError(name, f"should be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
+    number = operator.index(value)
+    if number < minimum:
         raise ArgumentError(name, f"should be >= {minimum}, got {value!r}")
-    return int(value)
+    return number
 
 
 def check_float(
@@ -361,7 +365,7 @@ def check_n(n: object) -> int:
                          f"({type(n).__name__})")
     if n < 1:
         raise ValueError(f"'n' should be a positive number of samples, got {n!r}")
-    return int(n)
+    return operator.index(n)
 
 
 SampleShape = int | Sequence[int] | None

@@ -229,7 +229,8 @@ def test_a_cached_amat_that_changed_is_refused_when_read(monkeypatch, tmp_path):
         cached.write_bytes(changed)
         with pytest.raises(ValueError, match=re.escape(f"{cached}: split 'valid' is not the "
                            "published binarized MNIST") + r" .*the file was damaged or replaced "
-                           r".*; delete it and call binarized_mnist\('valid'\) again"):
+                           r".*; " + re.escape(f"delete {cached} and call binarized_mnist("
+                                               f"'valid', root={str(root)!r}) again")):
             binarized_mnist("valid", root=root, download=False)
     cached.unlink()
     assert np.array_equal(binarized_mnist("valid", root=root).numpy(), images)
@@ -243,8 +244,11 @@ def test_an_npz_split_that_is_not_the_published_one_is_refused(monkeypatch, tmp_
     other = images.copy()
     other[1, 5] ^= 1
     np.savez(root / "binarized_mnist.npz", valid=other)
-    with pytest.raises(ValueError, match=re.escape(f"{root / 'binarized_mnist.npz'}: split "
-                       "'valid' is not the published") + r".*delete its array 'valid'"):
+    npz = root / "binarized_mnist.npz"
+    with pytest.raises(ValueError, match=re.escape(f"{npz}: split 'valid' is not the published")
+                       + r".*" + re.escape(f"delete {npz} (and its other splits, read from .amat "
+                                           "files after that) and call binarized_mnist('valid', "
+                                           f"root={str(root)!r}) again")):
         binarized_mnist("valid", root=root, download=False)
     np.savez(root / "binarized_mnist.npz", valid=images)
     assert np.array_equal(binarized_mnist("valid", root=root, download=False).numpy(), images)
@@ -342,7 +346,7 @@ def test_a_truncated_or_corrupted_npz_names_the_file(tmp_path):
         load_split_file(corrupted, "train")
 
 
-def test_a_bit_flip_anywhere_in_an_npz_is_read_or_named(tmp_path):
+def test_load_split_file_reads_or_names_an_npz_with_a_bit_flipped_anywhere(tmp_path):
     """One bit flipped in each byte of a small .npz (bit i mod 8 of byte i): each file is read
     or refused with a ValueError naming it (a damaged "compression method" field gave zipfile's
     NotImplementedError before)."""

@@ -254,7 +254,7 @@ def test_a_damaged_npz_is_a_one_line_error_naming_the_option(tmp_path, capsys, c
                      f"a numpy .npz file \\(.*{message}.*\\): it is damaged or truncated", err), err
 
 
-def test_a_bit_flip_anywhere_in_an_npz_is_read_or_named(tmp_path):
+def test_fit_command_data_reads_or_names_an_npz_with_a_bit_flipped_anywhere(tmp_path):
     """One bit flipped in each byte of a small .npz (bit i mod 8 of byte i): every file is read
     or refused with a ValueError naming '--data' (never another exception: a damaged header
     gave zipfile's NotImplementedError or RuntimeError too)."""

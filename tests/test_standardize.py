@@ -2,11 +2,12 @@
 (Round trips and log-determinants against autograd are in test_transforms' registry.)"""
 
 import math
+import warnings
 
 import pytest
 import torch
 
-from flowkit import MADE, Flow, StandardNormal
+from flowkit import MADE, MAF, Flow, StandardNormal
 from flowkit.flows.builders import DEFAULT_STANDARDIZATION, make_transformer
 from flowkit.transforms import Compose, MaskedAutoregressive, Permutation, Standardize
 from flowkit.transforms.standardize import set_from_data, unset
@@ -165,6 +166,12 @@ def test_set_from_data_warns_when_one_row_sets_the_scale_to_one():
     with pytest.warns(UserWarning, match="'batches' hold a single row"):
         set_from_data(lazy, [(torch.tensor([[5.0, 7.0]]),)], call=lazy)
     assert lazy.shift.tolist() == [5.0, 7.0] and lazy.scale.tolist() == [1.0, 1.0]
+    flow = MAF(2, layers=1, hidden_features=(8,), context_features=1, standardize=True)
+    assert len(unset(flow)) == 2  # on the data and on the context
+    with warnings.catch_warnings(record=True) as caught:  # review 20: once per Standardize
+        warnings.simplefilter("always")
+        set_from_data(flow, [(torch.tensor([[5.0, 7.0]]), torch.tensor([[1.0]]))])
+    assert [str(w.message)[:33] for w in caught] == ["'batches' hold a single row: it s"]
 
 
 def test_state_is_in_buffers_and_survives_a_state_dict_round_trip():

@@ -637,6 +637,14 @@ def test_progress_bar_shows_step_loss_valid_and_rate(capsys):
             device="cpu")
     final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert (f"returned=best valid {h.best_valid_loss:.4f} (step {h.best_step})" in final)
+    # ... unless the best is the last validation, which valid= shows (review 20)
+    for losses, said in (([3.0, 2.5, 2.75], "valid=2.7500, returned=best valid 2.5000 (step 8)"),
+                         ([3.0, 2.75, 2.5], "valid=2.5000")):
+        values = iter(losses)
+        fit(small_maf(), gaussian(256), valid=lambda m, v=values: next(v), steps=12,
+            batch_size=64, valid_every=4, seed=0, device="cpu")
+        final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+        assert final.rstrip("]").endswith(said), final
     fit(small_maf(), gaussian(256), steps=5, batch_size=64, **QUIET)
     assert capsys.readouterr().err == ""
 
@@ -1073,6 +1081,30 @@ def test_a_nan_validation_loss_ends_the_run_with_the_best_weights():
     assert not flow.training
 
 
+
+def test_a_nan_validation_loss_advises_resuming_without_a_lower_lr(tmp_path):
+    """Review 20: after a non-finite validation loss the message said to resume from the kept
+    checkpoint "with a lower 'lr'", which does not mend a validation that returns NaN; a
+    non-finite training loss still advises it."""
+    values = iter([3.0, 2.0, 2.5, math.nan])
+    options = dict(steps=12, batch_size=64, valid_every=2, checkpoint_every=3, seed=0, **QUIET)
+    with pytest.raises(NonFiniteLossError) as info:
+        fit(small_maf(), gaussian(256), valid=lambda m: next(values),
+            checkpoint_dir=tmp_path / "valid", **options)
+    message = str(info.value)
+    assert "'valid' returned nan at step 8" in message
+    assert re.search(r"\(step 6\), was kept: continue from it with resume=True\.", message)
+    assert "lower" not in message
+
+    def diverge(progress):
+        if progress.step == 7:
+            next(progress.model.parameters()).data.fill_(math.nan)
+
+    with pytest.raises(NonFiniteLossError, match=r"was kept: continue from it with resume=True "
+                       r"and a lower 'lr'"):
+        fit(small_maf(), gaussian(256), checkpoint_dir=tmp_path / "train",
+            callbacks=flowkit.train.Callbacks(after_step=diverge), **options)
+
 def test_valid_as_a_function_is_called_in_eval_mode_without_gradients():
     seen = []
 
@@ -1259,6 +1291,29 @@ def test_fit_warns_about_a_column_of_few_values():
         warnings.simplefilter("error", flowkit.train.DataWarning)
         fit(flow, enough, steps=1, seed=0, **QUIET)
 
+
+
+def _degenerate_warnings(x: torch.Tensor) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flowkit.train.warn_if_degenerate("data", x, stacklevel=2)
+    return [str(w.message) for w in caught]
+
+
+def test_small_discrete_columns_get_the_few_values_warning_not_the_point_mass_one():
+    """Review 20: a binary column in 30 rows, Likert 1-5 in 60 and counts in 100 take more
+    values than 5% of their rows, and were called a point mass inside a continuous column. Up
+    to 10 distinct values (and at most half the rows) is the few-values warning; a small
+    continuous column, all of whose values differ, gets none."""
+    generator = torch.Generator().manual_seed(0)
+    binary = torch.randint(0, 2, (30, 1), generator=generator).double()
+    likert = torch.randint(1, 6, (60, 1), generator=generator).double()
+    counts = torch.poisson(torch.ones(100, 1), generator=generator).double()
+    for x in binary, likert, counts:
+        messages = _degenerate_warnings(x)
+        assert len(messages) == 1 and "distinct values in" in messages[0], messages
+    for n in 6, 12, 30:  # continuous: n distinct values in n rows
+        assert _degenerate_warnings(torch.randn(n, 2, generator=generator)) == []
 
 def test_fit_warns_about_a_point_mass_inside_a_continuous_column():
     """Zero-inflated data (review 18: half the rows exactly 0, the rest continuous) passed the

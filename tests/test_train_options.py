@@ -3,12 +3,13 @@ must share with its checkpoint: the schedule, the model."""
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
 import flowkit
 from flowkit.train.options import make_optimizer
-from flowkit.validation import ArgumentError
+from flowkit.validation import ArgumentError, check_int
 
 
 @pytest.mark.parametrize("name", ["adam", "adamw"])
@@ -94,7 +95,8 @@ def test_model_mismatch_names_only_the_arguments_that_differ(tmp_path):
 
 
 def test_a_schedule_callable_that_returns_no_scheduler_is_refused() -> None:
-    """Review 19: a schedule function that forgot its ``return`` trained at a constant rate."""
+    """Review 19: a schedule function that forgot its ``return`` trained at a constant rate.
+    Review 20: a ReduceLROnPlateau passed the check and failed at step 1."""
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
     before = {k: v.clone() for k, v in flow.state_dict().items()}
     with pytest.raises(TypeError, match=r"^'lr_schedule' returned NoneType, expected a torch "
@@ -102,7 +104,44 @@ def test_a_schedule_callable_that_returns_no_scheduler_is_refused() -> None:
         flowkit.fit(flow, torch.randn(64, 2), steps=2, batch_size=32,
                     lr_schedule=lambda opt, steps: None, progress=False, device="cpu")
     assert all(torch.equal(v, flow.state_dict()[k]) for k, v in before.items())
+    plateau = lambda opt, steps: torch.optim.lr_scheduler.ReduceLROnPlateau(opt)  # noqa: E731
+    with pytest.raises(TypeError, match=r"^'lr_schedule' returned ReduceLROnPlateau, which steps "
+                       r"on a validation metric .* but fit steps the schedule once per optimizer "
+                       r"step without one"):  # review 20: it failed at step 1 (step() needs it)
+        flowkit.fit(flow, torch.randn(64, 2), steps=2, batch_size=32, lr_schedule=plateau,
+                    progress=False, device="cpu")
+    assert all(torch.equal(v, flow.state_dict()[k]) for k, v in before.items())
     schedule = lambda opt, steps: torch.optim.lr_scheduler.LinearLR(opt, total_iters=steps)  # noqa: E731
     h = flowkit.fit(flow, torch.randn(64, 2), steps=2, batch_size=32, lr_schedule=schedule,
                     progress=False, device="cpu")
     assert len(h.train_loss) == 2
+
+
+def test_numpy_scalar_options_checkpoint_and_resume(tmp_path) -> None:
+    """Review 20: batch_size=np.int64(64) trained, then failed at the first checkpoint (the
+    numpy integer was stored in it). Every numeric option comes back from its check as a Python
+    int or float."""
+    x = torch.randn(512, 2, generator=torch.Generator().manual_seed(0))
+    options = dict(
+        batch_size=np.int64(64), valid=np.float64(0.125), valid_every=np.int32(2),
+        early_stopping_patience=np.int64(50), lr=np.float32(1e-3),
+        clip_grad_norm=np.float64(1.0), divergence_threshold=np.float64(10.0),
+        weight_decay=np.float64(0.0), seed=np.uint8(3), checkpoint_every=np.int64(3),
+        log_every=np.int16(2), lr_schedule=None, checkpoint_dir=tmp_path, progress=False,
+        device="cpu",
+    )
+    first = flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x, steps=np.int64(3),
+                        **options)
+    resumed = flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x,
+                          steps=np.int64(6), resume=True, **options)
+    assert resumed.train_loss[:3] == first.train_loss and len(resumed.train_loss) == 6
+    by_epochs = flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x,
+                            epochs=np.int64(1), batch_size=np.int64(64), progress=False,
+                            checkpoint_dir=tmp_path / "epochs", device="cpu")
+    assert len(by_epochs.train_loss) == 8
+
+
+@pytest.mark.parametrize("value", [np.int64(5), np.uint8(5), np.int32(5), 5])
+def test_check_int_returns_a_python_int(value) -> None:
+    checked = check_int("n", value, minimum=1)
+    assert type(checked) is int and checked == 5

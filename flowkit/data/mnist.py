@@ -252,13 +252,14 @@ def binarized_mnist(
         raise ValueError(f"{source}: split {split!r} should have shape {expected}, got {shape}")
     digest = hashlib.sha256(_amat_layout(data.numpy())).hexdigest()
     if digest != _FILES[split].sha256:
-        what = f"its array {split!r}" if source == npz else "it"
+        others = (" (and its other splits, read from .amat files after that)"
+                  if source == npz else "")
+        call = f"binarized_mnist({split!r}{'' if root is None else f', root={str(root)!r}'})"
         raise ValueError(
             f"{source}: split {split!r} is not the published binarized MNIST (SHA-256 "
             f"{digest[:16]}... of its images in the .amat layout, expected "
             f"{_FILES[split].sha256[:16]}...): the file was damaged or replaced since it was "
-            f"saved; delete {what} and call binarized_mnist({split!r}) again to download a "
-            "verified copy"
+            f"saved; delete {source}{others} and call {call} again to download a verified copy"
         )
     return data
 

@@ -19,6 +19,7 @@ position, so that a resumed run sees exactly the batches an uninterrupted run wo
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -182,8 +183,9 @@ class PrecisionWarning(DataWarning):
 
 
 FEW_VALUES = 0.05
-"""A floating training column with at most this share of distinct values among its rows (and
-at least two) raises a :class:`DataWarning` (see :func:`warn_if_degenerate`)."""
+"""A floating training column with at most ``max(FEW_VALUES * N, 10)`` distinct values among
+its ``N`` rows (and at least two, and at most ``N / 2``) raises a :class:`DataWarning` (see
+:func:`warn_if_degenerate`)."""
 
 
 POINT_MASS = 0.2
@@ -192,59 +194,70 @@ at least 10 rows), among more distinct values than :data:`FEW_VALUES` flags, rai
 :class:`DataWarning`: a point mass inside a continuous column (zero-inflated data)."""
 
 
+_SORTED_ELEMENTS = 2**22
+"""How many elements :func:`warn_if_degenerate` sorts at a time (a block of columns), which
+bounds its temporaries (the sort's int64 indices among them) whatever the data's size."""
+
+
 def warn_if_degenerate(
     name: str, x: Tensor, stacklevel: int = 6, skip: Sequence[int] = ()
 ) -> None:
     """Warn if a floating column of ``x`` ``(N, D)`` (other than those in ``skip``) holds one
-    value, at most ``FEW_VALUES * N`` distinct values, or one value in at least
-    ``POINT_MASS * N`` rows. A density over such a column concentrates on those values (a point
-    mass for a constant column), which a flow approaches by contracting the column at every
-    layer: the training NLL falls without bound and the log-density of a value between or
-    outside them means nothing. ``stacklevel`` as
+    value; few distinct values (at least two, at most ``max(FEW_VALUES * N, 10)`` and at most
+    ``N / 2``: a discrete column); or, among more, one value in at least
+    ``T = max(10, ceil(POINT_MASS * N))`` rows. A density over such a column concentrates on those
+    values (a point mass for a constant column), which a flow approaches by contracting the
+    column at every layer: the training NLL falls without bound and the log-density of a value
+    between or outside them means nothing. A column of sorted values ``v`` holds a value in ``T``
+    rows when ``v[i] == v[i + T - 1]`` for some ``i``. ``stacklevel`` as
     :func:`warnings.warn` counts it from the helper this calls (2: this function's caller; the
     default 6, fit's caller)."""
     if not x.is_floating_point() or x.dim() != 2:
         return
-    if x.shape[0] == 1:
+    n = x.shape[0]
+    if n == 1:
         _data_warning(
             f"'{name}' has a single row: a density fitted to one point is a point mass, so the "
             "training NLL falls without bound; fit a density to many rows", stacklevel=stacklevel
         )
         return
-    ordered = x.sort(dim=0).values
-    distinct = 1 + (ordered[1:] != ordered[:-1]).sum(dim=0)
-    distinct[list(skip)] = x.shape[0]
+    run = max(10, math.ceil(POINT_MASS * n))
+    distinct = torch.empty(x.shape[1], dtype=torch.long, device=x.device)
+    has_run = torch.zeros(x.shape[1], dtype=torch.bool, device=x.device)
+    block = max(1, _SORTED_ELEMENTS // n)
+    for start in range(0, x.shape[1], block):
+        ordered = x[:, start : start + block].sort(dim=0).values
+        distinct[start : start + block] = 1 + (ordered[1:] != ordered[:-1]).sum(dim=0)
+        if run <= n:
+            has_run[start : start + block] = (ordered[run - 1 :] == ordered[: n - run + 1]).any(0)
+    distinct[list(skip)] = n
     constant = (distinct == 1).nonzero().flatten().tolist()
     if constant:
         j = constant[0]
         _data_warning(
             f"'{name}', column {j}, holds a single value ({x[0, j].item():.6g}) in all "
-            f"{x.shape[0]} rows ({len(constant)} constant column(s): {constant[:10]}): a density "
+            f"{n} rows ({len(constant)} constant column(s): {constant[:10]}): a density "
             "over it is a point mass, so the training NLL falls without bound while the model "
             "contracts that column; drop constant columns before fitting", stacklevel=stacklevel
         )
-    few = ((distinct > 1) & (distinct <= FEW_VALUES * x.shape[0])).nonzero().flatten().tolist()
-    if few:
+    few_mask = (distinct > 1) & (distinct <= max(FEW_VALUES * n, 10)) & (distinct <= n / 2)
+    if few := few_mask.nonzero().flatten().tolist():
         j = few[0]
         _data_warning(
             f"'{name}', column {j}, takes only {int(distinct[j])} distinct values in "
-            f"{x.shape[0]} rows ({len(few)} column(s) like it: {few[:10]}): a continuous density "
+            f"{n} rows ({len(few)} column(s) like it: {few[:10]}): a continuous density "
             "concentrates on such values as it trains, so its log-density there grows and "
             "means little; add uniform noise of one quantization step to the column "
             "(dequantization), or model it with a discrete distribution", stacklevel=stacklevel
         )
-    rows = torch.arange(x.shape[0], device=x.device)[:, None]
-    run_start = torch.where(
-        torch.cat([torch.ones_like(ordered[:1], dtype=torch.bool), ordered[1:] != ordered[:-1]]),
-        rows, 0).cummax(dim=0).values  # where the run of equal values holding each row starts
-    longest, end = (rows - run_start + 1).max(dim=0)
-    longest[list(skip)] = 0
-    massed = (distinct > FEW_VALUES * x.shape[0]) & (longest >= max(10, POINT_MASS * x.shape[0]))
-    if massed := massed.nonzero().flatten().tolist():
+    has_run[list(skip)] = False
+    if massed := (has_run & (distinct > 1) & ~few_mask).nonzero().flatten().tolist():
         j = massed[0]
+        values, counts = x[:, j].unique(return_counts=True)
+        count, k = counts.max(dim=0)
         _data_warning(
-            f"'{name}', column {j}, holds the value {ordered[end[j], j].item():.6g} in "
-            f"{int(longest[j])} of its {x.shape[0]} rows ({len(massed)} column(s) like it: "
+            f"'{name}', column {j}, holds the value {values[k].item():.6g} in "
+            f"{int(count)} of its {n} rows ({len(massed)} column(s) like it: "
             f"{massed[:10]}): a point mass inside a continuous column, which a flow approaches "
             "by contracting the column there, so the training NLL falls without bound; model "
             "that value apart (e.g. a mixture of the point mass and a density of the other "

@@ -160,12 +160,10 @@ def fit(
             "steps", "pass exactly one of ", Mention("steps"), " and ", Mention("epochs"),
             f", got steps={steps!r} and epochs={epochs!r}",
         )
-    for name, value in (("steps", steps), ("epochs", epochs), ("valid_every", valid_every),
-                        ("early_stopping_patience", early_stopping_patience)):
-        if value is not None:
-            check_int(name, value, minimum=1)
-    if batch_size is not None:
-        check_int("batch_size", batch_size, minimum=1)
+    steps, epochs, valid_every, early_stopping_patience, batch_size = (  # Python ints
+        None if value is None else check_int(name, value, minimum=1) for name, value in (
+            ("steps", steps), ("epochs", epochs), ("valid_every", valid_every),
+            ("early_stopping_patience", early_stopping_patience), ("batch_size", batch_size)))
     if restore_best is not None:
         check_bool("restore_best", restore_best)
     if early_stopping_patience is not None and valid is None:
@@ -188,7 +186,7 @@ def fit(
                     "epochs", Mention("epochs"), " needs data of known length (an array or a "
                     "DataLoader with len()); pass ", Mention("steps"), " instead",
                 )
-            steps = int(epochs) * source.batches_per_epoch
+            steps = epochs * source.batches_per_epoch
             if steps == 0:  # an empty DataLoader: the message of one passed with steps
                 raise ValueError("the DataLoader passed as 'data' yields no batches")
         assert steps is not None
@@ -197,7 +195,7 @@ def fit(
             validate = _make_validation(model, valid, batch_size or DEFAULT_BATCH_SIZE, s, dtype)
             valid_every = valid_every or source.batches_per_epoch or 100
         keep_best = valid is not None if restore_best is None else restore_best
-        plan = Plan(int(steps), valid_every, early_stopping_patience, keep_best)
+        plan = Plan(steps, valid_every, early_stopping_patience, keep_best)
         trainer = Trainer(s, model, Objective(model, NegLogLikelihood()), source, o, plan, validate)
         history = trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
     if keep_best:

@@ -114,7 +114,9 @@ class _Bar:
 
     def restored(self, history: History) -> None:
         """The run's last word when it ends with the best validation's weights: that loss and
-        its step (the last ``valid`` shown may be another)."""
+        its step, unless it is the last validation (which ``valid`` shows)."""
+        if history.best_step == history.valid_steps[-1]:
+            return
         self.postfix.pop("stopped early; best step", None)
         self.postfix["returned"] = (
             f"best valid {history.best_valid_loss:.4f} (step {history.best_step})")
@@ -443,7 +445,9 @@ def _advice(
     problem: str | tuple[str | Mention, ...], t: Trainer, fixes: bool = True
 ) -> tuple[str | Mention, ...]:
     """The message of a failed run: ``problem``, the usual fixes (when ``fixes``), what became of
-    the weights and of the checkpoint, in parts that name :func:`~flowkit.train.fit`'s arguments
+    the weights and of the checkpoint (to resume from with a lower ``lr`` when ``fixes``: a
+    problem that says what to do, such as a validation loss or a batch that is not finite, is
+    no matter of the learning rate), in parts that name :func:`~flowkit.train.fit`'s arguments
     (a command line re-spells them as its options)."""
     parts: list[str | Mention] = [*((problem,) if isinstance(problem, str) else problem)]
     if fixes:
@@ -462,8 +466,8 @@ def _advice(
     )
     if t.saved_step is not None:
         parts += [f" The last good checkpoint, '{t.s.path}' (step {t.saved_step}), was kept: "
-                  "continue from it with ", Mention("resume", True), " and a lower ",
-                  Mention("lr"), "."]
+                  "continue from it with ", Mention("resume", True),
+                  *((" and a lower ", Mention("lr")) if fixes else ()), "."]
     elif t.s.path is not None:
         first = min(t.o["checkpoint_every"], t.plan.steps)
         parts.append(f" No checkpoint was written yet (the first is due at step {first}).")

@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, ReduceLROnPlateau
 
 from ..validation import ArgumentError, check_bool, check_float, check_int
 from .callbacks import Callbacks
@@ -51,8 +51,9 @@ class TrainOptions(TypedDict, total=False):
         lr_schedule: ``None`` (constant; the default of ``fit_reverse_kl``), ``"cosine"``
             (cosine decay to 0 over the run; the default of ``fit``, so a resumed ``fit`` run
             keeps its ``steps``), ``"linear"`` (linear decay to 0), or a callable
-            ``(optimizer, steps) -> LRScheduler`` (what it returns is checked to be one);
-            stepped once per optimizer step. ``fit``'s
+            ``(optimizer, steps) -> LRScheduler`` (what it returns is checked to be one, and
+            not a ``ReduceLROnPlateau``, which steps on a validation metric); stepped once per
+            optimizer step. ``fit``'s
             defaults were chosen on the defaults benchmark (``docs/defaults.md``).
         clip_grad_norm: ``None`` (default: no clipping) or a finite number > 0: the global
             gradient norm is clipped to it at every step.
@@ -225,6 +226,13 @@ def make_schedule(
             f"'lr_schedule' returned {type(schedule).__name__}, expected a torch LRScheduler "
             "(a callable (optimizer, steps) -> LRScheduler; for a constant rate pass "
             "lr_schedule=None)"
+        )
+    if isinstance(schedule, ReduceLROnPlateau):
+        raise TypeError(
+            "'lr_schedule' returned ReduceLROnPlateau, which steps on a validation metric "
+            "(scheduler.step(metric)), but fit steps the schedule once per optimizer step without "
+            "one: pass a schedule of the step count instead (such as 'cosine', or a callable "
+            "returning a LinearLR or SequentialLR)"
         )
     return schedule
 

@@ -462,6 +462,7 @@ def set_from_data(
         return []
     call = model.log_prob if call is None else call
     done: list[Standardize] = []
+    single_row = False  # warned once per call, not once per module (data and context)
     training = model.training
     model.eval()
     try:
@@ -481,15 +482,15 @@ def set_from_data(
                 first = collector.first
                 if first is None:  # no module saw data
                     break
-                if collector.moments[first].count == 1:
-                    warnings.warn(
-                        "'batches' hold a single row: it sets the shift, and the scale is 1 "
-                        "(one row has no spread to measure); pass more rows", stacklevel=2)
+                single_row |= collector.moments[first].count == 1
                 first._set_from(collector.moments[first])
                 done.append(first)
                 pending = [m for m in pending if m is not first]
     finally:
         model.train(training)
+    if single_row:
+        warnings.warn("'batches' hold a single row: it sets the shift, and the scale is 1 (one "
+                      "row has no spread to measure); pass more rows", stacklevel=2)
     return done
 
 
