@@ -10,13 +10,13 @@ return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, conte
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from flowkit.data import read_arrays
 
 __all__ = ["load_file", "load_toy"]
 
@@ -97,27 +97,9 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
         raise ValueError(f"'--data' '{path}' is not a numpy {suffix} file (it does not start "
                          "as one: another format renamed, or a damaged file)")
     try:
-        if suffix == ".npy":
-            return {"x": _native(np.load(path))}  # allow_pickle=False: arrays only
-        with np.load(path) as archive:
-            return {name: _native(archive[name]) for name in archive.files}
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError,
-            RuntimeError) as e:
-        # zipfile's for a truncated or damaged .npz: a bad CRC-32, and a damaged header's
-        # "compression method" or "encrypted" (flowkit.data.mnist's reader catches the first)
-        what = ("holds Python objects, not an array of numbers" if "allow_pickle" in str(e)
-                else f"cannot be read as a numpy {suffix} file ({e}): it is damaged or "
-                "truncated")
-        raise ValueError(f"'--data' '{path}' {what}") from None
-
-
-def _native(a: np.ndarray) -> np.ndarray:
-    """``a`` in this machine's byte order (a file of ``>f8``, as FITS files and some instruments
-    write, is big-endian; torch refuses such arrays): the same values, converted exactly, as
-    :class:`flowkit.sklearn.FlowDensity` accepts them."""
-    if a.dtype.kind in "biufc" and not a.dtype.isnative:
-        return a.astype(a.dtype.newbyteorder("="))
-    return a
+        return read_arrays(path)
+    except ValueError as e:
+        raise ValueError(f"'--data' {e}") from None
 
 
 def _split_context(

@@ -3,9 +3,11 @@
 * :mod:`flowkit.data.toy`: sampled 2-D datasets, with exact densities and entropies for some;
 * :mod:`flowkit.data.energy`: the energies U1--U4 of Rezende & Mohamed (2015), their
   normalizers, and the same targets with a wall instead of a box edge (for reverse-KL fits);
-* :mod:`flowkit.data.mnist`: binarized MNIST with the standard fixed binarization.
+* :mod:`flowkit.data.mnist`: binarized MNIST with the standard fixed binarization;
+* :mod:`flowkit.data.arrays`: arrays read from ``.npy`` and ``.npz`` files.
 """
 
+from flowkit.data.arrays import read_arrays
 from flowkit.data.energy import (
     ENERGIES,
     ENERGY_BOXES,
@@ -42,6 +44,7 @@ __all__ = [
     "energy_log_normalizer",
     "has_exact_density",
     "load_split_file",
+    "read_arrays",
     "sample_toy",
     "toy_entropy",
     "toy_log_prob",

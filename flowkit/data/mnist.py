@@ -34,14 +34,14 @@ import hashlib
 import os
 import tempfile
 import urllib.request
-import zipfile
-import zlib
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from flowkit.data.arrays import DAMAGED_NPZ
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 PIXELS = 784
@@ -140,21 +140,12 @@ def _read_amat(path: Path) -> np.ndarray:
     return chars - ord("0")
 
 
-_DAMAGED_NPZ = (
-    ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError,
-    RuntimeError,
-)
-"""What numpy and zipfile raise for a truncated or damaged ``.npz``: a bad CRC-32 or header, and
-a damaged header's "compression method" or "encrypted" flag (NotImplementedError,
-RuntimeError)."""
-
-
 def _open_npz(path: Path) -> np.lib.npyio.NpzFile:
     """Open an ``.npz`` archive; anything else (an empty or text file, a bare ``.npy``) is a
     ValueError naming the file."""
     try:
         archive = np.load(path)
-    except _DAMAGED_NPZ as error:
+    except DAMAGED_NPZ as error:
         raise ValueError(
             f"{path} is not a readable .npz archive (truncated or corrupted?): {error}"
         ) from error
@@ -175,7 +166,7 @@ def _read_npz(path: Path, key: str | None) -> np.ndarray:
         where = f"{path}[{key!r}]"
         try:
             array = archive[key]
-        except _DAMAGED_NPZ as error:
+        except DAMAGED_NPZ as error:
             raise ValueError(f"{where} cannot be read (corrupted?): {error}") from error
     if array.ndim != 2 or array.shape[1] != PIXELS:
         raise ValueError(f"{where} should have shape (n, {PIXELS}), got {array.shape}")

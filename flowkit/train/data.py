@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from ..data.arrays import native_byte_order
 from ..validation import ArgumentError, Mention
 from .distributed import Dist
 
@@ -97,7 +98,7 @@ def readable(name: str, value: Any) -> Any:
             "cast them to float64 first (x.astype(np.float64))"
         )
     if not value.dtype.isnative:  # big-endian data, as FITS files and some instruments write
-        return value.astype(value.dtype.newbyteorder("="))
+        return native_byte_order(value)
     return value if value.flags.writeable else value.copy()
 
 
