@@ -404,6 +404,11 @@ def test_per_sample_scores_with_vmap_need_the_value_checks_off():
     x.requires_grad_()
     expected, = torch.autograd.grad(flow.log_prob(x, c).sum(), x)
     torch.testing.assert_close(scores, expected)
+    # a new flow in training mode sets its standardization from its first batch, which vmap
+    # cannot read either: the error says how to set it first (review 21: torch's .item() text)
+    fresh = flowkit.MAF(2, layers=2, hidden_features=(16,), context_features=3).double()
+    with validate_values(False), pytest.raises(RuntimeError, match="Set it first"):
+        vmap(grad(lambda xi, ci: fresh.log_prob(xi, ci)))(x.detach(), c)
 
 
 def test_torch_func_through_the_solver_and_with_respect_to_parameters():

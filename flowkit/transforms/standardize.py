@@ -193,7 +193,15 @@ class Standardize(Transform):
         """Moments of this module's kind, of ``x`` when given."""
         moments = _Moments(self.features, self.full)
         if x is not None:
-            moments.add(x)
+            try:
+                moments.add(x)
+            except RuntimeError as e:  # torch.func.vmap cannot read values back
+                raise RuntimeError(
+                    "a Standardize is set from the first batch a new flow sees in training "
+                    "mode, which reads its values: this call cannot (inside torch.func.vmap, "
+                    "for example). Set it first: one call outside the transform, flowkit.fit, "
+                    "or flowkit.transforms.set_from_data; or use the flow in eval mode"
+                ) from e
         return moments
 
     def _set_from(self, moments: _Moments) -> None:
