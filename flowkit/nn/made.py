@@ -33,6 +33,26 @@ from flowkit.validation import (
 )
 
 
+def _build_activation(activation: str | Callable[[], nn.Module]) -> nn.Module:
+    """The hidden nonlinearity of :class:`MADE`'s ``activation``: a :mod:`torch.nn` activation
+    by name, or what builds an ``nn.Module`` with no arguments (a class, a partial)."""
+    if isinstance(activation, str):
+        activation = activation_class(activation)
+    built = None
+    if callable(activation) and not isinstance(activation, nn.Module):
+        try:
+            built = activation()
+        except TypeError:  # e.g. torch.tanh, which needs its input
+            pass
+    if not isinstance(built, nn.Module):
+        raise ValueError(
+            "'activation' should be the name of a torch.nn activation ('relu', 'elu', ...) or "
+            "what builds one with no arguments (nn.ELU, functools.partial(nn.LeakyReLU, 0.2)), "
+            f"not a module already built, got {activation!r}"
+        )
+    return built
+
+
 class MADE(nn.Module):
     r"""Masked autoregressive MLP: ``(..., D)`` inputs to ``(..., D, P)`` parameters.
 
@@ -90,14 +110,7 @@ class MADE(nn.Module):
         residual: bool = False,
     ):
         super().__init__()
-        if isinstance(activation, str):
-            activation = activation_class(activation)
-        elif isinstance(activation, nn.Module) or not callable(activation):
-            raise ValueError(
-                "'activation' should be the name of a torch.nn activation ('relu', 'elu', ...) "
-                "or what builds one with no arguments (nn.ELU, functools.partial(nn.LeakyReLU, "
-                f"0.2)), not a module already built, got {activation!r}"
-            )
+        nonlinearity = _build_activation(activation)
         features = check_int("features", features, 1)
         if isinstance(hidden_features, str) or not isinstance(hidden_features, Sequence):
             raise ValueError(
@@ -136,15 +149,7 @@ class MADE(nn.Module):
         self.context_features = context_features
         self.num_masks = num_masks
         self.residual = residual
-        try:
-            self.activation = activation()
-        except TypeError:  # e.g. torch.tanh, which needs its input
-            self.activation = None
-        if not isinstance(self.activation, nn.Module):
-            raise ValueError(
-                f"'activation' should build an nn.Module when called with no arguments, got "
-                f"{activation!r}"
-            )
+        self.activation = nonlinearity
 
         widths = (features * inputs_per_feature + context_features, *hidden_features)
         self.hidden = nn.ModuleList(MaskedLinear(a, b) for a, b in pairwise(widths))
