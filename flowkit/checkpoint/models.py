@@ -177,8 +177,8 @@ def check_same_config(
     current = model_entry(model)["config"]
     if stored is None or current is None:
         return
-    stored = upgraded_config(stored, f"'{path}'")
-    if _comparable(stored) != _comparable(current):
+    stored, current = _comparable(upgraded_config(stored, f"'{path}'")), _comparable(current)
+    if stored != current:
         raise CheckpointError(
             f"'{path}' was written for {_config_difference(stored, current)}: {remedy}"
         )
@@ -195,7 +195,7 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
 
 def _config_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
     """How two model configs differ, for a message: only the arguments that differ, e.g.
-    ``a MAF with {'seed': 0}, not for this MAF with {'seed': 5}``."""
+    ``a MAF with {'activation': 'ReLU'}, not for this MAF with {'activation': 'Tanh'}``."""
     then, now = stored["kwargs"], current["kwargs"]
     keys = [k for k in {**then, **now} if then.get(k) != now.get(k)]
 
