@@ -79,12 +79,12 @@ def fit_reverse_kl(
         )
     if not callable(target_log_density):
         raise TypeError("'target_log_density' should be a callable x -> log p~(x) of shape (N,)")
-    check_int("steps", steps, minimum=1)
-    check_int("batch_size", batch_size, minimum=1)
+    steps = check_int("steps", steps, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
     with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
-        source = _Draws(int(batch_size), local_batch_size(int(batch_size), s.dist))
+        source = _Draws(batch_size, local_batch_size(batch_size, s.dist))
         objective = Objective(flow, NegElbo(target_log_density))
-        trainer = Trainer(s, flow, objective, source, o, Plan(int(steps)), None)
+        trainer = Trainer(s, flow, objective, source, o, Plan(steps), None)
         history = trainer.run(lambda args: _check_target(flow, target_log_density))
     _warn_if_held_by_a_spline_interval(flow)
     return history
