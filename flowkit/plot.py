@@ -1,4 +1,5 @@
-r"""Plotting helpers for 2-D densities: heat maps on a grid, samples, loss curves, galleries.
+r"""Plotting helpers: 2-D densities as heat maps on a grid, samples, loss curves, galleries, and
+samples of a model of any dimension against its data, feature by feature and in pairs.
 
 Figures are built with matplotlib's object API (:class:`matplotlib.figure.Figure`) and written by
 its Agg renderer, so nothing here needs a display or touches :mod:`matplotlib.pyplot`'s global
@@ -9,7 +10,9 @@ A typical density-estimation figure has one row per dataset::
     truth (or data histogram) | model density | model samples
 
 built from :class:`Panel` objects by :func:`panel_figure`; :func:`grid_log_density` evaluates a
-model on the grid that a density panel shows.
+model on the grid that a density panel shows. For data of more than two features,
+:func:`pairs_figure` shows a model's samples over the data in a grid of histograms and scatter
+plots, one panel per feature and per pair of features.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from PIL import Image
 from torch import Tensor
 
@@ -205,6 +209,121 @@ def panel_figure(
                 ax.set_ylabel(row_labels[i], fontsize=11, fontweight="bold")
     if title:
         fig.suptitle(title, fontsize=11, y=1.0 - 0.1 / height, va="top")
+    return fig
+
+
+DATA_COLOR = "0.55"
+
+
+def pairs_figure(
+    data: ArrayLike,
+    samples: ArrayLike,
+    *,
+    features: Sequence[int] | None = None,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+    bins: int = 40,
+    size: float = 1.8,
+    max_points: int = 5000,
+) -> Figure:
+    """Samples of a model over the data they should look like, for any number of features: a
+    ``K x K`` grid for the ``K`` features shown, with the histograms of feature ``i`` (data in
+    grey, samples in blue, both as densities over the same bins) on the diagonal and the scatter
+    plot of features ``(j, i)`` (data under samples) at row ``i``, column ``j < i``.
+
+    Each feature's range is that of the data (their 0.5th to 99.5th percentile, padded by a
+    tenth), so that a few far samples do not squash the panels; the share of samples outside
+    it is written above its histogram when there are any.
+
+    Args:
+        data: ``(N, D)`` rows of the data.
+        samples: ``(M, D)`` samples of the model, in the data's units.
+        features: the features to show, in order (default: the first ``min(D, 6)``).
+        labels: a name for each of the ``D`` features (default: ``x0, x1, ...``).
+        title: figure title.
+        bins: histogram bins on the diagonal.
+        size: side of one panel in inches.
+        max_points: at most this many rows of ``data`` and of ``samples`` are scattered (the
+            first ones); the histograms use all.
+
+    Example:
+        >>> x = torch.randn(500, 3)
+        >>> fig = pairs_figure(x, x + 0.1, labels=["a", "b", "c"])
+        >>> len(fig.axes)  # 3 x 3 panels
+        9
+    """
+    x, y = _numpy(data), _numpy(samples)
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"'data' should have shape (N, D) with N, D >= 1, got {x.shape}")
+    if y.ndim != 2 or y.shape[0] == 0 or y.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"'samples' should have shape (M, {x.shape[1]}) like 'data', got {y.shape}"
+        )
+    dims = x.shape[1]
+    if features is None:
+        features = list(range(min(dims, 6)))
+    features = [check_int(f"features[{k}]", f, 0) for k, f in enumerate(features)]
+    if not features or max(features) >= dims or len(set(features)) != len(features):
+        raise ValueError(
+            f"'features' should be distinct feature indices in [0, {dims}), got {features}"
+        )
+    if labels is None:
+        labels = [f"x{i}" for i in range(dims)]
+    elif len(labels) != dims:
+        raise ValueError(f"'labels' should name the {dims} features, got {len(labels)} names")
+    bins, max_points = check_int("bins", bins, 1), check_int("max_points", max_points, 1)
+    finite = np.isfinite(x).all(axis=1)
+    if not finite.any():
+        raise ValueError("'data' has no row of finite values to set the panels' ranges from")
+    low, high = np.percentile(x[finite], [0.5, 99.5], axis=0)
+    pad = 0.1 * np.where(high > low, high - low, 1.0)
+    low, high = low - pad, high + pad
+    k = len(features)
+    fig = Figure(figsize=(size * k + 0.4, size * k + 0.4))
+    axes = fig.subplots(k, k, squeeze=False)
+    shown_x, shown_y = x[:max_points], y[:max_points]
+    for row, i in enumerate(features):
+        for col, j in enumerate(features):
+            ax = axes[row, col]
+            if col > row:
+                ax.axis("off")
+                continue
+            if col == row:
+                edges = np.linspace(low[i], high[i], bins + 1)
+                ax.hist(x[:, i], bins=edges, density=True, histtype="stepfilled",
+                        color=DATA_COLOR, alpha=0.6)
+                ax.hist(y[:, i], bins=edges, density=True, histtype="step", color=SAMPLE_COLOR,
+                        lw=1.2)
+                outside = np.mean((y[:, i] < low[i]) | (y[:, i] > high[i]) | ~np.isfinite(y[:, i]))
+                if outside > 0:
+                    ax.set_title(f"{outside:.1%} of samples outside", fontsize=7)
+                ax.set_yticks([])
+            else:
+                ax.scatter(shown_x[:, j], shown_x[:, i], s=1.5, color=DATA_COLOR, linewidths=0,
+                           rasterized=True)
+                ax.scatter(shown_y[:, j], shown_y[:, i], s=1.5, color=SAMPLE_COLOR, alpha=0.5,
+                           linewidths=0, rasterized=True)
+                ax.set_ylim(low[i], high[i])
+                if col == 0:
+                    ax.set_ylabel(labels[i], fontsize=8)
+                else:
+                    ax.set_yticklabels([])
+            ax.set_xlim(low[j], high[j])
+            if row == k - 1:
+                ax.set_xlabel(labels[j], fontsize=8)
+            else:
+                ax.set_xticklabels([])
+            ax.tick_params(labelsize=6)
+    fig.legend(
+        handles=[Patch(color=DATA_COLOR, alpha=0.6, label="data"),
+                 Patch(color=SAMPLE_COLOR, label="samples")],
+        loc="upper right", fontsize=8, frameon=False,
+    )
+    head = 0.0
+    if title:
+        head = 0.35 / fig.get_figheight()
+        fig.suptitle(title, fontsize=10, x=0.02, y=0.995, ha="left", va="top")
+    fig.tight_layout(pad=0.4, rect=(0.0, 0.0, 1.0, 1.0 - head))
     return fig
 
 

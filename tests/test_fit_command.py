@@ -198,7 +198,16 @@ def test_resume_with_other_model_or_data_options_names_them_as_typed(tmp_path, c
 @pytest.mark.parametrize(
     "name, write, message",
     [
-        ("t.csv", lambda p: p.write_text("a,b\n1,2\n"), "reads .npy and .npz files .* np.loadtxt"),
+        ("t.txt", lambda p: p.write_text("a,b\n1,2\n"), "reads .npy and .npz files .* and .csv"),
+        ("gap.csv", lambda p: p.write_text("a,b\n1,2\n\n# note\n3,\n"),
+         r"line 5, field 2 is empty \(a missing value: drop or fill such rows first\)"),
+        ("word.csv", lambda p: p.write_text("1,2\n3,x\n"), "line 2, field 2 is 'x'"),
+        ("ragged.csv", lambda p: p.write_text("a,b\n1,2\n3,4,5\n"),
+         "line 3 has 3 fields, the lines before it 2"),
+        ("header.csv", lambda p: p.write_text("a,b,c\n1,2\n"), "a header of 3 names and rows of 2"),
+        ("blank.csv", lambda p: p.write_text("\n# nothing\n"), "is empty: it holds no rows"),
+        ("nan.csv", lambda p: p.write_text("a,b\n1,2\n3,nan\n"),
+         r"holds NaN or Inf values \(first at row 1, column 1\)"),
         ("renamed.npy", lambda p: p.write_text("a,b\n1,2\n"), "is not a numpy .npy file"),
         ("cut.npy", lambda p: p.write_bytes(_npy_bytes(np.ones((50, 2)))[:90]),
          "cannot be read as a numpy .npy file"),
@@ -294,8 +303,8 @@ def test_a_folder_as_data_and_a_valid_size_below_one_are_named(tmp_path, capsys)
     (tmp_path / "cli").mkdir()
     assert cli.main(["fit", "--data", str(tmp_path / "cli"), *FAST,
                      "--out", str(tmp_path / "o")]) == 2
-    assert re.search(r"'--data' should be a toy dataset .* got '.*cli' \(a folder: pass a .npy "
-                     r"or .npz file inside it\)", capsys.readouterr().err)
+    assert re.search(r"'--data' should be a toy dataset .* got '.*cli' \(a folder: pass a .npy, "
+                     r".npz or .csv file inside it\)", capsys.readouterr().err)
     for size in ("0", "-3"):
         with pytest.raises(SystemExit) as info:
             cli.main(["fit", "--data", "moons", "--valid-size", size, *FAST,
@@ -365,3 +374,55 @@ def test_help_says_which_rows_samples_png_shows(capsys):
     assert ("samples.png shows samples of the flow over the data: the first 5000 rows of a file "
             "(training and validation rows alike) or of a toy dataset's validation points, one "
             "sample per row (for a conditional flow, given that row's context)") in text
+
+
+def test_csv_with_a_header_names_the_context_and_the_plot(tmp_path, capsys):
+    """A CSV file is read with its header: --context by column name (or number), the rows in
+    the data's units, samples.png a grid of the modelled columns, named (2026-11-26, tenth
+    session: CSV files were refused with a one-line conversion to run first)."""
+    rng = np.random.default_rng(0)
+    table = np.column_stack([rng.uniform(20, 70, 80), rng.normal(5e4, 1e4, 80),
+                             rng.normal(170, 8, 80), rng.normal(0, 1, 80)])
+    path = tmp_path / "people.csv"
+    lines = ["# a comment", "age, \"income\",height,z"]
+    lines += [",".join(f"{v:.6g}" for v in row) for row in table]
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "byname"
+    assert cli.main(["fit", "--data", str(path), "--context", "age", *FAST,
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+    m = _metrics(out)
+    assert (m["features"], m["context_features"]) == (3, 1)
+    flow = flowkit.load_model(out / "checkpoint.pt")
+    std = flow.transform.transforms[0]
+    assert std.scale[0] > 1000.0  # income, standardized from its rows in their own units
+    assert (out / "samples.png").stat().st_size > 0
+    out2 = tmp_path / "bynumber"
+    assert cli.main(["fit", "--data", str(path), "--context", "0", *FAST,
+                     "--out", str(out2)]) == 0
+    assert _metrics(out2)["valid_nll"] == pytest.approx(m["valid_nll"])  # the same columns
+    assert cli.main(["fit", "--data", str(path), "--context", "weight", *FAST,
+                     "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert ("'--context' should name columns of" in err and "['age', 'income', 'height', 'z']"
+            in err and "['weight'] is not among them" in err)
+    assert cli.main(["fit", "--data", str(path), "--key", "x", *FAST,
+                     "--out", str(tmp_path / "key")]) == 2
+    assert "'--key' names an array of a .npz file" in capsys.readouterr().err
+
+
+def test_csv_without_a_header_reads_every_line(tmp_path, monkeypatch):
+    path = tmp_path / "plain.csv"
+    rows = np.random.default_rng(1).normal(size=(30, 2))
+    path.write_text("\n".join(f"{float(a)!r},{float(b)!r}" for a, b in rows) + "\n")
+    from flowkit.app import fit_data
+
+    table, names = fit_data.read_csv(path)
+    assert names is None and np.array_equal(table, rows)  # every line, exactly
+    drawn = {}
+
+    def spy(flow, data, path, title, labels):
+        drawn["shape"], drawn["labels"] = np.shape(data), labels
+
+    monkeypatch.setattr("flowkit.app.fit.plot_samples", spy)
+    assert cli.main(["fit", "--data", str(path), *FAST, "--out", str(tmp_path / "o")]) == 0
+    assert drawn == {"shape": (30, 2), "labels": None}

@@ -15,6 +15,7 @@ from flowkit.plot import (
     grid_log_density,
     loss_figure,
     moving_average,
+    pairs_figure,
     panel_figure,
     save_figure,
 )
@@ -208,3 +209,56 @@ def test_loss_figure_names_bad_columns_and_smooth():
     for name, kwargs in (("columns", {"columns": 0}), ("smooth", {"smooth": 0})):
         with pytest.raises(ValueError, match=f"'{name}' should be >= 1"):
             loss_figure({"a": {"run": h}}, **kwargs)
+
+
+def test_pairs_figure_layout_ranges_and_histograms():
+    """A K x K grid: histograms of each shown feature on the diagonal (the data's as a density
+    over the panel's bins), scatter plots of the pairs below it, nothing above; each axis spans
+    the data's central range, not the samples', and the share of samples outside is named."""
+    g = torch.Generator().manual_seed(0)
+    data = torch.randn(4000, 4, generator=g) * torch.tensor([1.0, 100.0, 0.01, 5.0])
+    samples = data.clone()
+    samples[:10, 1] = 1e6  # a few far samples must not stretch the panels
+    fig = pairs_figure(data, samples, features=[1, 3, 0], labels=["a", "b", "c", "d"], bins=30)
+    axes = np.array(fig.axes).reshape(3, 3)
+    for i in range(3):
+        for j in range(3):
+            assert axes[i, j].axison == (j <= i)
+    assert axes[2, 0].get_xlabel() == "b" and axes[1, 0].get_ylabel() == "d"
+    low, high = axes[0, 0].get_xlim()
+    assert -400 < low < -200 and 200 < high < 400  # feature 1 (scale 100): its data's range
+    assert axes[1, 0].get_ylim() == axes[1, 1].get_xlim()  # the pair shares feature 3's range
+    outside = ((samples[:, 1] < low) | (samples[:, 1] > high)).float().mean().item()
+    assert outside > 10 / 4000
+    assert axes[0, 0].get_title() == f"{outside:.1%} of samples outside"
+    heights = axes[0, 0].patches[0].get_xy()[:, 1]  # the data's filled histogram
+    expected, _ = np.histogram(data[:, 1].numpy(), bins=np.linspace(low, high, 31), density=True)
+    assert heights.max() == pytest.approx(expected.max(), rel=1e-6)
+    assert len(axes[1, 0].collections) == 2  # data, then samples
+
+
+def test_pairs_figure_one_feature_and_defaults():
+    x = torch.randn(300, 9)
+    fig = pairs_figure(x, x)
+    assert len(fig.axes) == 36  # the first six features
+    assert fig.axes[0].get_xlabel() == "" and fig.axes[-1].get_xlabel() == "x5"
+    one = pairs_figure(x[:, :1], x[:, :1] + 1.0, title="one")
+    assert len(one.axes) == 1 and one.texts[0].get_text() == "one"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"samples": torch.randn(5, 2)}, r"'samples' should have shape \(M, 3\)"),
+        ({"data": torch.randn(5)}, r"'data' should have shape \(N, D\)"),
+        ({"features": [0, 3]}, r"'features' should be distinct feature indices in \[0, 3\)"),
+        ({"features": [1, 1]}, r"'features' should be distinct"),
+        ({"features": [-1]}, r"'features\[0\]'"),
+        ({"labels": ["a"]}, r"'labels' should name the 3 features, got 1"),
+        ({"data": torch.full((4, 3), float("nan"))}, r"'data' has no row of finite values"),
+    ],
+)
+def test_pairs_figure_refuses_bad_arguments(kwargs, message):
+    args = {"data": torch.randn(50, 3), "samples": torch.randn(60, 3), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        pairs_figure(args.pop("data"), args.pop("samples"), **args)

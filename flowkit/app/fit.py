@@ -2,10 +2,12 @@
 
 Toy datasets (--data moons, ...) are sampled afresh at every step from a seeded generator; a fixed
 validation set of --valid-size points is drawn once. A .npy file holds an (N, D) array, a .npz
-file an array named by --key (default 'x', or its only array); a random --valid-fraction of its
-rows is held out for validation. --context names what the flow is conditioned on: columns of the
-array (--context 2 3: the flow models the other columns given these), or another array of the
-.npz with one row per sample (--context y). The default --batch-size is fit's: 256 for toy
+file an array named by --key (default 'x', or its only array), a .csv file rows of numbers
+separated by commas (a first line that is not all numbers is a header of column names); a random
+--valid-fraction of its rows is held out for validation. --context names what the flow is
+conditioned on: columns of the array (--context 2 3: the flow models the other columns given
+these; in a CSV file with a header, also by name: --context age income), or another array of
+the .npz with one row per sample (--context y). The default --batch-size is fit's: 256 for toy
 datasets, and for a file N // 16 of its N training rows, between 16 and 256; a --batch-size above
 the number of training rows is lowered to it, with a note.
 
@@ -20,17 +22,18 @@ and per epoch for files), loss.png and metrics.json. metrics.json holds valid_nl
 flow's validation NLL (the best validation's weights, which the run ends with), and
 train_nll_last_100, the mean training NLL of the last 100 steps (of all steps in a run of fewer).
 For toy datasets with an exact density, it also holds the entropy H(p) and the estimate
-KL(p || q) = valid_nll - H(p). For 2-D
-data, samples.png shows samples of the flow over the data: the first 5000 rows of a file
-(training and validation rows alike) or of a toy dataset's validation points, one sample per row
-(for a conditional flow, given that row's context). The result is printed as well: the
-validation NLL and, for toy datasets, the KL estimate.
+KL(p || q) = valid_nll - H(p). samples.png shows samples of the flow over the data: the first
+5000 rows of a file (training and validation rows alike) or of a toy dataset's validation points,
+one sample per row (for a conditional flow, given that row's context); for data of other than
+two columns, a grid of the first six columns' histograms and pairwise scatter plots. The result
+is printed as well: the validation NLL and, for toy datasets, the KL estimate.
 
 examples:
   flowkit fit --data moons --steps 2000 --out runs/moons
   flowkit fit --data samples.npy --flow iaf --layers 3 --hidden 32 32 --out runs/file
   flowkit fit --data table.npz --key x --context y --transformer spline --out runs/conditional
   flowkit fit --data table.npy --context 0 --out runs/columns
+  flowkit fit --data table.csv --context age --transformer spline --out runs/csv
   flowkit fit --data moons --steps 500 --hidden 16 --threads 1 --out runs/small
   torchrun --standalone --nproc_per_node 2 -m flowkit fit --data moons --out runs/moons-2p
 """
@@ -99,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data",
         default="moons",
         metavar="NAME|FILE",
-        help=f"toy dataset ({', '.join(TOY_DATASETS)}) or a .npy/.npz file of samples "
+        help=f"toy dataset ({', '.join(TOY_DATASETS)}) or a .npy, .npz or .csv file of samples "
         "(default: %(default)s)",
     )
     data.add_argument(
@@ -125,8 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="COL|NAME",
-        help="condition on these columns of the data (integers, e.g. --context 2 3) or on this "
-        "array of the .npz file (one row per sample) (default: no context)",
+        help="condition on these columns of the data (integers, e.g. --context 2 3, or a CSV "
+        "header's names) or on this array of the .npz file (one row per sample) (default: no "
+        "context)",
     )
     model = parser.add_argument_group("model")
     model.add_argument("--flow", choices=("maf", "iaf"), default="maf", help="(default: maf)")
@@ -292,7 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.batch_size is None:
             args.batch_size = default_batch_size(None)  # fresh samples: fit's 256
         shown = valid  # the rows the samples are plotted over
-        context_features = 0
+        context_features, labels = 0, None
     else:
         if args.valid_size is not None:
             raise ValueError(
@@ -305,7 +309,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(
                 f"'--valid-fraction' should be in [0, 1), got {args.valid_fraction}"
             )
-        data, features, context_features = load_file(Path(args.data), args.key, args.context)
+        data, features, context_features, labels = load_file(
+            Path(args.data), args.key, args.context
+        )
         valid = args.valid_fraction or None  # fit holds out that share of the rows
         shown = data
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
@@ -381,8 +387,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         write_bytes_atomic(args.out / "history.json", text.encode())
         title = f"{args.flow.upper()} on {args.data}"
         plot_losses(history, args.out / "loss.png", title, entropy=metrics.get("entropy"))
-        if features == 2:
-            plot_samples(flow, shown, args.out / "samples.png", title)
+        plot_samples(flow, shown, args.out / "samples.png", title, labels)
         print(_summary(metrics), flush=True)
     return metrics
 
@@ -414,12 +419,17 @@ def number_or_off(text: str) -> float | None:
     return None if text == "off" else float(text)
 
 
-def plot_samples(flow: torch.nn.Module, data: Any, path: Path, title: str) -> None:
-    """Samples of a 2-D flow (dots) over the data they should look like (grey): one sample per
-    row of the first 5000 rows of ``data``, given that row's context for a conditional flow."""
+def plot_samples(
+    flow: torch.nn.Module, data: Any, path: Path, title: str, labels: list[str] | None
+) -> None:
+    """Samples of the flow over the data they should look like: one sample per row of the
+    first 5000 rows of ``data``, given that row's context for a conditional flow. 2-D data: one
+    scatter plot (data in grey, samples in blue); other dimensions: a grid of the first six
+    features' histograms and pairs (:func:`flowkit.plot.pairs_figure`), ``labels`` naming the
+    features."""
     from matplotlib.figure import Figure
 
-    from flowkit.plot import save_figure
+    from flowkit.plot import pairs_figure, save_figure
 
     x, c = data if isinstance(data, tuple) else (data, None)
     x = np.asarray(torch.as_tensor(x[:5000], dtype=torch.float32).cpu())
@@ -431,6 +441,10 @@ def plot_samples(flow: torch.nn.Module, data: Any, path: Path, title: str) -> No
             context = torch.as_tensor(c[: len(x)], dtype=param.dtype, device=param.device)
             samples = flow.sample(context=context)
     samples = samples.cpu().numpy()
+    if x.shape[1] != 2:
+        fig = pairs_figure(x, samples, labels=labels, title=title)
+        save_figure(fig, path, dpi=100)
+        return
     fig = Figure(figsize=(5.0, 5.0))
     ax = fig.add_subplot()
     ax.scatter(x[:, 0], x[:, 1], s=3, color="0.6", linewidths=0, label="data")
@@ -440,6 +454,9 @@ def plot_samples(flow: torch.nn.Module, data: Any, path: Path, title: str) -> No
     pad = 0.1 * (high - low)
     ax.set_xlim(low[0] - pad[0], high[0] + pad[0])
     ax.set_ylim(low[1] - pad[1], high[1] + pad[1])
+    if labels is not None:
+        ax.set_xlabel(labels[0])
+        ax.set_ylabel(labels[1])
     ax.legend(loc="upper right", markerscale=4)
     ax.set_title(title)
     save_figure(fig, path, dpi=120)

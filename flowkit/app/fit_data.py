@@ -1,8 +1,9 @@
-"""The data of ``flowkit fit``: a toy dataset's sampler, or the rows of a .npy/.npz file.
+"""The data of ``flowkit fit``: a toy dataset's sampler, or the rows of a .npy, .npz or CSV file.
 
 :func:`load_toy` gives a sampling function, drawn afresh at every step, and a fixed validation
 set; :func:`load_file` reads an ``(N, D)`` array of finite real values and splits off its
-``--context`` (columns, or another array of the .npz); ``fit(valid=<fraction>)`` then holds out
+``--context`` (columns by number or, in a CSV file with a header row, by name; or another array
+of the .npz); ``fit(valid=<fraction>)`` then holds out
 ``--valid-fraction`` of its rows. Arrays of the other byte order are converted to this
 machine's (exactly). Bad values are refused here, named by the options. Both
 return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, context)``.
@@ -34,29 +35,34 @@ def load_toy(name: str, valid_size: int, seed: int) -> tuple[Any, torch.Tensor, 
 
 def load_file(
     path: Path, key: str | None, context: list[str] | None
-) -> tuple[Any, int, int]:
-    """The data of a file (``x`` or ``(x, context)``), ``D`` and ``C``."""
+) -> tuple[Any, int, int, list[str] | None]:
+    """The data of a file (``x`` or ``(x, context)``), ``D``, ``C``, and the names of the ``D``
+    modelled columns (a CSV file's header; ``None`` for numpy files and CSV files without
+    one)."""
     suffix = path.suffix.lower()
     if not path.is_file():
         from flowkit.data import TOY_DATASETS
 
-        what = ("a folder: pass a .npy or .npz file inside it" if path.is_dir()
+        what = ("a folder: pass a .npy, .npz or .csv file inside it" if path.is_dir()
                 else "no such file")
         raise ValueError(
-            f"'--data' should be a toy dataset ({', '.join(TOY_DATASETS)}) or an existing .npy "
-            f"or .npz file, got '{path}' ({what})"
+            f"'--data' should be a toy dataset ({', '.join(TOY_DATASETS)}) or an existing .npy, "
+            f".npz or .csv file, got '{path}' ({what})"
         )
-    if suffix not in (".npy", ".npz"):
+    if suffix not in (".npy", ".npz", ".csv"):
         raise ValueError(
-            f"'--data' reads .npy and .npz files (numpy's own formats), got '{path}'; convert "
-            "a table first, e.g. for a CSV file with a header row: python -c \"import numpy as "
-            f"np; np.save('{path.with_suffix('.npy')}', np.loadtxt('{path}', delimiter=',', "
-            "skiprows=1))\""
+            f"'--data' reads .npy and .npz files (numpy's own formats) and .csv files (numbers "
+            f"separated by commas, with or without a header row), got '{path}'"
         )
-    if suffix == ".npy" and key is not None:
-        raise ValueError(f"'--key' names an array of a .npz file; '{path}' is a .npy file")
-    arrays = _read_arrays(path, suffix)
-    if suffix == ".npy":
+    if suffix in (".npy", ".csv") and key is not None:
+        raise ValueError(f"'--key' names an array of a .npz file; '{path}' is a {suffix} file")
+    names = None
+    if suffix == ".csv":
+        table, names = read_csv(path)
+        arrays = {"x": table}
+    else:
+        arrays = _read_arrays(path, suffix)
+    if suffix != ".npz":
         key = "x"
     elif key is None:
         others = [n for n in arrays if not (context and n in context)]
@@ -73,15 +79,80 @@ def load_file(
         raise ValueError(
             f"'{path}' should hold an array of shape (N, D), got {loaded.shape} ({key!r})"
         )
-    named = f"'--data' '{path}'" + ("" if suffix == ".npy" else f" (array {key!r})")
+    named = f"'--data' '{path}'" + ("" if suffix != ".npz" else f" (array {key!r})")
     if 0 in loaded.shape:
         raise ValueError(f"{named} is empty: shape {loaded.shape}")
     _check_values(named, loaded, real=True)
     c = None
     if context is not None:
-        loaded, c = _split_context(loaded, arrays, context, key, path)
+        if names is not None and all(n in names for n in context):
+            context = [str(names.index(n)) for n in context]
+        loaded, c, kept = _split_context(loaded, arrays, context, key, path, names)
+        names = None if names is None else [names[i] for i in kept]
     data = loaded if c is None else (loaded, c)
-    return data, loaded.shape[1], 0 if c is None else c.shape[1]
+    return data, loaded.shape[1], 0 if c is None else c.shape[1], names
+
+
+def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
+    """The ``(N, D)`` float64 table of a CSV file (numbers separated by commas; blank lines and
+    lines starting with ``#`` skipped) and its column names: the first line is a header when
+    one of its fields is not a number. A field that is not a number (an empty one included) is
+    an error naming its line and column."""
+    number, first = _first_line(path)
+    if not first:
+        raise ValueError(f"'--data' '{path}' is empty: it holds no rows")
+    fields = [field.strip().strip("\"'") for field in first.rstrip("\r\n").split(",")]
+    header = not all(_is_number(field) for field in fields)
+    try:
+        table = np.loadtxt(path, delimiter=",", comments="#", ndmin=2, dtype=np.float64,
+                           skiprows=number + 1 if header else 0, encoding="utf-8")
+    except ValueError:
+        raise ValueError(
+            f"'--data' '{path}' should hold numbers separated by commas (a header row of column "
+            f"names may come first): {_first_bad_field(path, number + 1 if header else 0)}"
+        ) from None
+    if header and table.size and len(fields) != table.shape[1]:
+        raise ValueError(f"'--data' '{path}' has a header of {len(fields)} names and rows of "
+                         f"{table.shape[1]} values")
+    return table, fields if header else None
+
+
+def _first_bad_field(path: Path, skip: int) -> str:
+    """Where the first row of ``path`` (after ``skip`` lines) that is not all numbers is."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        width = None
+        for number, line in enumerate(f, start=1):
+            if number <= skip or not line.strip() or line.startswith("#"):
+                continue
+            fields = line.rstrip("\r\n").split(",")
+            if width is not None and len(fields) != width:
+                return f"line {number} has {len(fields)} fields, the lines before it {width}"
+            width = len(fields)
+            for column, field in enumerate(fields, start=1):
+                if not field.strip():
+                    return (f"line {number}, field {column} is empty (a missing value: drop or "
+                            "fill such rows first)")
+                if not _is_number(field):
+                    return f"line {number}, field {column} is {field.strip()!r}"
+    return "numpy could not read it as such"
+
+
+def _first_line(path: Path) -> tuple[int, str]:
+    """The 0-based number and the text of the first line of ``path`` that is neither blank nor
+    a comment (``(0, "")`` for a file without one)."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f):
+            if line.strip() and not line.startswith("#"):
+                return number, line
+    return 0, ""
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 _MAGIC = {".npy": b"\x93NUMPY", ".npz": b"PK"}
@@ -103,9 +174,16 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
 
 
 def _split_context(
-    x: np.ndarray, arrays: dict[str, np.ndarray], context: list[str], key: str, path: Path
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, context)`` from ``--context``: columns of ``x``, or one other array of the file."""
+    x: np.ndarray,
+    arrays: dict[str, np.ndarray],
+    context: list[str],
+    key: str,
+    path: Path,
+    names: list[str] | None,
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """``(x, context)`` from ``--context``: columns of ``x``, or one other array of the file;
+    and the columns of ``x`` kept as data."""
+    everything = range(x.shape[1])
     if all(c.lstrip("-").isdigit() for c in context):
         columns = [int(c) for c in context]
         if any(not 0 <= c < x.shape[1] for c in columns) or len(set(columns)) != len(columns):
@@ -115,8 +193,14 @@ def _split_context(
             )
         if len(columns) == x.shape[1]:
             raise ValueError(f"'--context' {context} takes every column: none is left to model")
-        keep = [i for i in range(x.shape[1]) if i not in columns]
-        return x[:, keep], x[:, columns]
+        keep = [i for i in everything if i not in columns]
+        return x[:, keep], x[:, columns], keep
+    if names is not None:
+        unknown = [c for c in context if c not in names]
+        raise ValueError(
+            f"'--context' should name columns of '{path}' ({names}) or give their numbers; "
+            f"{unknown} {'is' if len(unknown) == 1 else 'are'} not among them"
+        )
     if len(context) != 1 or context[0] not in arrays or context[0] == key:
         raise ValueError(
             f"'--context' should be column numbers of {key!r} or the name of one other array of "
@@ -131,7 +215,7 @@ def _split_context(
             f"the context array {context[0]!r} should have shape ({x.shape[0]}, C) or "
             f"({x.shape[0]},), one row per row of {key!r}, got {arrays[context[0]].shape}"
         )
-    return x, c
+    return x, c, list(everything)
 
 
 def _check_values(named: str, a: np.ndarray, real: bool) -> None:
