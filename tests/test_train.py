@@ -1252,6 +1252,77 @@ def test_data_as_a_list_pair_trains_as_the_tuple_does():
         fit(flowkit.MAF(2), [x, c, c], steps=1, **QUIET)
 
 
+class _Frame:
+    """A data frame as pandas and polars present one: ``columns``, ``frame[column]`` with
+    ``to_numpy()``, and ``to_numpy()`` of the whole (which, for mixed column types, pandas gives
+    as Python objects)."""
+
+    def __init__(self, **columns):
+        self._columns = columns
+
+    @property
+    def columns(self):
+        return list(self._columns)
+
+    def __len__(self):
+        return len(next(iter(self._columns.values())))
+
+    def __getitem__(self, name):
+        return _Column(self._columns[name])
+
+    def to_numpy(self):
+        return np.array(list(zip(*self._columns.values(), strict=True)), dtype=object)
+
+
+class _Column:
+    def __init__(self, values):
+        self.values = values
+
+    def to_numpy(self):
+        return np.asarray(self.values)
+
+
+def test_data_frames_train_as_the_arrays_of_their_columns():
+    """A data frame (pandas, polars) is taken as the array of its columns, exactly, as data, in
+    a pair and as validation data; it used to be a TypeError (review 22, tenth session)."""
+    g = np.random.default_rng(0)
+    a, b, c = g.normal(size=64), g.normal(size=64) * 100, g.integers(0, 5, size=64)
+    runs = []
+    for data, valid in (((np.column_stack([a, b]), c[:, None]), (np.column_stack([a, b])[:16],
+                                                                c[:16, None])),
+                        ((_Frame(a=a, b=b), _Frame(c=c)), [_Frame(a=a[:16], b=b[:16]),
+                                                          _Frame(c=c[:16])])):
+        torch.manual_seed(0)
+        flow = flowkit.MAF(2, context_features=1, hidden_features=(8,), layers=1)
+        runs.append(fit(flow, data, valid=valid, steps=3, batch_size=16, seed=0, **QUIET))
+    assert runs[0].train_loss == runs[1].train_loss and runs[0].valid_loss == runs[1].valid_loss
+    mixed = _Frame(a=a, n=c)  # floats and integers: a float array, as numpy makes it
+    torch.manual_seed(0)
+    fit(flowkit.MAF(2, hidden_features=(8,), layers=1), mixed, valid=0.25, steps=2, **QUIET)
+    with pytest.raises(ValueError, match=r"'data' is a _Frame whose columns \['s'\] do not hold "
+                       r"numbers \(text, categories, or missing values of a nullable type\)"):
+        fit(flowkit.MAF(2), _Frame(a=a, s=["x"] * 64), steps=1, **QUIET)
+    with pytest.raises(ValueError, match=r"'valid context' is a _Frame whose columns \['k'\]"):
+        fit(flowkit.MAF(1, context_features=1), (a[:, None], c[:, None]), steps=1,
+            valid=(a[:, None], _Frame(k=[None] * 64)), **QUIET)
+    with pytest.raises(TypeError, match=r"'data' holds torch.int64 values"):
+        fit(flowkit.MAF(1), _Frame(n=c), steps=1, **QUIET)  # integers, as an integer array
+
+
+def test_pandas_data_frames_and_series():
+    pd = pytest.importorskip("pandas")
+    g = np.random.default_rng(1)
+    frame = pd.DataFrame({"a": g.normal(size=80), "b": pd.array(g.integers(0, 9, 80),
+                                                                 dtype="Int64")})
+    fit(flowkit.MAF(2, hidden_features=(8,), layers=1), frame, steps=2, **QUIET)
+    frame["k"] = pd.Categorical(["u", "v"] * 40)
+    with pytest.raises(ValueError, match=r"columns \['k'\] do not hold numbers"):
+        fit(flowkit.MAF(3), frame, steps=1, **QUIET)
+    series = pd.Series(g.normal(size=80), name="y")
+    with pytest.raises(ValueError, match=r"the context of 'data' should have shape \(80, "):
+        fit(flowkit.MAF(2, context_features=1), (frame[["a", "b"]], series), steps=1, **QUIET)
+
+
 def test_fit_warns_about_a_constant_column():
     x = gaussian(200)
     x[:, 1] = 3.0

@@ -111,6 +111,41 @@ def as_batch(
     return x, None if c is None else as_tensor(f"{name} context", c, device, dtype)
 
 
+def frames_as_arrays(name: str, value: Any) -> Any:
+    """``value`` with a data frame, or each data frame of a pair ``(x, context)``, replaced by
+    the numpy array of its values, column by column (exact: the array numpy makes of those
+    columns, of integers if every column holds integers); anything else as it is.
+
+    A data frame is anything with ``to_numpy`` and ``columns`` (pandas, polars), or a pandas
+    ``Series`` (``to_numpy`` and ``dtype``), so a table is taken as users hold it; its columns
+    must hold numbers: one of strings, categories or missing values of a nullable type is
+    refused, named, rather than converted to Python objects."""
+    if isinstance(value, tuple | list) and len(value) == 2:
+        pair = frames_as_arrays(name, value[0]), frames_as_arrays(f"{name} context", value[1])
+        changed = any(a is not b for a, b in zip(pair, value, strict=True))
+        return (pair if isinstance(value, tuple) else list(pair)) if changed else value
+    if isinstance(value, Tensor | np.ndarray) or not hasattr(value, "to_numpy"):
+        return value
+    if hasattr(value, "columns"):
+        columns = {str(c): np.asarray(value[c].to_numpy()) for c in value.columns}
+    elif hasattr(value, "dtype"):
+        columns = {str(getattr(value, "name", None) or "values"): np.asarray(value.to_numpy())}
+    else:
+        return value
+    not_numbers = [name for name, column in columns.items() if column.dtype.kind not in "biuf"]
+    if not_numbers:
+        raise ValueError(
+            f"'{name}' is a {type(value).__name__} whose columns {not_numbers} do not hold "
+            "numbers (text, categories, or missing values of a nullable type): encode or drop "
+            "them, and drop or fill the rows with missing values, before fitting"
+        )
+    if not hasattr(value, "columns"):
+        return next(iter(columns.values()))
+    if not columns:
+        return np.empty((len(value), 0))
+    return np.column_stack(list(columns.values()))
+
+
 def split_pair(name: str, value: Any) -> tuple[Any, Any]:
     """``(x, context)`` from a pair, ``(value, None)`` from anything else."""
     if isinstance(value, tuple | list) and not isinstance(value, Tensor):

@@ -33,6 +33,7 @@ from .data import (
     check_finite,
     derive_seed,
     first_batch,
+    frames_as_arrays,
     load_arrays,
     loader_batch,
 )
@@ -81,7 +82,9 @@ def fit(
 
             * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` (a
               tuple, or a list of the two arrays) with ``context`` of shape ``(N, C)``; copied
-              to ``device`` once, reshuffled every epoch;
+              to ``device`` once, reshuffled every epoch; a data frame (pandas, polars) in
+              place of an array is taken as the array of its values, if every column holds
+              numbers;
             * a :class:`~torch.utils.data.DataLoader` yielding ``x`` or ``(x, context)`` batches
               (under ``torchrun`` it must use a ``DistributedSampler``);
             * a function ``sample(n, generator) -> x`` or ``-> (x, context)`` drawing ``n`` fresh
@@ -326,6 +329,7 @@ def _make_source(
     is checked whole against ``model`` here (:func:`_check_first_batch`), before rows are held
     out, so that a message numbers the rows as they were passed; for a
     :class:`~flowkit.Flow`, also for degenerate columns."""
+    data = frames_as_arrays("data", data)
     if isinstance(data, list) and len(data) == 2 and all(
         isinstance(v, Tensor | np.ndarray) for v in data
     ):
@@ -489,6 +493,7 @@ def _make_validation(
 ) -> _DataValidation | _UserValidation:
     """The validation: the mean NLL over the whole validation set (all processes), or what the
     user's ``valid(model)`` returns (averaged over processes)."""
+    valid = frames_as_arrays("valid", valid)
     if callable(valid) and not isinstance(valid, DataLoader | Tensor | np.ndarray):
         return _UserValidation(model, valid, s)
     if isinstance(valid, DataLoader):
