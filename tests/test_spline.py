@@ -209,6 +209,48 @@ def test_gradients_are_finite_everywhere():
         assert torch.equal(grad_params, torch.zeros_like(grad_params))
 
 
+@pytest.mark.parametrize("tails", ["identity", "linear"])
+@pytest.mark.parametrize("bins", [2, 3, 16])
+def test_float32_gradients_are_finite_for_thin_bins_and_flat_knots(bins, tails):
+    """In float32 the inverse's discriminant, ``(h delta_{k+1})^2`` at the top of a bin, rounds
+    to 0 for a thin bin with a small derivative; its square root's infinite gradient, times the
+    0 that the tail's ``where`` passes to the spline branch of a point outside, gave NaN
+    parameter gradients (2026-11-26, tenth session: 6 of 320 gradients, 2 bins, raw params of
+    scale 3)."""
+    spline = RationalQuadraticSpline(bins=bins, bound=3.0, tails=tails)
+    params = random_params(spline, (256, 5), seed=11, scale=4.0).float().requires_grad_()
+    generator = torch.Generator().manual_seed(12)
+    x = (4 * torch.randn(256, 5, generator=generator)).requires_grad_()
+    for direction in (spline.forward, spline.inverse):
+        out, log_det = direction(x, params)
+        grads = torch.autograd.grad((0.3 * out + log_det).sum(), (params, x))
+        assert all(g.isfinite().all() for g in grads)
+
+
+def test_bin_values_are_those_of_the_knots():
+    """The forward and inverse gather their bin's knots and derivatives without forming every
+    knot; the values are those of :meth:`knots` at the bin that holds each value."""
+    for tails in ("identity", "linear"):
+        spline = RationalQuadraticSpline(bins=6, bound=2.0, tails=tails)
+        params = random_params(spline, (40, 3), seed=13, scale=3.0)
+        x_knots, y_knots, derivatives = spline.knots(params)
+        value = 2.2 * (2 * torch.rand(40, 3, dtype=torch.float64) - 1)
+        value[0] = x_knots[0, :, 3]  # exactly on a knot: the bin to its right
+        for along_y, knots in ((False, x_knots), (True, y_knots)):
+            clamped = value.clamp(-2.0, 2.0)
+            index = (knots[..., 1:-1] <= clamped[..., None]).sum(-1, keepdim=True)
+            expected = [t.gather(-1, index + o).squeeze(-1) for t, o in
+                        ((x_knots, 0), (x_knots, 1), (y_knots, 0), (y_knots, 1),
+                         (derivatives, 0), (derivatives, 1))]
+            x_k, w, y_k, h, d_k, d_k1 = spline._bin(clamped, params, along_y)
+            torch.testing.assert_close(x_k, expected[0], rtol=0, atol=1e-15)
+            torch.testing.assert_close(w, expected[1] - expected[0], rtol=0, atol=1e-15)
+            torch.testing.assert_close(y_k, expected[2], rtol=0, atol=1e-15)
+            torch.testing.assert_close(h, expected[3] - expected[2], rtol=0, atol=1e-15)
+            torch.testing.assert_close(d_k, expected[4], rtol=0, atol=1e-15)
+            torch.testing.assert_close(d_k1, expected[5], rtol=0, atol=1e-15)
+
+
 def test_inverse_is_accurate_for_extreme_params():
     """Steep and flat bins: the root formula must not cancel (the paper's form alone loses
     about three digits here), so ``x`` is recovered as well as ``z`` determines it."""

@@ -196,33 +196,69 @@ class RationalQuadraticSpline:
         return self.min_derivative + F.softplus(raw + self._derivative_shift)
 
     def _cumulative_knots(self, raw: Tensor, min_fraction: float) -> Tensor:
-        fractions = min_fraction + (1.0 - self.bins * min_fraction) * torch.softmax(raw, dim=-1)
-        inner = 2.0 * self.bound * torch.cumsum(fractions[..., :-1], dim=-1) - self.bound
+        inner = self._inner_knots(raw, min_fraction)
         return F.pad(F.pad(inner, (1, 0), value=-self.bound), (0, 1), value=self.bound)
 
     def _bin(self, value: Tensor, params: Tensor, along_y: bool) -> tuple[Tensor, ...]:
         """Locate ``value`` (clamped to ``[-B, B]``) among the x (or y) knots and gather the
-        bin's ``x_k, w_k, y_k, h_k, delta_k, delta_{k+1}``, each of the shape of ``value``."""
-        x_knots, y_knots, derivatives = self.knots(params)
-        search = y_knots if along_y else x_knots
+        bin's ``x_k, w_k, y_k, h_k, delta_k, delta_{k+1}``, each of the shape of ``value``.
+
+        The same values as :meth:`knots` gives at the bin, computed with fewer passes over
+        ``(..., D, K)`` tensors: the interior knots are searched and gathered as they come from
+        the cumulative sums (the boundaries ``-B`` and ``B`` filled in where the bin is the
+        first or the last), and only the two derivatives of the bin are formed from their raw
+        values."""
+        if params.shape[-1] != self.params_per_feature:
+            self.knots(params)  # raises the error that names the expected size
+        k = self.bins
+        raw_widths, raw_heights, raw_derivatives = params.split(
+            [k, k, self.params_per_feature - 2 * k], dim=-1
+        )
+        x_inner = self._inner_knots(raw_widths, self.min_bin_width)
+        y_inner = self._inner_knots(raw_heights, self.min_bin_height)
         # Number of interior knots <= value: the bin index in [0, K - 1]; a value on a knot
         # starts the bin to its right.
         index = torch.searchsorted(
-            search[..., 1:-1].contiguous(), value[..., None].contiguous(), right=True
+            y_inner if along_y else x_inner, value[..., None].contiguous(), right=True
         )
+        first, last = index == 0, index == k - 1
 
-        def pick(t: Tensor, offset: int = 0) -> Tensor:
-            return t.gather(-1, index + offset).squeeze(-1)
+        def knot_pair(inner: Tensor) -> tuple[Tensor, Tensor]:
+            """The knots at the bin's left and right edge."""
+            left = inner.gather(-1, (index - 1).clamp_min(0)).squeeze(-1)
+            right = inner.gather(-1, index.clamp_max(k - 2)).squeeze(-1)
+            return (torch.where(first.squeeze(-1), -self.bound, left),
+                    torch.where(last.squeeze(-1), self.bound, right))
 
-        x_k, y_k = pick(x_knots), pick(y_knots)
-        return (
-            x_k,
-            pick(x_knots, 1) - x_k,
-            y_k,
-            pick(y_knots, 1) - y_k,
-            pick(derivatives),
-            pick(derivatives, 1),
-        )
+        x_k, x_k1 = knot_pair(x_inner)
+        y_k, y_k1 = knot_pair(y_inner)
+        d_k, d_k1 = self._bin_derivatives(raw_derivatives, index, first, last)
+        return x_k, x_k1 - x_k, y_k, y_k1 - y_k, d_k, d_k1
+
+    def _inner_knots(self, raw: Tensor, min_fraction: float) -> Tensor:
+        """The ``K - 1`` interior knots, ``(..., D, K - 1)``, of :meth:`_cumulative_knots`."""
+        fractions = min_fraction + (1.0 - self.bins * min_fraction) * torch.softmax(raw, dim=-1)
+        return 2.0 * self.bound * torch.cumsum(fractions[..., :-1], dim=-1) - self.bound
+
+    def _bin_derivatives(
+        self, raw: Tensor, index: Tensor, first: Tensor, last: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The derivatives at the left and right knot of bin ``index`` (``(..., D, 1)``), as
+        :meth:`knots` computes them, from the raw derivatives of those knots only."""
+        if self.tails == "identity":  # raw values at the K - 1 interior knots only
+            left = self._interior(raw.gather(-1, (index - 1).clamp_min(0)))
+            right = self._interior(raw.gather(-1, index.clamp_max(self.bins - 2)))
+            one = torch.ones((), dtype=left.dtype, device=left.device)
+            left, right = torch.where(first, one, left), torch.where(last, one, right)
+        else:  # raw values at all K + 1 knots
+            pair = raw.gather(-1, torch.cat([index, index + 1], dim=-1))
+            interior = self._interior(pair)
+            edge = self.min_derivative + (MAX_TAIL_SLOPE - self.min_derivative) * torch.sigmoid(
+                pair + self._tail_shift
+            )
+            left = torch.where(first, edge[..., :1], interior[..., :1])
+            right = torch.where(last, edge[..., 1:], interior[..., 1:])
+        return left.squeeze(-1), right.squeeze(-1)
 
     @staticmethod
     def _log_derivative(
@@ -272,7 +308,11 @@ class RationalQuadraticSpline:
         b = h * d_k - offset * theta
         a = h * slope - b  # = h (s_k - delta_k) + (z - y_k) theta
         c = -slope * offset
-        root = torch.sqrt((b**2 - 4.0 * a * c).clamp_min(0.0))
+        # The discriminant is (h delta_{k+1})^2 at the top of a bin, which rounds to 0 or below
+        # in float32 for a thin bin with a small derivative: clamped to the smallest normal
+        # number, its square root's gradient stays finite (the unused branch of a tail point
+        # is clamped to the boundary, and an infinite gradient times 0 is NaN).
+        root = torch.sqrt((b**2 - 4.0 * a * c).clamp_min(torch.finfo(b.dtype).tiny))
         # One division by the selected denominator, which is never zero: -b - root < 0 when
         # b >= 0 (b = h delta_k > 0 where c = 0), and 2a = 2 (h s_k - b) > 0 when b < 0.
         b_nonnegative = b >= 0
