@@ -351,7 +351,8 @@ def test_the_summary_says_over_how_many_steps_the_training_nll_is_averaged(steps
     summary said "the last 100 steps" after 50 (review 11)."""
     from flowkit.app.fit import _summary
 
-    metrics = {"steps": steps, "wall_time_s": 1.0, "valid_nll": None, "train_nll_last_100": 1.5}
+    metrics = {"steps": steps, "wall_time_s": 1.0, "valid_nll": None, "train_nll_last_100": 1.5,
+               "epochs": None}
     text = _summary(metrics)
     assert f"(mean of the last {last}; no validation)" in text
     assert text.endswith(f"; {steps} step{'s' if steps > 1 else ''}, 1.0 s")
@@ -426,3 +427,30 @@ def test_csv_without_a_header_reads_every_line(tmp_path, monkeypatch):
     monkeypatch.setattr("flowkit.app.fit.plot_samples", spy)
     assert cli.main(["fit", "--data", str(path), *FAST, "--out", str(tmp_path / "o")]) == 0
     assert drawn == {"shape": (30, 2), "labels": None}
+
+
+def test_epochs_instead_of_steps_and_the_passes_a_run_covered(tmp_path, capsys):
+    """--epochs sets the length by passes over a file's rows; the result line says how many
+    passes a run covered, and a run of less than one says so (review 22: 2000 steps were 0.57
+    of an epoch on 1e6 rows, validated once, without a word)."""
+    x = np.random.default_rng(0).normal(size=(400, 2))
+    np.save(tmp_path / "d.npy", x)
+    fast = [a for a in FAST if a not in ("--steps", "3")]
+    out = tmp_path / "e"
+    assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--epochs", "2", *fast,
+                     "--out", str(out)]) == 0
+    m = _metrics(out)
+    assert m["batch_size"] == 22 and m["steps"] == 2 * (360 // 22) and m["epochs"] == 2.0
+    assert "32 steps (2 epochs)" in capsys.readouterr().out
+    assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--steps", "4", *fast,
+                     "--out", str(tmp_path / "s")]) == 0
+    text = capsys.readouterr().out
+    assert "4 steps (0.25 epochs)" in text
+    assert "note: the run saw less than one pass over the training rows" in text
+    assert cli.main(["fit", "--data", "moons", "--epochs", "2", *fast,
+                     "--out", str(tmp_path / "t")]) == 2
+    assert "'--epochs' applies to file data" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--data", "moons", "--epochs", "2", "--steps", "3",
+                  "--out", str(tmp_path / "u")])
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -718,7 +718,7 @@ def test_cli_help_lists_subcommands_and_common_options(capsys):
     for option in ("--device {auto,cpu,cuda}", "--seed", "--out", "--data", "--steps"):
         assert option in out
     assert "--layers LAYERS autoregressive layers (default: 5)" in out
-    assert "--steps STEPS optimizer steps (default: 2000)" in out
+    assert "--steps STEPS optimizer steps (default: 2000, unless --epochs is given)" in out
     assert "--clip-grad-norm NORM clip the global gradient norm to NORM" in out
     assert "--threads N CPU threads for torch (default: torch's default)" in out
 

@@ -67,6 +67,9 @@ from .options import positive_int
 VALID_SIZE = 4096
 """Validation points drawn from a toy dataset when --valid-size is not given."""
 
+DEFAULT_STEPS = 2000
+"""Optimizer steps when neither --steps nor --epochs is given."""
+
 VALID_FRACTION = 0.1
 """Share of a file's rows held out for validation when --valid-fraction is not given."""
 
@@ -76,6 +79,7 @@ OPTIONS = {
     "clip_grad_norm": "--clip-grad-norm",
     "divergence_threshold": "--divergence-threshold",
     "steps": "--steps",
+    "epochs": "--epochs",
     "batch_size": "--batch-size",
     "valid_every": "--valid-every",
     "early_stopping_patience": "--patience",
@@ -171,8 +175,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not standardize the data and context (the flow sees them as given)",
     )
     train = parser.add_argument_group("training")
-    train.add_argument(
-        "--steps", type=int, default=2000, help="optimizer steps (default: %(default)s)"
+    length = train.add_mutually_exclusive_group()
+    length.add_argument(
+        "--steps", type=int, default=None,
+        help=f"optimizer steps (default: {DEFAULT_STEPS}, unless --epochs is given)",
+    )
+    length.add_argument(
+        "--epochs", type=int, default=None,
+        help="passes over a file's training rows, instead of --steps (N // batch size steps "
+        "each)",
     )
     train.add_argument("--batch-size", type=int, default=None,
                        help="(default: 256 for a toy dataset; for a file, N // 16 of its N "
@@ -290,13 +301,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "'--valid-fraction' applies to file data; for toy dataset "
                 f"{args.data!r}, --valid-size sets the validation points (default: {VALID_SIZE})"
             )
+        if args.epochs is not None:
+            raise ValueError(f"'--epochs' applies to file data; toy dataset {args.data!r} is "
+                             "sampled afresh at every step: set the length with --steps")
         if args.valid_size is None:
             args.valid_size = VALID_SIZE
         data, valid, features = load_toy(args.data, args.valid_size, args.seed)
         if args.batch_size is None:
             args.batch_size = default_batch_size(None)  # fresh samples: fit's 256
         shown = valid  # the rows the samples are plotted over
-        context_features, labels = 0, None
+        context_features, labels, rows = 0, None, None
     else:
         if args.valid_size is not None:
             raise ValueError(
@@ -325,6 +339,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
             args.batch_size = rows
+    if args.steps is None and args.epochs is None:
+        args.steps = DEFAULT_STEPS
     record_options = _check_same_run(args, typed)
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     with as_options(OPTIONS, NONES):
@@ -344,6 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             data,
             valid=valid,
             steps=args.steps,
+            epochs=args.epochs,
             batch_size=args.batch_size,
             lr=args.lr,
             lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule,
@@ -369,6 +386,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "parameters": sum(p.numel() for p in flow.parameters()),
         "steps": len(history.train_loss),
+        # passes over a file's training rows, fit's N // batch_size steps each (None for a toy
+        # dataset, sampled afresh)
+        "epochs": (None if rows is None
+                   else len(history.train_loss) / max(1, rows // args.batch_size)),
         "train_nll_last_100": float(np.mean(history.train_loss[-100:])),  # of all, if fewer
         # fit ends with the best validation's weights: the saved flow's NLL is the best one
         "valid_nll": history.best_valid_loss,
@@ -394,17 +415,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _summary(metrics: dict[str, Any]) -> str:
     """The result in one line: the saved flow's validation NLL (and the KL estimate of a toy
-    dataset), or the training NLL of a run without validation."""
-    steps = f"{count(metrics['steps'], 'step')}, {metrics['wall_time_s']:.1f} s"
+    dataset), or the training NLL of a run without validation; the passes over a file's rows,
+    with a second line when the run did not finish one."""
+    steps = f"{count(metrics['steps'], 'step')}"
+    epochs = metrics["epochs"]
+    if epochs is not None:
+        steps += f" ({epochs:.3g} epochs)"
+    steps += f", {metrics['wall_time_s']:.1f} s"
     if metrics["valid_nll"] is None:
         last = count(min(100, metrics["steps"]), "step")
-        return (f"flowkit fit: training NLL {metrics['train_nll_last_100']:.4f} nats (mean of the "
-                f"last {last}; no validation); {steps}")
-    text = (f"flowkit fit: validation NLL {metrics['valid_nll']:.4f} nats (best, at step "
-            f"{metrics['best_step']}; the saved flow's)")
-    if "kl_estimate" in metrics:
-        text += f", KL estimate {metrics['kl_estimate']:.4f} nats"
-    return f"{text}; {steps}"
+        text = (f"flowkit fit: training NLL {metrics['train_nll_last_100']:.4f} nats (mean of "
+                f"the last {last}; no validation); {steps}")
+    else:
+        text = (f"flowkit fit: validation NLL {metrics['valid_nll']:.4f} nats (best, at step "
+                f"{metrics['best_step']}; the saved flow's)")
+        if "kl_estimate" in metrics:
+            text += f", KL estimate {metrics['kl_estimate']:.4f} nats"
+        text += f"; {steps}"
+    if epochs is not None and epochs < 1:
+        text += ("\nflowkit fit: note: the run saw less than one pass over the training rows; "
+                 "validations come once per epoch by default: pass --epochs, more --steps, or "
+                 "--valid-every")
+    return text
 
 
 def _standardize(args: argparse.Namespace) -> bool | str:
