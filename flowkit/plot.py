@@ -83,6 +83,12 @@ def grid_log_density(
                 [1., 3.]])
     """
     chunk = check_int("chunk", chunk, 1)
+    if isinstance(log_prob, torch.nn.Module):
+        raise TypeError(
+            f"'log_prob' should be a function x -> log p(x), such as flow.log_prob; got the "
+            f"{type(log_prob).__name__} itself (calling a flow gives its distribution given a "
+            "context, not a log-density)"
+        )
     points, _ = box_grid(box, resolution, dtype=dtype, device=device)
     values = torch.cat([log_prob(p) for p in points.split(chunk)])
     return values.view(resolution, resolution)
@@ -350,7 +356,7 @@ _LOSS_LABELS = {"nll": "NLL (nats)", "neg_elbo": "-ELBO (nats)"}
 
 
 def loss_figure(
-    histories: Mapping[str, Mapping[str, History]],
+    histories: History | Mapping[str, Mapping[str, History]],
     *,
     references: Mapping[str, tuple[str, float]] | None = None,
     smooth: int = 50,
@@ -360,7 +366,8 @@ def loss_figure(
     """Loss curves, one panel per group (e.g. per dataset), one line per run in the group.
 
     Args:
-        histories: ``{group: {run label: History}}``.
+        histories: ``{group: {run label: History}}``, or one :class:`~flowkit.train.History`
+            (one panel, one run).
         references: ``{group: (label, value)}``, a dashed horizontal line per group: the lowest
             loss reachable, e.g. ``("entropy", H)`` for NLL or ``("-log Z", -log_z)`` for -ELBO.
         smooth: moving-average window in steps.
@@ -370,6 +377,18 @@ def loss_figure(
     The y range is set from the smoothed curves (the first 5% of steps left out), so that early
     losses do not flatten the part worth reading.
     """
+    from flowkit.train import History
+
+    if isinstance(histories, History):
+        histories = {"": {"train": histories}}
+    if not isinstance(histories, Mapping) or not all(
+        isinstance(runs, Mapping) and all(isinstance(h, History) for h in runs.values())
+        for runs in histories.values()
+    ):
+        raise TypeError(
+            "'histories' should be a History or a mapping {group: {run label: History}}, e.g. "
+            f"{{'moons': {{'lr 1e-3': history}}}}, got {type(histories).__name__}"
+        )
     if not histories:
         raise ValueError("'histories' should name at least one group")
     empty = [group for group, runs in histories.items() if not runs]

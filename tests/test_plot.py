@@ -262,3 +262,28 @@ def test_pairs_figure_refuses_bad_arguments(kwargs, message):
     args = {"data": torch.randn(50, 3), "samples": torch.randn(60, 3), **kwargs}
     with pytest.raises(ValueError, match=message):
         pairs_figure(args.pop("data"), args.pop("samples"), **args)
+
+
+def test_loss_figure_takes_one_history_and_names_what_it_refuses():
+    """``loss_figure(history)``, the first call one tries, was an AttributeError ('History'
+    object has no attribute 'items'; review 22)."""
+    history = History(objective="nll", train_loss=[3.0, 2.5, 2.0], valid_steps=[3],
+                      valid_loss=[2.2])
+    fig = loss_figure(history)
+    assert len(fig.axes) == 1 and len(fig.axes[0].lines) == 3  # smoothed, raw, validation
+    for bad in ([history], {"g": [history]}, {"g": {"run": [1.0, 2.0]}}):
+        with pytest.raises(TypeError, match=r"'histories' should be a History or a mapping "
+                                            r"\{group: \{run label: History\}\}"):
+            loss_figure(bad)
+
+
+def test_grid_log_density_refuses_the_flow_itself():
+    """Calling a flow gives its distribution given a context: passed instead of
+    ``flow.log_prob``, the grid's points were taken for a context (review 22)."""
+    import flowkit
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(4,))
+    with pytest.raises(TypeError, match=r"'log_prob' should be a function x -> log p\(x\), "
+                                        r"such as flow.log_prob; got the Flow itself"):
+        grid_log_density(flow, BOX, 4)
+    assert grid_log_density(flow.log_prob, BOX, 4).shape == (4, 4)
