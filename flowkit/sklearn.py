@@ -131,10 +131,16 @@ class FlowDensity(DensityMixin, BaseEstimator):
         verbose: show the training progress bar.
 
     Attributes:
-        flow_: the fitted :class:`flowkit.Flow` (in evaluation mode, on ``device``).
+        flow_: the fitted :class:`flowkit.Flow` (in evaluation mode, on ``device``), a density
+            of the *standardized* rows ``u = (X - mean_) / scale_`` in the flow's ``dtype``, not
+            of ``X``: ``log p(x) = flow_.log_prob(u) - sum(log(scale_))`` and ``x = u * scale_
+            + mean_`` for its samples, which is what :meth:`score_samples` and :meth:`sample`
+            compute (the standardization is done in float64, outside the flow, so that data far
+            from zero are not rounded by the cast to float32).
         mean_, scale_: ``(n_features,)`` standardization applied before the flow (0 and 1
             when ``standardize=False``).
-        history_: the :class:`flowkit.train.History` of the training run.
+        history_: the :class:`flowkit.train.History` of the training run; its losses are NLLs
+            of the standardized rows, ``sum(log(scale_))`` below those of ``X``.
         n_features_in_: number of columns seen by ``fit``.
 
     Example:
