@@ -125,7 +125,7 @@ FINGERPRINT = 64
 
 
 class _Cache(NamedTuple):
-    """A cached ``W * M``: what identified ``W`` and ``M`` then (:meth:`MaskedLinear._state`),
+    """A cached ``W * M``: what identified ``W`` and ``M`` then (:meth:`MaskedLinear.cache_key`),
     the product, the tensors it was made from, and :data:`FINGERPRINT` entries of ``W``
     (flat positions ``where``, their ``values`` then)."""
 
