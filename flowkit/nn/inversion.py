@@ -317,14 +317,14 @@ class _Views:
     def __init__(self, tracked: bool):
         self.cache: dict[tuple, Any] | None = None if tracked else {}
 
-    def block(self, t: Tensor, starts: list[int], k: int, dim: int = 0) -> Tensor:
-        """``t[starts[k]:starts[k + 1]]`` along ``dim``; ``starts`` spans all of ``t``."""
+    def block(self, t: Tensor, starts: list[int], k: int) -> Tensor:
+        """``t[starts[k]:starts[k + 1]]`` (rows); ``starts`` spans all of ``t``."""
         if self.cache is None:
-            return t.narrow(dim, starts[k], starts[k + 1] - starts[k])
-        blocks = self.cache.get((id(t), dim))
+            return t.narrow(0, starts[k], starts[k + 1] - starts[k])
+        blocks = self.cache.get((id(t),))
         if blocks is None:
             sizes = [b - a for a, b in pairwise(starts)]
-            blocks = self.cache[id(t), dim] = t.split(sizes, dim)
+            blocks = self.cache[id(t),] = t.split(sizes)
         return blocks[k]
 
     def rows(self, t: Tensor, index: int, after: bool = False) -> Tensor:
