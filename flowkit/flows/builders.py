@@ -21,8 +21,9 @@ from flowkit.flows.flow import Flow
 from flowkit.nn.activation import ActivationSpec, activation_class, activation_name
 from flowkit.nn.embedding import build_embedding, embedded_features, embedding_config
 from flowkit.nn.made import MADE
-from flowkit.transforms.autoregressive import BatchNorm, Direction, MaskedAutoregressive
+from flowkit.transforms.autoregressive import Direction, MaskedAutoregressive
 from flowkit.transforms.base import Compose, Permutation, Transform
+from flowkit.transforms.batch_norm import BatchNorm
 from flowkit.transforms.bounded import Logit
 from flowkit.transforms.elementwise import Affine
 from flowkit.transforms.linear import LULinear
