@@ -7,7 +7,6 @@ Both builders are registered with :func:`flowkit.checkpoint.register_model`: eac
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -25,42 +24,12 @@ from flowkit.transforms.autoregressive import Direction, MaskedAutoregressive
 from flowkit.transforms.base import Compose, Permutation, Transform
 from flowkit.transforms.batch_norm import BatchNorm
 from flowkit.transforms.bounded import Logit
-from flowkit.transforms.elementwise import Affine
+from flowkit.transforms.elementwise import make_transformer
 from flowkit.transforms.linear import LULinear
-from flowkit.transforms.spline import RationalQuadraticSpline
 from flowkit.transforms.standardize import Standardize
 from flowkit.validation import check_bool, check_int
 
 PermutationSpec = Literal["reverse", "random", "none"] | Sequence[int] | Sequence[Sequence[int]]
-
-
-_TRANSFORMERS: dict[str, type[Affine | RationalQuadraticSpline]] = {
-    "affine": Affine,
-    "spline": RationalQuadraticSpline,
-}
-
-
-def make_transformer(name: str, **kwargs: float) -> Affine | RationalQuadraticSpline:
-    """An elementwise transformer by name: ``"affine"`` (:class:`Affine`) or ``"spline"``
-    (:class:`flowkit.transforms.RationalQuadraticSpline`), with its keyword arguments.
-
-    Raises:
-        ValueError: an unknown ``name``.
-        TypeError: ``kwargs`` that the transformer does not take (the error names
-            ``transformer_kwargs``, the transformer and the arguments it takes).
-    """
-    if not isinstance(name, str) or name not in _TRANSFORMERS:
-        raise ValueError(f"'transformer' should be 'affine' or 'spline', got {name!r}")
-    cls = _TRANSFORMERS[name]
-    signature = inspect.signature(cls)
-    try:
-        signature.bind(**kwargs)
-    except TypeError as e:
-        raise TypeError(
-            f"'transformer_kwargs' {kwargs} do not fit transformer={name!r} ({cls.__name__}, "
-            f"which takes {', '.join(signature.parameters) or 'no arguments'}): {e}"
-        ) from None
-    return cls(**kwargs)
 
 
 def _permutations(

@@ -18,7 +18,7 @@ In both cases the Jacobian ``dz/dx`` is triangular in the ordering, so
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -26,20 +26,10 @@ from torch import Tensor
 from flowkit.nn.inversion import _solve_with_params
 from flowkit.nn.made import MADE
 from flowkit.transforms.base import Transform
-from flowkit.transforms.elementwise import Affine
+from flowkit.transforms.elementwise import Affine, Transformer
 from flowkit.validation import check_bool
 
 Direction = Literal["maf", "iaf"]
-
-
-class Transformer(Protocol):
-    """Elementwise monotonic map with parameters from a conditioner, ``(..., D, P)``."""
-
-    params_per_feature: int
-
-    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]: ...
-
-    def inverse(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 class MaskedAutoregressive(Transform):
