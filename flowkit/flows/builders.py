@@ -60,6 +60,7 @@ def _permutations(
 
 def _autoregressive_flow(
     direction: Direction,
+    *,
     features: int,
     layers: int,
     hidden_features: Sequence[int],
@@ -77,9 +78,10 @@ def _autoregressive_flow(
     standardize: bool | Literal["diagonal", "full"],
     bounds: tuple[Sequence[float], Sequence[float]] | None,
     seed: int,
-    base_context: Literal["embedded", "raw"],) -> Flow:
+    base_context: Literal["embedded", "raw"],
+) -> Flow:
     """The stack both builders make, its layers in ``direction``; the arguments are those of
-    :func:`MAF` and :func:`IAF`, documented in :func:`MAF`."""
+    :func:`MAF` and :func:`IAF` (passed by keyword), documented in :func:`MAF`."""
     # MADE checks hidden_features and residual; the rest is checked here.
     if torch.empty(0).device.type == "meta":
         raise RuntimeError(
@@ -328,10 +330,27 @@ def MAF(
         torch.Size([4])
     """
     return _autoregressive_flow(
-        "maf", features, layers, hidden_features, context_features, transformer,
-        transformer_kwargs, permutation, lu_linear, batch_norm, residual, activation,
-        learnable_base, conditional_base, embedding, standardize, bounds, seed, base_context,
+        "maf",
+        features=features,
+        layers=layers,
+        hidden_features=hidden_features,
+        context_features=context_features,
+        transformer=transformer,
+        transformer_kwargs=transformer_kwargs,
+        permutation=permutation,
+        lu_linear=lu_linear,
+        batch_norm=batch_norm,
+        residual=residual,
+        activation=activation,
+        learnable_base=learnable_base,
+        conditional_base=conditional_base,
+        embedding=embedding,
+        standardize=standardize,
+        bounds=bounds,
+        seed=seed,
+        base_context=base_context,
     )
+
 
 @register_model(upgrade=_upgrade, **_REGISTRATION)
 def IAF(
@@ -366,7 +385,23 @@ def IAF(
         (torch.Size([4, 2]), torch.Size([4]))
     """
     return _autoregressive_flow(
-        "iaf", features, layers, hidden_features, context_features, transformer,
-        transformer_kwargs, permutation, lu_linear, batch_norm, residual, activation,
-        learnable_base, conditional_base, embedding, standardize, bounds, seed, base_context,
+        "iaf",
+        features=features,
+        layers=layers,
+        hidden_features=hidden_features,
+        context_features=context_features,
+        transformer=transformer,
+        transformer_kwargs=transformer_kwargs,
+        permutation=permutation,
+        lu_linear=lu_linear,
+        batch_norm=batch_norm,
+        residual=residual,
+        activation=activation,
+        learnable_base=learnable_base,
+        conditional_base=conditional_base,
+        embedding=embedding,
+        standardize=standardize,
+        bounds=bounds,
+        seed=seed,
+        base_context=base_context,
     )
