@@ -9,18 +9,16 @@ With it, a conditional flow :math:`x = T^{-1}(z; c)` starts from
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from flowkit.distributions.normal import diagonal_normal_log_prob
 from flowkit.nn.embedding import MLPEmbedding
 from flowkit.validation import check_int, check_width
 
 __all__ = ["ConditionalDiagonalGaussian"]
-
-_LOG_2PI = math.log(2 * math.pi)
 
 
 class ConditionalDiagonalGaussian(nn.Module):
@@ -81,7 +79,7 @@ class ConditionalDiagonalGaussian(nn.Module):
                 "per row"
             )
         eps = (z - loc) * torch.exp(-log_scale)
-        return -(0.5 * eps**2 + log_scale + 0.5 * _LOG_2PI).sum(-1)
+        return diagonal_normal_log_prob(eps, log_scale)
 
     def rsample_and_log_prob(
         self, context: Tensor, generator: torch.Generator | None = None
@@ -91,7 +89,7 @@ class ConditionalDiagonalGaussian(nn.Module):
         loc, log_scale = self.loc_and_log_scale(context)
         eps = torch.randn(loc.shape, generator=generator, device=loc.device, dtype=loc.dtype)
         z = loc + eps * torch.exp(log_scale)
-        return z, -(0.5 * eps**2 + log_scale + 0.5 * _LOG_2PI).sum(-1)
+        return z, diagonal_normal_log_prob(eps, log_scale)
 
     def rsample(self, context: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One reparameterized draw per context row: ``(N, C)`` -> ``(N, D)``."""
