@@ -72,27 +72,30 @@ class MaskedAutoregressive(Transform):
                     made.direct.weight.zero_()
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        if self.direction == "maf":
-            params = self.made._forward(x, context)
-        else:
-            # the solver also returns made(z), the parameters of the log-determinant
-            column = _column_reader(x)
-            _, params = _solve_with_params(
-                self.made, lambda p, i: self.transformer.forward(column(i), p)[0], x, context
-            )
-        z, log_det = self.transformer.forward(x, params)
+        forward = self.transformer.forward
+        z, log_det = forward(x, self._params(x, context, self.direction == "maf", forward))
         return z, log_det.sum(-1)
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        if self.direction == "iaf":
-            params = self.made._forward(z, context)
-        else:
-            column = _column_reader(z)
-            _, params = _solve_with_params(
-                self.made, lambda p, i: self.transformer.inverse(column(i), p)[0], z, context
-            )
-        x, log_det = self.transformer.inverse(z, params)
+        inverse = self.transformer.inverse
+        x, log_det = inverse(z, self._params(z, context, self.direction == "iaf", inverse))
         return x, log_det.sum(-1)
+
+    def _params(
+        self,
+        y: Tensor,
+        context: Tensor | None,
+        cheap: bool,
+        step: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    ) -> Tensor:
+        """The transformer's parameters ``(N, D, P)`` for mapping ``y`` ``(N, D)`` with
+        ``step`` (the transformer's ``forward`` or ``inverse``). ``cheap``: the MADE reads ``y``,
+        one pass. Otherwise it reads the result of ``step``, which is solved for one feature at
+        a time; the solver also returns the MADE's outputs at the solution, the parameters."""
+        if cheap:
+            return self.made._forward(y, context)
+        column = _column_reader(y)
+        return _solve_with_params(self.made, lambda p, i: step(column(i), p)[0], y, context)[1]
 
     def extra_repr(self) -> str:
         return f"direction={self.direction!r}, transformer={self.transformer!r}"
