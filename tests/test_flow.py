@@ -10,7 +10,7 @@ import torch
 
 import flowkit
 from flowkit import IAF, MADE, MAF, Flow
-from flowkit.nn.inversion import _solve_with_params
+from flowkit.nn.inversion import solve_with_params
 from flowkit.transforms import Compose, Permutation, autoregressive
 from flowkit.transforms.standardize import set_from_data
 
@@ -244,9 +244,9 @@ def _count_work(flow: flowkit.Flow, monkeypatch: pytest.MonkeyPatch) -> Counter:
             assert index.numel() == 1
             return step(params, index)
 
-        return _solve_with_params(made, counted_step, *args, **kwargs)
+        return solve_with_params(made, counted_step, *args, **kwargs)
 
-    monkeypatch.setattr(autoregressive, "_solve_with_params", counted_solve)
+    monkeypatch.setattr(autoregressive, "solve_with_params", counted_solve)
     return counts
 
 

@@ -161,13 +161,19 @@ def solve_with_params(
     like: Tensor,
     context: Tensor | None = None,
     encode: Encode | None = None,
+    *,
+    check: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """:func:`solve`, also returning ``made(y, context)`` ``(N, D, P)`` at no extra cost (the
     outputs are computed on the way), e.g. for the log-determinant of a flow layer.
 
     A MADE whose :attr:`~flowkit.nn.MADE.solver` is ``"naive"`` is solved by
-    :func:`solve_naive_with_params` instead (a reference for tests and benchmarks)."""
-    _check_arguments(made, like, context)
+    :func:`solve_naive_with_params` instead (a reference for tests and benchmarks).
+
+    ``check=False`` skips the check of ``like`` and ``context``: for callers whose own public
+    methods checked them (the flow layers, checked by a :class:`flowkit.Flow` or the layer)."""
+    if check:
+        _check_arguments(made, like, context)
     return _solve_with_params(made, step, like, context, encode)
 
 
@@ -188,8 +194,7 @@ def _without_autocast(solver: Callable[..., Any]) -> Callable[..., Any]:
 def _solve_with_params(
     made: MADE, step: Step, like: Tensor, context: Tensor | None, encode: Encode | None = None
 ) -> tuple[Tensor, Tensor]:
-    """:func:`solve_with_params` on arguments its caller checked (the flow layers, which a
-    :class:`flowkit.Flow` or the layer's own public methods checked)."""
+    """:func:`solve_with_params` on checked arguments."""
     if made.solver == "naive" or _inside_torch_func():
         return solve_naive_with_params(made, step, like, context, encode)
     made.refuse_hooks()

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from flowkit.nn.inversion import _solve_with_params
+from flowkit.nn.inversion import solve_with_params
 from flowkit.nn.made import MADE
 from flowkit.transforms.base import Transform
 from flowkit.transforms.elementwise import Affine, Transformer
@@ -95,7 +95,10 @@ class MaskedAutoregressive(Transform):
         if cheap:
             return self.made._forward(y, context)
         column = _column_reader(y)
-        return _solve_with_params(self.made, lambda p, i: step(column(i), p)[0], y, context)[1]
+        _, params = solve_with_params(
+            self.made, lambda p, i: step(column(i), p)[0], y, context, check=False
+        )
+        return params
 
     def extra_repr(self) -> str:
         return f"direction={self.direction!r}, transformer={self.transformer!r}"
