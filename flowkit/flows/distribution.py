@@ -54,7 +54,13 @@ import torch
 from torch import Tensor
 from torch.distributions import Distribution, constraints, register_kl
 
-from flowkit.validation import check_batch, check_batch_context, check_n, nonfinite_rows
+from flowkit.validation import (
+    check_batch,
+    check_batch_context,
+    check_n,
+    nonfinite_rows,
+    reference,
+)
 
 if TYPE_CHECKING:
     from flowkit.flows.flow import Flow
@@ -118,7 +124,7 @@ class FlowDistribution(Distribution):
     def __init__(
         self, flow: Flow, context: Tensor | None = None, validate_args: bool | None = None
     ):
-        context = check_batch_context(context, flow.context_features, flow._reference())
+        context = check_batch_context(context, flow.context_features, reference(flow))
         batch_shape = torch.Size() if context is None else context.shape[:-1]
         self.flow = flow
         self.context = context
@@ -161,6 +167,7 @@ class FlowDistribution(Distribution):
         log-density ``(*sample_shape, *batch_shape)`` from one inverse pass of the flow (one MADE
         pass per layer for an IAF)."""
         sample_shape = _shape("sample_shape", sample_shape)
+        # Flow's internal protocol (see its class notes): the context was checked in __init__
         if self.context is None:
             # i.i.d. copies: one flat batch of prod(sample_shape + batch_shape) draws
             x, log_p = self.flow._sample_batch(sample_shape + self.batch_shape, None, True)
@@ -186,7 +193,7 @@ class FlowDistribution(Distribution):
             log_p = self._cache[1]
             return log_p if torch.is_grad_enabled() else log_p.detach()
         features = self.event_shape[0]
-        value = check_batch("value", value, features, self.flow._reference())
+        value = check_batch("value", value, features, reference(self.flow))
         try:  # checked here too: torch.compile turns validate_args off for every distribution
             shape = torch.broadcast_shapes(value.shape[:-1], self.batch_shape)
         except RuntimeError:

@@ -80,6 +80,12 @@ class Flow(nn.Module):
     ``C`` that callers pass; ``h`` is computed once per distinct context row, before rows are
     expanded.
 
+    Internal protocol: :class:`flowkit.FlowDistribution`, the torch-distribution front end in
+    :mod:`flowkit.flows.distribution`, checks its input itself and then calls two unchecked
+    methods of the flow, ``_sample_batch(sample_shape, context, log_prob)`` and
+    ``_log_prob_batch(x, context, shape, outside)``, which :meth:`sample_and_log_prob` and
+    :meth:`log_prob` call after their own checks. They are part of flowkit, not of its API.
+
     Args:
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
         base: base distribution with ``features``, ``log_prob(z)`` and ``rsample(n)``; or a
@@ -246,7 +252,8 @@ class Flow(nn.Module):
     ) -> Tensor:
         """``x`` ``(*A, D)`` and ``context`` ``(*B, C)`` broadcast to ``shape``; ``outside``
         ``(*A,)`` marks points with infinite entries (log-density ``-inf``). Each distinct
-        context row is embedded once."""
+        context row is embedded once. Internal protocol (see the class notes): the caller
+        checked ``x`` and ``context``."""
         d = self.features
         if torch.compiler.is_compiling():  # no branch on values: score all, mask infinite rows
             infinite = torch.isinf(x).any(-1, keepdim=True)
@@ -278,7 +285,8 @@ class Flow(nn.Module):
         self, sample_shape: torch.Size, context: Tensor | None, log_prob: bool
     ) -> tuple[Tensor, Tensor | None]:
         """Samples ``(*sample_shape, *batch, D)`` (``batch = context.shape[:-1]``) and, with
-        ``log_prob``, their log-density from the same inverse pass."""
+        ``log_prob``, their log-density from the same inverse pass. Internal protocol (see the
+        class notes): the caller checked ``context``."""
         shape = sample_shape + (() if context is None else context.shape[:-1])
         rows = math.prod(shape)
         if rows == 0:
