@@ -46,8 +46,6 @@ sample count: they raise a ``NotImplementedError`` that names the estimators. ``
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,6 +56,7 @@ from flowkit.validation import (
     check_batch,
     check_batch_context,
     check_n,
+    check_torch_shape,
     nonfinite_rows,
     reference,
 )
@@ -66,30 +65,6 @@ if TYPE_CHECKING:
     from flowkit.flows.flow import Flow
 
 _Shape = torch.Size | tuple[int, ...] | list[int]
-
-
-def _shape(name: str, value: object) -> torch.Size:
-    """``value`` as a ``torch.Size``: a sequence of non-negative integers, as torch takes them
-    (``(3,)``, not ``3``; numpy integers, integer tensors and 1-D arrays too)."""
-    sizes = None
-    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
-        try:
-            sizes = [_size(n) for n in value]
-        except TypeError:
-            sizes = None
-    if sizes is not None and all(n >= 0 for n in sizes):
-        return torch.Size(sizes)
-    hint = f" such as ({value},)" if isinstance(value, int) and not isinstance(value, bool) else ""
-    raise ValueError(
-        f"'{name}' should be a tuple of non-negative integers{hint}, got {value!r}"
-    )
-
-
-def _size(n: object) -> int:
-    """One size of a shape: an integer that is not a bool (``operator.index``)."""
-    if isinstance(n, bool) or (isinstance(n, Tensor) and n.dtype == torch.bool):
-        raise TypeError(n)
-    return operator.index(n)
 
 KL_SAMPLES = 1000
 """Samples of the Monte-Carlo KL estimate that :func:`torch.distributions.kl_divergence`
@@ -142,7 +117,7 @@ class FlowDistribution(Distribution):
         """The same flow over a larger batch: the context is broadcast (without a copy) to
         ``(*batch_shape, C)``; an unconditional flow becomes ``batch_shape`` i.i.d. copies."""
         new = self._get_checked_instance(FlowDistribution, _instance)
-        batch_shape = _shape("batch_shape", batch_shape)
+        batch_shape = check_torch_shape("batch_shape", batch_shape)
         try:
             expandable = torch.broadcast_shapes(batch_shape, self.batch_shape) == batch_shape
         except RuntimeError:
@@ -166,7 +141,7 @@ class FlowDistribution(Distribution):
         """Reparameterized samples ``(*sample_shape, *batch_shape, D)`` and their exact
         log-density ``(*sample_shape, *batch_shape)`` from one inverse pass of the flow (one MADE
         pass per layer for an IAF)."""
-        sample_shape = _shape("sample_shape", sample_shape)
+        sample_shape = check_torch_shape("sample_shape", sample_shape)
         # Flow's internal protocol (see its class notes): the context was checked in __init__
         if self.context is None:
             # i.i.d. copies: one flat batch of prod(sample_shape + batch_shape) draws
