@@ -239,8 +239,10 @@ def test_like_and_context_are_checked(solver):
 
     made = MADE(3, (8,))
     for like in (torch.zeros(2, 5), torch.zeros(2, 3, 1), torch.zeros(3)):
-        with pytest.raises(ValueError, match=r"'like' should have shape \(N, made.features\)"):
+        with pytest.raises(ValueError, match=r"'like' should have shape \(N, 3\), got "):
             solver(made, step, like)
+    with pytest.raises(TypeError, match=r"'like' should be a torch.Tensor of shape \(N, 3\)"):
+        solver(made, step, [[0.0, 0.0, 0.0]])
     with pytest.raises(ValueError, match="'context' was given"):
         solver(made, step, torch.zeros(2, 3), torch.zeros(2, 1))
     conditional = MADE(3, (8,), context_features=2)

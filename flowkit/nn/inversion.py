@@ -53,7 +53,7 @@ from flowkit.nn.inversion_program import build_program
 from flowkit.nn.layout import sorted_layout
 from flowkit.nn.made import MADE
 from flowkit.nn.scratch import Scratch
-from flowkit.validation import check_context
+from flowkit.validation import check_context, check_width
 
 Encode = Callable[[Tensor], Tensor]
 """``encode(y) -> made input``: maps values ``(N, D)`` to the MADE's input, e.g. one-hot
@@ -301,11 +301,7 @@ def _inside_torch_func() -> bool:
 
 def _check_arguments(made: MADE, like: Tensor, context: Tensor | None) -> None:
     """``like`` should be ``(N, D)`` and ``context`` ``(N, C)``, or ``None`` when ``C = 0``."""
-    if like.dim() != 2 or like.shape[1] != made.features:
-        raise ValueError(
-            f"'like' should have shape (N, made.features) = (N, {made.features}), got "
-            f"{tuple(like.shape)}"
-        )
+    check_width("like", like, made.features)
     check_context(context, made.context_features, like.shape[:1], None)
 
 
