@@ -373,17 +373,17 @@ SampleShape = int | Sequence[int] | None
 
 
 def check_sample_arguments(
-    n: object, context: object, features: int, like: Tensor | None
+    n: object, context: object, context_features: int, like: Tensor | None
 ) -> tuple[torch.Size, Tensor | None]:
     """The ``n`` and ``context`` of a ``sample(n, context)`` call, checked as given: ``n`` as
-    a sample shape (:func:`check_sample_shape`) and the context, ``(..., features)`` and not
-    empty (:func:`check_batch_context`). A tensor passed as ``n`` (a context given by
+    a sample shape (:func:`check_sample_shape`) and the context, ``(..., context_features)``
+    and not empty (:func:`check_batch_context`). A tensor passed as ``n`` (a context given by
     position, as nflows takes it) is named as such, before the missing context."""
     if isinstance(n, Tensor) and n.dim() > 0:
         raise ValueError(f"'n' should be an integer number of samples, got a tensor of shape "
                          f"{tuple(n.shape)}; pass a context by keyword: sample(n, context=c), "
                          "or sample(context=c) for one sample per row")
-    context = check_batch_context(context, features, like)
+    context = check_batch_context(context, context_features, like)
     if context is not None:
         check_not_empty("context", context, context.shape[:-1])
     return check_sample_shape(n, context is not None), context
