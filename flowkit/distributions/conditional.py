@@ -66,18 +66,27 @@ class ConditionalDiagonalGaussian(nn.Module):
     def loc_and_log_scale(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """``mu(c)`` and ``log sigma(c)``, each ``(N, D)``, for a context ``(N, C)``."""
         check_width("context", context, self.context_features)
+        return self._loc_and_log_scale(context)
+
+    def _loc_and_log_scale(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`loc_and_log_scale` without the check of ``context``."""
         loc, log_scale = self.head(context).chunk(2, dim=-1)
         return loc, log_scale
 
     def log_prob(self, z: Tensor, context: Tensor) -> Tensor:
         """``log p(z | context)``: ``z`` ``(N, D)``, ``context`` ``(N, C)`` -> ``(N,)``."""
         check_width("z", z, self.features)
-        loc, log_scale = self.loc_and_log_scale(context)
-        if z.shape[0] != loc.shape[0]:
+        check_width("context", context, self.context_features)
+        if z.shape[0] != context.shape[0]:
             raise ValueError(
-                f"'z' has {z.shape[0]} rows but 'context' has {loc.shape[0]}; pass one context "
-                "per row"
+                f"'z' has {z.shape[0]} rows but 'context' has {context.shape[0]}; pass one "
+                "context per row"
             )
+        return self._log_prob(z, context)
+
+    def _log_prob(self, z: Tensor, context: Tensor) -> Tensor:
+        """:meth:`log_prob` without the checks (a flow's own ``z`` and context)."""
+        loc, log_scale = self._loc_and_log_scale(context)
         eps = (z - loc) * torch.exp(-log_scale)
         return diagonal_normal_log_prob(eps, log_scale)
 

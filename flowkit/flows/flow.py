@@ -10,7 +10,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from flowkit.distributions.normal import DiagonalGaussian
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Transform
@@ -90,6 +89,10 @@ class Flow(nn.Module):
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
         base: base distribution with ``features``, ``log_prob(z)`` and ``rsample(n)``; or a
             conditional one with ``context_features``, ``log_prob(z, h)`` and ``rsample(h)``.
+            Optional: ``_log_prob`` with the same arguments, without the checks (the flow
+            calls it on its own ``z``), and, for a conditional base,
+            ``rsample_and_log_prob(h) -> (z, log_prob)`` (used by
+            :meth:`sample_and_log_prob`).
         standardize_context: applied to every raw context first, a
             :class:`flowkit.transforms.Standardize` of width ``C`` (set from data like any
             other: by the first training-mode call with a context, log-density or sampling, or
@@ -225,18 +228,26 @@ class Flow(nn.Module):
         return h[..., :inner], h[..., inner:]
 
     def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
-        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``. For
-        flowkit's Gaussian bases, their unchecked ``_log_prob``: ``z`` is the flow's own."""
-        if self.conditional_base:
-            return self.base.log_prob(z, h)
-        if isinstance(self.base, DiagonalGaussian):
-            return self.base._log_prob(z)
-        return self.base.log_prob(z)
+        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``: the base's
+        unchecked ``_log_prob`` where it has one (flowkit's bases do), since ``z`` and ``h``
+        are the flow's own; else its ``log_prob``."""
+        log_prob = getattr(self.base, "_log_prob", self.base.log_prob)
+        return log_prob(z, h) if self.conditional_base else log_prob(z)
 
-    def _base_rsample(self, rows: int, h: Tensor | None) -> Tensor:
-        """``rows`` reparameterized base draws ``(rows, D)`` given the base's context ``h``
-        (or None)."""
-        return self.base.rsample(h) if self.conditional_base else self.base.rsample(rows)
+    def _base_sample(
+        self, rows: int, h: Tensor | None, log_prob: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``rows`` reparameterized base draws ``(rows, D)`` given the base's context ``h`` (or
+        None) and, with ``log_prob``, their log-density: from a conditional base's
+        ``rsample_and_log_prob`` where it has one (its head runs once), else by scoring the
+        draws."""
+        if not self.conditional_base:
+            z = self.base.rsample(rows)
+        elif log_prob and hasattr(self.base, "rsample_and_log_prob"):
+            return self.base.rsample_and_log_prob(h)
+        else:
+            z = self.base.rsample(h)
+        return z, self._base_log_prob(z, h) if log_prob else None
 
     # ------------------------------------------------ unchecked implementations (checked input)
 
@@ -294,8 +305,7 @@ class Flow(nn.Module):
             x = torch.empty(*shape, self.features, dtype=ref.dtype, device=ref.device)
             return x, x.new_empty(shape) if log_prob else None
         h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
-        z = self._base_rsample(rows, h_base)
-        log_pz = self._base_log_prob(z, h_base) if log_prob else None
+        z, log_pz = self._base_sample(rows, h_base, log_prob)
         x, log_det = self.transform._inverse(z, h)
         x = x.reshape(*shape, self.features)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)
