@@ -555,9 +555,9 @@ def test_a_flow_computes_in_its_own_dtype_under_autocast(builder, transformer):
 
 
 def test_a_users_base_is_scored_by_its_log_prob():
-    """The flow skips the check of its own z only for flowkit's Gaussian bases; a user's base
-    with a helper of its own named _log_prob (here the unnormalized part) is scored by its
-    log_prob (review 20: a density off by log 2 pi, without an error)."""
+    """The flow skips the check of its own z only for bases with _unchecked_log_prob
+    (flowkit's); a user's base with a helper of its own named _log_prob (here the unnormalized
+    part) is scored by its log_prob (review 20: a density off by log 2 pi, without an error)."""
 
     class Base(torch.nn.Module):
         features = 2

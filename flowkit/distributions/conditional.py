@@ -82,10 +82,11 @@ class ConditionalDiagonalGaussian(nn.Module):
                 f"'z' has {z.shape[0]} rows but 'context' has {context.shape[0]}; pass one "
                 "context per row"
             )
-        return self._log_prob(z, context)
+        return self._unchecked_log_prob(z, context)
 
-    def _log_prob(self, z: Tensor, context: Tensor) -> Tensor:
-        """:meth:`log_prob` without the checks (a flow's own ``z`` and context)."""
+    def _unchecked_log_prob(self, z: Tensor, context: Tensor) -> Tensor:
+        """:meth:`log_prob` without the checks (a flow's own ``z`` and context, see
+        :class:`flowkit.Flow`'s ``base``)."""
         loc, log_scale = self._loc_and_log_scale(context)
         eps = (z - loc) * torch.exp(-log_scale)
         return diagonal_normal_log_prob(eps, log_scale)

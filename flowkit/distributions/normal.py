@@ -53,10 +53,11 @@ class DiagonalGaussian(nn.Module):
 
     def log_prob(self, z: Tensor) -> Tensor:
         """``z``: ``(N, D)`` of the module's dtype and device -> ``(N,)``."""
-        return self._log_prob(check_width("z", z, self.features, self.loc))
+        return self._unchecked_log_prob(check_width("z", z, self.features, self.loc))
 
-    def _log_prob(self, z: Tensor) -> Tensor:
-        """:meth:`log_prob` without the check of ``z`` (a flow's own ``z``)."""
+    def _unchecked_log_prob(self, z: Tensor) -> Tensor:
+        """:meth:`log_prob` without the check of ``z`` (a flow's own ``z``, see
+        :class:`flowkit.Flow`'s ``base``)."""
         eps = (z - self.loc) * torch.exp(-self.log_scale)
         return diagonal_normal_log_prob(eps, self.log_scale)
 

@@ -89,10 +89,11 @@ class Flow(nn.Module):
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
         base: base distribution with ``features``, ``log_prob(z)`` and ``rsample(n)``; or a
             conditional one with ``context_features``, ``log_prob(z, h)`` and ``rsample(h)``.
-            Optional: ``_log_prob`` with the same arguments, without the checks (the flow
-            calls it on its own ``z``), and, for a conditional base,
-            ``rsample_and_log_prob(h) -> (z, log_prob)`` (used by
-            :meth:`sample_and_log_prob`).
+            Optional: ``_unchecked_log_prob``, ``log_prob`` without the checks of its
+            arguments, which the flow calls on its own ``z`` (a helper of another meaning named
+            ``_log_prob`` is not taken for it), and, for a conditional base,
+            ``rsample_and_log_prob(h) -> (z, log_prob)``, which :meth:`sample_and_log_prob`
+            calls to run the base once.
         standardize_context: applied to every raw context first, a
             :class:`flowkit.transforms.Standardize` of width ``C`` (set from data like any
             other: by the first training-mode call with a context, log-density or sampling, or
@@ -229,9 +230,9 @@ class Flow(nn.Module):
 
     def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
         """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``: the base's
-        unchecked ``_log_prob`` where it has one (flowkit's bases do), since ``z`` and ``h``
+        ``_unchecked_log_prob`` where it has one (flowkit's bases do), since ``z`` and ``h``
         are the flow's own; else its ``log_prob``."""
-        log_prob = getattr(self.base, "_log_prob", self.base.log_prob)
+        log_prob = getattr(self.base, "_unchecked_log_prob", self.base.log_prob)
         return log_prob(z, h) if self.conditional_base else log_prob(z)
 
     def _base_sample(
