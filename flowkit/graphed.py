@@ -99,8 +99,8 @@ class GraphedSampler:
                 f"'log_prob' is True but {type(model).__name__} has no 'sample_and_log_prob'"
             )
         ref = reference(model)
-        features = getattr(model, "context_features", 0)
-        self.sample_shape, context = check_sample_arguments(n, context, features, ref)
+        context_features = getattr(model, "context_features", 0)
+        self.sample_shape, context = check_sample_arguments(n, context, context_features, ref)
         if ref is None or ref.device.type != "cuda":
             where = "no floating-point tensors" if ref is None else ref.device
             raise ValueError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from numbers import Integral, Real
 from typing import NamedTuple
@@ -373,17 +373,17 @@ SampleShape = int | Sequence[int] | None
 
 
 def check_sample_arguments(
-    n: object, context: object, features: int, like: Tensor | None
+    n: object, context: object, context_features: int, like: Tensor | None
 ) -> tuple[torch.Size, Tensor | None]:
     """The ``n`` and ``context`` of a ``sample(n, context)`` call, checked as given: ``n`` as
-    a sample shape (:func:`check_sample_shape`) and the context, ``(..., features)`` and not
-    empty (:func:`check_batch_context`). A tensor passed as ``n`` (a context given by
+    a sample shape (:func:`check_sample_shape`) and the context, ``(..., context_features)``
+    and not empty (:func:`check_batch_context`). A tensor passed as ``n`` (a context given by
     position, as nflows takes it) is named as such, before the missing context."""
     if isinstance(n, Tensor) and n.dim() > 0:
         raise ValueError(f"'n' should be an integer number of samples, got a tensor of shape "
                          f"{tuple(n.shape)}; pass a context by keyword: sample(n, context=c), "
                          "or sample(context=c) for one sample per row")
-    context = check_batch_context(context, features, like)
+    context = check_batch_context(context, context_features, like)
     if context is not None:
         check_not_empty("context", context, context.shape[:-1])
     return check_sample_shape(n, context is not None), context
@@ -400,3 +400,29 @@ def check_sample_shape(n: object, context_given: bool) -> torch.Size:
     if is_int(n) or isinstance(n, str) or not isinstance(n, Sequence):
         return torch.Size([check_n(n)])
     return torch.Size(check_int(f"n[{i}]", s, 1) for i, s in enumerate(n))
+
+
+def check_torch_shape(name: str, value: object) -> torch.Size:
+    """``value`` as a ``torch.Size``, as :mod:`torch.distributions` take a ``sample_shape`` or
+    ``batch_shape``: a sequence of integers >= 0 (``(3,)``, not ``3``; numpy integers, integer
+    tensors and 1-D arrays too; no bools). flowkit's own ``sample(n)`` takes
+    :func:`check_sample_shape`'s forms instead."""
+    sizes = None
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        try:
+            sizes = [_shape_size(n) for n in value]
+        except TypeError:
+            sizes = None
+    if sizes is not None and all(n >= 0 for n in sizes):
+        return torch.Size(sizes)
+    hint = f" such as ({value},)" if isinstance(value, int) and not isinstance(value, bool) else ""
+    raise ValueError(
+        f"'{name}' should be a tuple of non-negative integers{hint}, got {value!r}"
+    )
+
+
+def _shape_size(n: object) -> int:
+    """One size of a shape: an integer that is not a bool (``operator.index``)."""
+    if isinstance(n, bool) or (isinstance(n, Tensor) and n.dtype == torch.bool):
+        raise TypeError(n)
+    return operator.index(n)

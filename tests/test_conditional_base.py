@@ -182,6 +182,17 @@ def test_embedding_runs_once_per_distinct_context():
     assert embedding.rows == [4]
 
 
+def test_sample_and_log_prob_runs_the_base_head_once():
+    """The base's draws and their log-density come from one head call
+    (rsample_and_log_prob), not from a draw and then a second call to score it."""
+    flow = IAF(2, layers=2, hidden_features=(8,), context_features=3, conditional_base=True)
+    calls = []
+    flow.base.head.register_forward_hook(lambda *_: calls.append(1))
+    x, log_p = flow.sample_and_log_prob(context=torch.randn(5, 3))
+    assert len(calls) == 1
+    assert x.shape == (5, 2) and log_p.shape == (5,)
+
+
 @pytest.mark.slow  # 300 Adam steps; test_gradients_reach_embedding_base_and_layers runs in CI
 def test_embedding_trains_jointly():
     """A context of 20 numbers of which only the first matters: the flow learns p(x | c) only

@@ -10,7 +10,7 @@ import torch
 
 import flowkit
 from flowkit import IAF, MADE, MAF, Flow
-from flowkit.nn.inversion import _solve_with_params
+from flowkit.nn.inversion import solve_with_params
 from flowkit.transforms import Compose, Permutation, autoregressive
 from flowkit.transforms.standardize import set_from_data
 
@@ -244,9 +244,9 @@ def _count_work(flow: flowkit.Flow, monkeypatch: pytest.MonkeyPatch) -> Counter:
             assert index.numel() == 1
             return step(params, index)
 
-        return _solve_with_params(made, counted_step, *args, **kwargs)
+        return solve_with_params(made, counted_step, *args, **kwargs)
 
-    monkeypatch.setattr(autoregressive, "_solve_with_params", counted_solve)
+    monkeypatch.setattr(autoregressive, "solve_with_params", counted_solve)
     return counts
 
 
@@ -555,9 +555,9 @@ def test_a_flow_computes_in_its_own_dtype_under_autocast(builder, transformer):
 
 
 def test_a_users_base_is_scored_by_its_log_prob():
-    """The flow skips the check of its own z only for flowkit's Gaussian bases; a user's base
-    with a helper of its own named _log_prob (here the unnormalized part) is scored by its
-    log_prob (review 20: a density off by log 2 pi, without an error)."""
+    """The flow skips the check of its own z only for bases with _unchecked_log_prob
+    (flowkit's); a user's base with a helper of its own named _log_prob (here the unnormalized
+    part) is scored by its log_prob (review 20: a density off by log 2 pi, without an error)."""
 
     class Base(torch.nn.Module):
         features = 2

@@ -13,7 +13,7 @@ from torch.distributions import Independent, Normal, kl_divergence
 
 import flowkit
 from flowkit.flows import KL_SAMPLES, monte_carlo_kl
-from flowkit.flows.builders import activation_class
+from flowkit.nn.activation import activation_class
 
 D, C = 3, 5
 BUILDERS = {"MAF": flowkit.MAF, "IAF": flowkit.IAF}

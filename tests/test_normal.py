@@ -4,7 +4,11 @@ import pytest
 import torch
 from torch.distributions import Independent, Normal
 
-from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
+from flowkit.distributions.normal import (
+    DiagonalGaussian,
+    StandardNormal,
+    diagonal_normal_log_prob,
+)
 
 
 def test_log_prob_matches_torch_and_rsample_has_the_modules_shape():
@@ -19,6 +23,16 @@ def test_log_prob_matches_torch_and_rsample_has_the_modules_shape():
     assert draws.shape == (4, 3) and draws.dtype == torch.float64
     assert isinstance(base.loc, torch.nn.Parameter)
     assert {"loc", "log_scale"} <= set(StandardNormal(2).state_dict())
+
+
+def test_diagonal_normal_log_prob_matches_torch_per_row_scales():
+    """The one Gaussian log-density helper, with a log-scale per row (a conditional base's)."""
+    loc = torch.randn(4, 3, dtype=torch.float64)
+    log_scale = 0.5 * torch.randn(4, 3, dtype=torch.float64)
+    z = torch.randn(4, 3, dtype=torch.float64)
+    eps = (z - loc) * torch.exp(-log_scale)
+    reference = Independent(Normal(loc, log_scale.exp()), 1).log_prob(z)
+    torch.testing.assert_close(diagonal_normal_log_prob(eps, log_scale), reference)
 
 
 @pytest.mark.parametrize("features", [0, -1, 2.5, "2", True])

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from flowkit import MADE, MAF, Flow, StandardNormal
-from flowkit.flows.builders import DEFAULT_STANDARDIZATION, make_transformer
+from flowkit.flows.builders import DEFAULT_STANDARDIZATION
 from flowkit.transforms import Compose, MaskedAutoregressive, Permutation, Standardize
+from flowkit.transforms.elementwise import make_transformer
 from flowkit.transforms.standardize import set_from_data, unset
 
 

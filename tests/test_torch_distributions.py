@@ -11,7 +11,7 @@ from torch.distributions import Independent, TanhTransform, TransformedDistribut
 import flowkit
 from flowkit.flows import FlowDistribution
 from flowkit.nn import MADE
-from flowkit.nn.inversion import _solve_with_params
+from flowkit.nn.inversion import solve_with_params
 from flowkit.transforms import autoregressive
 
 D, C = 3, 4
@@ -50,9 +50,9 @@ def _made_calls(flow: flowkit.Flow, monkeypatch: pytest.MonkeyPatch) -> list[int
 
     def counted_solve(*args, **kwargs):
         calls[0] += 1
-        return _solve_with_params(*args, **kwargs)
+        return solve_with_params(*args, **kwargs)
 
-    monkeypatch.setattr(autoregressive, "_solve_with_params", counted_solve)
+    monkeypatch.setattr(autoregressive, "solve_with_params", counted_solve)
     return calls
 
 

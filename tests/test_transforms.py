@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from flowkit import MADE
-from flowkit.flows.builders import make_transformer
 from flowkit.testing import jacobian
 from flowkit.transforms import (
     Affine,
@@ -20,6 +19,7 @@ from flowkit.transforms import (
     Permutation,
     Standardize,
 )
+from flowkit.transforms.elementwise import make_transformer
 
 D, C = 4, 3
 

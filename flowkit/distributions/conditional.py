@@ -9,18 +9,16 @@ With it, a conditional flow :math:`x = T^{-1}(z; c)` starts from
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from flowkit.distributions.normal import diagonal_normal_log_prob
 from flowkit.nn.embedding import MLPEmbedding
 from flowkit.validation import check_int, check_width
 
 __all__ = ["ConditionalDiagonalGaussian"]
-
-_LOG_2PI = math.log(2 * math.pi)
 
 
 class ConditionalDiagonalGaussian(nn.Module):
@@ -68,20 +66,30 @@ class ConditionalDiagonalGaussian(nn.Module):
     def loc_and_log_scale(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """``mu(c)`` and ``log sigma(c)``, each ``(N, D)``, for a context ``(N, C)``."""
         check_width("context", context, self.context_features)
+        return self._loc_and_log_scale(context)
+
+    def _loc_and_log_scale(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`loc_and_log_scale` without the check of ``context``."""
         loc, log_scale = self.head(context).chunk(2, dim=-1)
         return loc, log_scale
 
     def log_prob(self, z: Tensor, context: Tensor) -> Tensor:
         """``log p(z | context)``: ``z`` ``(N, D)``, ``context`` ``(N, C)`` -> ``(N,)``."""
         check_width("z", z, self.features)
-        loc, log_scale = self.loc_and_log_scale(context)
-        if z.shape[0] != loc.shape[0]:
+        check_width("context", context, self.context_features)
+        if z.shape[0] != context.shape[0]:
             raise ValueError(
-                f"'z' has {z.shape[0]} rows but 'context' has {loc.shape[0]}; pass one context "
-                "per row"
+                f"'z' has {z.shape[0]} rows but 'context' has {context.shape[0]}; pass one "
+                "context per row"
             )
+        return self._unchecked_log_prob(z, context)
+
+    def _unchecked_log_prob(self, z: Tensor, context: Tensor) -> Tensor:
+        """:meth:`log_prob` without the checks (a flow's own ``z`` and context, see
+        :class:`flowkit.Flow`'s ``base``)."""
+        loc, log_scale = self._loc_and_log_scale(context)
         eps = (z - loc) * torch.exp(-log_scale)
-        return -(0.5 * eps**2 + log_scale + 0.5 * _LOG_2PI).sum(-1)
+        return diagonal_normal_log_prob(eps, log_scale)
 
     def rsample_and_log_prob(
         self, context: Tensor, generator: torch.Generator | None = None
@@ -91,7 +99,7 @@ class ConditionalDiagonalGaussian(nn.Module):
         loc, log_scale = self.loc_and_log_scale(context)
         eps = torch.randn(loc.shape, generator=generator, device=loc.device, dtype=loc.dtype)
         z = loc + eps * torch.exp(log_scale)
-        return z, -(0.5 * eps**2 + log_scale + 0.5 * _LOG_2PI).sum(-1)
+        return z, diagonal_normal_log_prob(eps, log_scale)
 
     def rsample(self, context: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One reparameterized draw per context row: ``(N, C)`` -> ``(N, D)``."""

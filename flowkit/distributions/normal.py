@@ -9,6 +9,27 @@ from torch import Tensor, nn
 
 from flowkit.validation import check_bool, check_int, check_width
 
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def diagonal_normal_log_prob(eps: Tensor, log_scale: Tensor) -> Tensor:
+    r"""The log-density of a diagonal Gaussian ``N(loc, diag(exp(log_scale))^2)`` at ``z``,
+    from the standardized residual ``eps = (z - loc) * exp(-log_scale)``:
+
+    .. math::
+
+        \log p(z) = -\tfrac12 \sum_d \epsilon_d^2 - \sum_d \log s_d - \tfrac{D}{2} \log 2\pi,
+        \qquad s_d = e^{\text{log\_scale}_d}.
+
+    Args:
+        eps: ``(..., D)``.
+        log_scale: ``(D,)`` or ``(..., D)``.
+
+    Returns:
+        ``(...)``.
+    """
+    return -0.5 * (eps**2).sum(-1) - log_scale.sum(-1) - 0.5 * eps.shape[-1] * _LOG_2PI
+
 
 class DiagonalGaussian(nn.Module):
     r"""``N(loc, diag(exp(log_scale))^2)`` over ``D`` features.
@@ -32,14 +53,13 @@ class DiagonalGaussian(nn.Module):
 
     def log_prob(self, z: Tensor) -> Tensor:
         """``z``: ``(N, D)`` of the module's dtype and device -> ``(N,)``."""
-        return self._log_prob(check_width("z", z, self.features, self.loc))
+        return self._unchecked_log_prob(check_width("z", z, self.features, self.loc))
 
-    def _log_prob(self, z: Tensor) -> Tensor:
-        """:meth:`log_prob` without the check of ``z`` (a flow's own ``z``)."""
-        u = (z - self.loc) * torch.exp(-self.log_scale)
-        return -0.5 * (u**2).sum(-1) - self.log_scale.sum() - 0.5 * self.features * math.log(
-            2 * math.pi
-        )
+    def _unchecked_log_prob(self, z: Tensor) -> Tensor:
+        """:meth:`log_prob` without the check of ``z`` (a flow's own ``z``, see
+        :class:`flowkit.Flow`'s ``base``)."""
+        eps = (z - self.loc) * torch.exp(-self.log_scale)
+        return diagonal_normal_log_prob(eps, self.log_scale)
 
     def rsample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` reparameterized draws, ``(n, D)``, on the module's device and dtype."""

@@ -1,6 +1,6 @@
 """The ``Flow`` model, the ``MAF``/``IAF`` builders, and a flow as a torch distribution."""
 
-from flowkit.flows.builders import IAF, MAF, activation_class
+from flowkit.flows.builders import IAF, MAF
 from flowkit.flows.diagnostics import spline_edge_shares, spline_layers
 from flowkit.flows.distribution import KL_SAMPLES, FlowDistribution, monte_carlo_kl
 from flowkit.flows.flow import Flow
@@ -11,7 +11,6 @@ __all__ = [
     "MAF",
     "Flow",
     "FlowDistribution",
-    "activation_class",
     "monte_carlo_kl",
     "spline_edge_shares",
     "spline_layers",

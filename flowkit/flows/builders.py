@@ -7,7 +7,6 @@ Both builders are registered with :func:`flowkit.checkpoint.register_model`: eac
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -21,45 +20,16 @@ from flowkit.flows.flow import Flow
 from flowkit.nn.activation import ActivationSpec, activation_class, activation_name
 from flowkit.nn.embedding import build_embedding, embedded_features, embedding_config
 from flowkit.nn.made import MADE
-from flowkit.transforms.autoregressive import BatchNorm, Direction, MaskedAutoregressive
+from flowkit.transforms.autoregressive import Direction, MaskedAutoregressive
 from flowkit.transforms.base import Compose, Permutation, Transform
+from flowkit.transforms.batch_norm import BatchNorm
 from flowkit.transforms.bounded import Logit
-from flowkit.transforms.elementwise import Affine
+from flowkit.transforms.elementwise import make_transformer
 from flowkit.transforms.linear import LULinear
-from flowkit.transforms.spline import RationalQuadraticSpline
 from flowkit.transforms.standardize import Standardize
 from flowkit.validation import check_bool, check_int
 
 PermutationSpec = Literal["reverse", "random", "none"] | Sequence[int] | Sequence[Sequence[int]]
-
-
-_TRANSFORMERS: dict[str, type[Affine | RationalQuadraticSpline]] = {
-    "affine": Affine,
-    "spline": RationalQuadraticSpline,
-}
-
-
-def make_transformer(name: str, **kwargs: float) -> Affine | RationalQuadraticSpline:
-    """An elementwise transformer by name: ``"affine"`` (:class:`Affine`) or ``"spline"``
-    (:class:`flowkit.transforms.RationalQuadraticSpline`), with its keyword arguments.
-
-    Raises:
-        ValueError: an unknown ``name``.
-        TypeError: ``kwargs`` that the transformer does not take (the error names
-            ``transformer_kwargs``, the transformer and the arguments it takes).
-    """
-    if not isinstance(name, str) or name not in _TRANSFORMERS:
-        raise ValueError(f"'transformer' should be 'affine' or 'spline', got {name!r}")
-    cls = _TRANSFORMERS[name]
-    signature = inspect.signature(cls)
-    try:
-        signature.bind(**kwargs)
-    except TypeError as e:
-        raise TypeError(
-            f"'transformer_kwargs' {kwargs} do not fit transformer={name!r} ({cls.__name__}, "
-            f"which takes {', '.join(signature.parameters) or 'no arguments'}): {e}"
-        ) from None
-    return cls(**kwargs)
 
 
 def _permutations(
@@ -90,6 +60,7 @@ def _permutations(
 
 def _autoregressive_flow(
     direction: Direction,
+    *,
     features: int,
     layers: int,
     hidden_features: Sequence[int],
@@ -107,9 +78,10 @@ def _autoregressive_flow(
     standardize: bool | Literal["diagonal", "full"],
     bounds: tuple[Sequence[float], Sequence[float]] | None,
     seed: int,
-    base_context: Literal["embedded", "raw"],) -> Flow:
+    base_context: Literal["embedded", "raw"],
+) -> Flow:
     """The stack both builders make, its layers in ``direction``; the arguments are those of
-    :func:`MAF` and :func:`IAF`, documented in :func:`MAF`."""
+    :func:`MAF` and :func:`IAF` (passed by keyword), documented in :func:`MAF`."""
     # MADE checks hidden_features and residual; the rest is checked here.
     if torch.empty(0).device.type == "meta":
         raise RuntimeError(
@@ -358,10 +330,27 @@ def MAF(
         torch.Size([4])
     """
     return _autoregressive_flow(
-        "maf", features, layers, hidden_features, context_features, transformer,
-        transformer_kwargs, permutation, lu_linear, batch_norm, residual, activation,
-        learnable_base, conditional_base, embedding, standardize, bounds, seed, base_context,
+        "maf",
+        features=features,
+        layers=layers,
+        hidden_features=hidden_features,
+        context_features=context_features,
+        transformer=transformer,
+        transformer_kwargs=transformer_kwargs,
+        permutation=permutation,
+        lu_linear=lu_linear,
+        batch_norm=batch_norm,
+        residual=residual,
+        activation=activation,
+        learnable_base=learnable_base,
+        conditional_base=conditional_base,
+        embedding=embedding,
+        standardize=standardize,
+        bounds=bounds,
+        seed=seed,
+        base_context=base_context,
     )
+
 
 @register_model(upgrade=_upgrade, **_REGISTRATION)
 def IAF(
@@ -396,7 +385,23 @@ def IAF(
         (torch.Size([4, 2]), torch.Size([4]))
     """
     return _autoregressive_flow(
-        "iaf", features, layers, hidden_features, context_features, transformer,
-        transformer_kwargs, permutation, lu_linear, batch_norm, residual, activation,
-        learnable_base, conditional_base, embedding, standardize, bounds, seed, base_context,
+        "iaf",
+        features=features,
+        layers=layers,
+        hidden_features=hidden_features,
+        context_features=context_features,
+        transformer=transformer,
+        transformer_kwargs=transformer_kwargs,
+        permutation=permutation,
+        lu_linear=lu_linear,
+        batch_norm=batch_norm,
+        residual=residual,
+        activation=activation,
+        learnable_base=learnable_base,
+        conditional_base=conditional_base,
+        embedding=embedding,
+        standardize=standardize,
+        bounds=bounds,
+        seed=seed,
+        base_context=base_context,
     )

@@ -46,44 +46,25 @@ sample count: they raise a ``NotImplementedError`` that names the estimators. ``
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from torch.distributions import Distribution, constraints, register_kl
 
-from flowkit.validation import check_batch, check_batch_context, check_n, nonfinite_rows
+from flowkit.validation import (
+    check_batch,
+    check_batch_context,
+    check_n,
+    check_torch_shape,
+    nonfinite_rows,
+    reference,
+)
 
 if TYPE_CHECKING:
     from flowkit.flows.flow import Flow
 
 _Shape = torch.Size | tuple[int, ...] | list[int]
-
-
-def _shape(name: str, value: object) -> torch.Size:
-    """``value`` as a ``torch.Size``: a sequence of non-negative integers, as torch takes them
-    (``(3,)``, not ``3``; numpy integers, integer tensors and 1-D arrays too)."""
-    sizes = None
-    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
-        try:
-            sizes = [_size(n) for n in value]
-        except TypeError:
-            sizes = None
-    if sizes is not None and all(n >= 0 for n in sizes):
-        return torch.Size(sizes)
-    hint = f" such as ({value},)" if isinstance(value, int) and not isinstance(value, bool) else ""
-    raise ValueError(
-        f"'{name}' should be a tuple of non-negative integers{hint}, got {value!r}"
-    )
-
-
-def _size(n: object) -> int:
-    """One size of a shape: an integer that is not a bool (``operator.index``)."""
-    if isinstance(n, bool) or (isinstance(n, Tensor) and n.dtype == torch.bool):
-        raise TypeError(n)
-    return operator.index(n)
 
 KL_SAMPLES = 1000
 """Samples of the Monte-Carlo KL estimate that :func:`torch.distributions.kl_divergence`
@@ -118,7 +99,7 @@ class FlowDistribution(Distribution):
     def __init__(
         self, flow: Flow, context: Tensor | None = None, validate_args: bool | None = None
     ):
-        context = check_batch_context(context, flow.context_features, flow._reference())
+        context = check_batch_context(context, flow.context_features, reference(flow))
         batch_shape = torch.Size() if context is None else context.shape[:-1]
         self.flow = flow
         self.context = context
@@ -136,7 +117,7 @@ class FlowDistribution(Distribution):
         """The same flow over a larger batch: the context is broadcast (without a copy) to
         ``(*batch_shape, C)``; an unconditional flow becomes ``batch_shape`` i.i.d. copies."""
         new = self._get_checked_instance(FlowDistribution, _instance)
-        batch_shape = _shape("batch_shape", batch_shape)
+        batch_shape = check_torch_shape("batch_shape", batch_shape)
         try:
             expandable = torch.broadcast_shapes(batch_shape, self.batch_shape) == batch_shape
         except RuntimeError:
@@ -160,7 +141,8 @@ class FlowDistribution(Distribution):
         """Reparameterized samples ``(*sample_shape, *batch_shape, D)`` and their exact
         log-density ``(*sample_shape, *batch_shape)`` from one inverse pass of the flow (one MADE
         pass per layer for an IAF)."""
-        sample_shape = _shape("sample_shape", sample_shape)
+        sample_shape = check_torch_shape("sample_shape", sample_shape)
+        # Flow's internal protocol (see its class notes): the context was checked in __init__
         if self.context is None:
             # i.i.d. copies: one flat batch of prod(sample_shape + batch_shape) draws
             x, log_p = self.flow._sample_batch(sample_shape + self.batch_shape, None, True)
@@ -186,7 +168,7 @@ class FlowDistribution(Distribution):
             log_p = self._cache[1]
             return log_p if torch.is_grad_enabled() else log_p.detach()
         features = self.event_shape[0]
-        value = check_batch("value", value, features, self.flow._reference())
+        value = check_batch("value", value, features, reference(self.flow))
         try:  # checked here too: torch.compile turns validate_args off for every distribution
             shape = torch.broadcast_shapes(value.shape[:-1], self.batch_shape)
         except RuntimeError:

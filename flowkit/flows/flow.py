@@ -10,7 +10,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from flowkit.distributions.normal import DiagonalGaussian
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Transform
@@ -80,10 +79,21 @@ class Flow(nn.Module):
     ``C`` that callers pass; ``h`` is computed once per distinct context row, before rows are
     expanded.
 
+    Internal protocol: :class:`flowkit.FlowDistribution`, the torch-distribution front end in
+    :mod:`flowkit.flows.distribution`, checks its input itself and then calls two unchecked
+    methods of the flow, ``_sample_batch(sample_shape, context, log_prob)`` and
+    ``_log_prob_batch(x, context, shape, outside)``, which :meth:`sample_and_log_prob` and
+    :meth:`log_prob` call after their own checks. They are part of flowkit, not of its API.
+
     Args:
         transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
         base: base distribution with ``features``, ``log_prob(z)`` and ``rsample(n)``; or a
             conditional one with ``context_features``, ``log_prob(z, h)`` and ``rsample(h)``.
+            Optional: ``_unchecked_log_prob``, ``log_prob`` without the checks of its
+            arguments, which the flow calls on its own ``z`` (a helper of another meaning named
+            ``_log_prob`` is not taken for it), and, for a conditional base,
+            ``rsample_and_log_prob(h) -> (z, log_prob)``, which :meth:`sample_and_log_prob`
+            calls to run the base once.
         standardize_context: applied to every raw context first, a
             :class:`flowkit.transforms.Standardize` of width ``C`` (set from data like any
             other: by the first training-mode call with a context, log-density or sampling, or
@@ -219,18 +229,26 @@ class Flow(nn.Module):
         return h[..., :inner], h[..., inner:]
 
     def _base_log_prob(self, z: Tensor, h: Tensor | None) -> Tensor:
-        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``. For
-        flowkit's Gaussian bases, their unchecked ``_log_prob``: ``z`` is the flow's own."""
-        if self.conditional_base:
-            return self.base.log_prob(z, h)
-        if isinstance(self.base, DiagonalGaussian):
-            return self.base._log_prob(z)
-        return self.base.log_prob(z)
+        """``log p_base(z | h)`` for ``z`` ``(R, D)`` and the base's context ``h``: the base's
+        ``_unchecked_log_prob`` where it has one (flowkit's bases do), since ``z`` and ``h``
+        are the flow's own; else its ``log_prob``."""
+        log_prob = getattr(self.base, "_unchecked_log_prob", self.base.log_prob)
+        return log_prob(z, h) if self.conditional_base else log_prob(z)
 
-    def _base_rsample(self, rows: int, h: Tensor | None) -> Tensor:
-        """``rows`` reparameterized base draws ``(rows, D)`` given the base's context ``h``
-        (or None)."""
-        return self.base.rsample(h) if self.conditional_base else self.base.rsample(rows)
+    def _base_sample(
+        self, rows: int, h: Tensor | None, log_prob: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``rows`` reparameterized base draws ``(rows, D)`` given the base's context ``h`` (or
+        None) and, with ``log_prob``, their log-density: from a conditional base's
+        ``rsample_and_log_prob`` where it has one (its head runs once), else by scoring the
+        draws."""
+        if not self.conditional_base:
+            z = self.base.rsample(rows)
+        elif log_prob and hasattr(self.base, "rsample_and_log_prob"):
+            return self.base.rsample_and_log_prob(h)
+        else:
+            z = self.base.rsample(h)
+        return z, self._base_log_prob(z, h) if log_prob else None
 
     # ------------------------------------------------ unchecked implementations (checked input)
 
@@ -246,7 +264,8 @@ class Flow(nn.Module):
     ) -> Tensor:
         """``x`` ``(*A, D)`` and ``context`` ``(*B, C)`` broadcast to ``shape``; ``outside``
         ``(*A,)`` marks points with infinite entries (log-density ``-inf``). Each distinct
-        context row is embedded once."""
+        context row is embedded once. Internal protocol (see the class notes): the caller
+        checked ``x`` and ``context``."""
         d = self.features
         if torch.compiler.is_compiling():  # no branch on values: score all, mask infinite rows
             infinite = torch.isinf(x).any(-1, keepdim=True)
@@ -278,7 +297,8 @@ class Flow(nn.Module):
         self, sample_shape: torch.Size, context: Tensor | None, log_prob: bool
     ) -> tuple[Tensor, Tensor | None]:
         """Samples ``(*sample_shape, *batch, D)`` (``batch = context.shape[:-1]``) and, with
-        ``log_prob``, their log-density from the same inverse pass."""
+        ``log_prob``, their log-density from the same inverse pass. Internal protocol (see the
+        class notes): the caller checked ``context``."""
         shape = sample_shape + (() if context is None else context.shape[:-1])
         rows = math.prod(shape)
         if rows == 0:
@@ -286,8 +306,7 @@ class Flow(nn.Module):
             x = torch.empty(*shape, self.features, dtype=ref.dtype, device=ref.device)
             return x, x.new_empty(shape) if log_prob else None
         h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
-        z = self._base_rsample(rows, h_base)
-        log_pz = self._base_log_prob(z, h_base) if log_prob else None
+        z, log_pz = self._base_sample(rows, h_base, log_prob)
         x, log_det = self.transform._inverse(z, h)
         x = x.reshape(*shape, self.features)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)

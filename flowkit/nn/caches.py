@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from flowkit.nn import inversion_program, staircase
+from flowkit.nn.inversion_program import cached_program
 from flowkit.nn.linear import MaskedLinear
 from flowkit.nn.made import MADE
+from flowkit.nn.staircase import cached_weights
 
 
 def cached(model: nn.Module) -> tuple[object | None, ...]:
@@ -25,7 +26,7 @@ def cached(model: nn.Module) -> tuple[object | None, ...]:
     out: list[object | None] = []
     for m in model.modules():
         if isinstance(m, MaskedLinear):
-            out += [m._cache, staircase._weights.get(m)]
+            out += [m.cached(), cached_weights(m)]
         elif isinstance(m, MADE):
-            out.append(inversion_program._programs.get(m))
+            out.append(cached_program(m))
     return tuple(out)

@@ -53,7 +53,7 @@ from flowkit.nn.inversion_program import build_program
 from flowkit.nn.layout import sorted_layout
 from flowkit.nn.made import MADE
 from flowkit.nn.scratch import Scratch
-from flowkit.validation import check_context
+from flowkit.validation import check_context, check_width
 
 Encode = Callable[[Tensor], Tensor]
 """``encode(y) -> made input``: maps values ``(N, D)`` to the MADE's input, e.g. one-hot
@@ -161,13 +161,19 @@ def solve_with_params(
     like: Tensor,
     context: Tensor | None = None,
     encode: Encode | None = None,
+    *,
+    check: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """:func:`solve`, also returning ``made(y, context)`` ``(N, D, P)`` at no extra cost (the
     outputs are computed on the way), e.g. for the log-determinant of a flow layer.
 
     A MADE whose :attr:`~flowkit.nn.MADE.solver` is ``"naive"`` is solved by
-    :func:`solve_naive_with_params` instead (a reference for tests and benchmarks)."""
-    _check_arguments(made, like, context)
+    :func:`solve_naive_with_params` instead (a reference for tests and benchmarks).
+
+    ``check=False`` skips the check of ``like`` and ``context``: for callers whose own public
+    methods checked them (the flow layers, checked by a :class:`flowkit.Flow` or the layer)."""
+    if check:
+        _check_arguments(made, like, context)
     return _solve_with_params(made, step, like, context, encode)
 
 
@@ -188,8 +194,7 @@ def _without_autocast(solver: Callable[..., Any]) -> Callable[..., Any]:
 def _solve_with_params(
     made: MADE, step: Step, like: Tensor, context: Tensor | None, encode: Encode | None = None
 ) -> tuple[Tensor, Tensor]:
-    """:func:`solve_with_params` on arguments its caller checked (the flow layers, which a
-    :class:`flowkit.Flow` or the layer's own public methods checked)."""
+    """:func:`solve_with_params` on checked arguments."""
     if made.solver == "naive" or _inside_torch_func():
         return solve_naive_with_params(made, step, like, context, encode)
     made.refuse_hooks()
@@ -296,11 +301,7 @@ def _inside_torch_func() -> bool:
 
 def _check_arguments(made: MADE, like: Tensor, context: Tensor | None) -> None:
     """``like`` should be ``(N, D)`` and ``context`` ``(N, C)``, or ``None`` when ``C = 0``."""
-    if like.dim() != 2 or like.shape[1] != made.features:
-        raise ValueError(
-            f"'like' should have shape (N, made.features) = (N, {made.features}), got "
-            f"{tuple(like.shape)}"
-        )
+    check_width("like", like, made.features)
     check_context(context, made.context_features, like.shape[:1], None)
 
 
@@ -317,14 +318,14 @@ class _Views:
     def __init__(self, tracked: bool):
         self.cache: dict[tuple, Any] | None = None if tracked else {}
 
-    def block(self, t: Tensor, starts: list[int], k: int, dim: int = 0) -> Tensor:
-        """``t[starts[k]:starts[k + 1]]`` along ``dim``; ``starts`` spans all of ``t``."""
+    def block(self, t: Tensor, starts: list[int], k: int) -> Tensor:
+        """``t[starts[k]:starts[k + 1]]`` (rows); ``starts`` spans all of ``t``."""
         if self.cache is None:
-            return t.narrow(dim, starts[k], starts[k + 1] - starts[k])
-        blocks = self.cache.get((id(t), dim))
+            return t.narrow(0, starts[k], starts[k + 1] - starts[k])
+        blocks = self.cache.get((id(t),))
         if blocks is None:
             sizes = [b - a for a, b in pairwise(starts)]
-            blocks = self.cache[id(t), dim] = t.split(sizes, dim)
+            blocks = self.cache[id(t),] = t.split(sizes)
         return blocks[k]
 
     def rows(self, t: Tensor, index: int, after: bool = False) -> Tensor:

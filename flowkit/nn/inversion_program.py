@@ -61,6 +61,11 @@ class Program(NamedTuple):
 _programs: weakref.WeakKeyDictionary[MADE, Program] = weakref.WeakKeyDictionary()
 
 
+def cached_program(made: MADE) -> Program | None:
+    """The program kept for ``made`` by :func:`build_program`, or None if there is none."""
+    return _programs.get(made)
+
+
 def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
     """The program of ``made``'s active mask set. Without autograd it is kept while the masked
     weights (cached by :meth:`flowkit.MaskedLinear.masked_weight`) stay the same tensors; under

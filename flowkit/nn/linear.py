@@ -62,6 +62,11 @@ class MaskedLinear(nn.Linear):
         """Forget the cached ``W * M`` (needed only after writes through ``weight.data``)."""
         self._cache = None
 
+    def cached(self) -> object | None:
+        """The cached ``W * M`` with what identified ``W`` and ``M`` then (one object, the same
+        for as long as the cache is valid), or None (see :mod:`flowkit.nn.caches`)."""
+        return self._cache
+
     def cache_key(self) -> tuple[int, ...] | None:
         """What identifies the current ``W`` and ``M``: storage addresses, version counters and
         the number of ``torch.optim`` steps that updated ``W`` so far; None for tensors without
@@ -125,7 +130,7 @@ FINGERPRINT = 64
 
 
 class _Cache(NamedTuple):
-    """A cached ``W * M``: what identified ``W`` and ``M`` then (:meth:`MaskedLinear._state`),
+    """A cached ``W * M``: what identified ``W`` and ``M`` then (:meth:`MaskedLinear.cache_key`),
     the product, the tensors it was made from, and :data:`FINGERPRINT` entries of ``W``
     (flat positions ``where``, their ``values`` then)."""
 

@@ -210,6 +210,12 @@ _weights: weakref.WeakKeyDictionary[MaskedLinear, tuple[LayerPlan, Tensor, list[
 ``masked_weight()`` returns the same (cached) product: evaluation sorts the weights once."""
 
 
+def cached_weights(layer: MaskedLinear) -> tuple[LayerPlan, Tensor, list[Chunk]] | None:
+    """The layer's entry in the cache of sorted weight chunks (``_weights``): its plan, the
+    product it was sorted from and the chunks; None if there is none."""
+    return _weights.get(layer)
+
+
 def applies(made: MADE, batch: int) -> bool:
     """Whether ``made``'s forward pass on ``batch`` rows uses the staircase (see
     :attr:`flowkit.nn.MADE.product`): in ``"auto"``, when the estimated time saved exceeds

@@ -32,7 +32,7 @@ from flowkit.transforms.base import Transform
 
 
 class Logit(Transform):
-    r"""``z = log(x - low) - log(high - low)`` per feature (see the module notes).
+    r"""``z = log(x - low) - log(high - x)`` per feature (see the module notes).
 
     Args:
         low: ``(D,)`` finite lower bounds.

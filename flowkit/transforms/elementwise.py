@@ -5,7 +5,8 @@ a transformer ``tau(x_d; theta_d)`` that is monotonic in ``x_d``. Transformers a
 with no weights of their own: every parameter comes from the conditioner, as a tensor of shape
 ``(..., D, P)`` whose last axis holds the ``P = params_per_feature`` raw (unconstrained) values.
 
-Contract (shared by :class:`Affine` and :class:`flowkit.transforms.RationalQuadraticSpline`):
+Contract (:class:`Transformer`, met by :class:`Affine` and
+:class:`flowkit.transforms.RationalQuadraticSpline`; :func:`make_transformer` builds one by name):
 
 * ``forward(x, params) -> (z, log|dz/dx|)``, elementwise, both ``(..., D)``;
 * ``inverse(z, params) -> (x, log|dx/dz|)``;
@@ -15,10 +16,24 @@ Contract (shared by :class:`Affine` and :class:`flowkit.transforms.RationalQuadr
 
 from __future__ import annotations
 
+import inspect
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
+from flowkit.transforms.spline import RationalQuadraticSpline
 from flowkit.validation import check_float
+
+
+class Transformer(Protocol):
+    """Elementwise monotonic map with parameters from a conditioner, ``(..., D, P)``."""
+
+    params_per_feature: int
+
+    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def inverse(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 class Affine:
@@ -54,3 +69,32 @@ class Affine:
 
     def __repr__(self) -> str:
         return f"Affine(log_scale_bound={self.log_scale_bound})"
+
+
+_TRANSFORMERS: dict[str, type[Transformer]] = {
+    "affine": Affine,
+    "spline": RationalQuadraticSpline,
+}
+
+
+def make_transformer(name: str, **kwargs: float) -> Transformer:
+    """An elementwise transformer by name: ``"affine"`` (:class:`Affine`) or ``"spline"``
+    (:class:`flowkit.transforms.RationalQuadraticSpline`), with its keyword arguments.
+
+    Raises:
+        ValueError: an unknown ``name``.
+        TypeError: ``kwargs`` that the transformer does not take (the error names
+            ``transformer_kwargs``, the transformer and the arguments it takes).
+    """
+    if not isinstance(name, str) or name not in _TRANSFORMERS:
+        raise ValueError(f"'transformer' should be 'affine' or 'spline', got {name!r}")
+    cls = _TRANSFORMERS[name]
+    signature = inspect.signature(cls)
+    try:
+        signature.bind(**kwargs)
+    except TypeError as e:
+        raise TypeError(
+            f"'transformer_kwargs' {kwargs} do not fit transformer={name!r} ({cls.__name__}, "
+            f"which takes {', '.join(signature.parameters) or 'no arguments'}): {e}"
+        ) from None
+    return cls(**kwargs)
