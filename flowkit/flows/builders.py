@@ -7,6 +7,7 @@ Both builders are registered with :func:`flowkit.checkpoint.register_model`: eac
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -114,6 +115,13 @@ def _autoregressive_flow(
     if context_features == 0 and (embedding is not None or conditional_base):
         given = "'embedding' was given" if embedding is not None else "'conditional_base' is True"
         raise ValueError(f"{given} but 'context_features' is 0; pass the width of the context")
+    if features == 1 and context_features == 0 and transformer == "affine" and bounds is None:
+        warnings.warn(
+            f"{'MAF' if direction == 'maf' else 'IAF'}(1) with transformer='affine' is a Gaussian "
+            "whatever its layers: a one-feature MADE has nothing to condition on, so each layer "
+            "is one affine map; pass transformer='spline' for a density of another shape",
+            UserWarning, stacklevel=3,
+        )
     # The context path: raw (N, C) -> Standardize -> embedding -> (N, H), read by every MADE
     # and by a conditional base (base_context="raw": the base reads the standardized (N, C)).
     standardize_context = None
