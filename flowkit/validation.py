@@ -296,6 +296,20 @@ def nonfinite_rows(name: str, value: Tensor) -> Tensor | None:
     return torch.isinf(value).any(-1)
 
 
+def open_ends(module: torch.nn.Module) -> set[str]:
+    """The state-dict names of the buffers of ``module`` that may hold infinities: those its
+    submodules list in ``infinite_buffers`` (the open ends of
+    :class:`~flowkit.transforms.Logit`'s intervals)."""
+    return {f"{prefix}.{name}" if prefix else name
+            for prefix, sub in module.named_modules()
+            for name in getattr(sub, "infinite_buffers", ())}
+
+
+def invalid_values(value: Tensor, infinite_ok: bool = False) -> Tensor:
+    """Where ``value`` holds NaN, or an infinity unless ``infinite_ok``: a boolean mask."""
+    return value.isnan() if infinite_ok else ~torch.isfinite(value)
+
+
 def is_permutation(t: Tensor) -> bool:
     """Whether ``t`` is a 1-D integer tensor holding each of ``0 .. len(t) - 1`` once."""
     return t.dim() == 1 and torch.equal(t.sort().values, torch.arange(t.numel(), device=t.device))

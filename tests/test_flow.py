@@ -191,6 +191,35 @@ def test_bounds_make_a_density_on_the_box(builder, tmp_path):
     assert torch.equal(loaded.log_prob(x), flow.log_prob(x))
 
 
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_bounds_with_open_ends_keep_samples_on_their_half_lines(builder, tmp_path):
+    """An end given as None or +-inf is open: a positive column, one below 2, a free one.
+    Fitting (whose check of finite weights allows the open ends), sampling, scoring, saving
+    and loading all work (review 22: 'low' should be finite, naming an argument never passed)."""
+    rng = torch.Generator().manual_seed(0)
+    x = torch.stack([torch.randn(600, generator=rng).exp() * 1e4,
+                     2.0 - torch.rand(600, generator=rng) ** 2,
+                     torch.randn(600, generator=rng)], -1)
+    flow = BUILDERS[builder](3, layers=2, hidden_features=(16,), transformer="spline",
+                             bounds=([0.0, None, -math.inf], [None, 2.0, None]))
+    flowkit.fit(flow, x, steps=30, progress=False, seed=0)
+    samples = flow.sample(2000)
+    assert (samples[:, 0] >= 0).all() and (samples[:, 1] <= 2.0).all()
+    assert samples[:, 2].min() < -1 < 1 < samples[:, 2].max()
+    outside = torch.tensor([[-1.0, 1.0, 0.0], [1.0, 2.5, 0.0]])
+    assert (flow.log_prob(outside) == -math.inf).all()
+    assert torch.isfinite(flow.log_prob(x)).all()
+    flowkit.save_model(flow, tmp_path / "f.pt")
+    loaded = flowkit.load_model(tmp_path / "f.pt")
+    assert torch.equal(loaded.log_prob(x[:5]), flow.log_prob(x[:5]))
+    with pytest.raises(ValueError, match=r"'bounds' = \(low, high\) was refused: 'high' should "
+                                         r"be above 'low' in every feature"):
+        BUILDERS[builder](2, bounds=([0.0, None], [-1.0, None]))
+    with pytest.raises(ValueError, match=r"'bounds' = \(low, high\) was refused: 'low' should "
+                                         r"be finite or -inf, got \[inf\]"):
+        BUILDERS[builder](1, bounds=([math.inf], [None]), transformer="spline")
+
+
 def test_fit_names_training_rows_outside_the_bounds():
     """Array rows are all scored before training (review 19: a row was found only at the step
     whose batch held it); a DataLoader's at that step."""

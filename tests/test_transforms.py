@@ -68,6 +68,11 @@ TRANSFORMS = {
     "permutation-random": lambda: Permutation.random(D, seed=1),
     "lu-linear": lambda: perturbed(LULinear(D)),
     "logit": lambda: Logit(-12.0 - torch.rand(D), 10.0 + torch.rand(D)),  # holds 2 * randn
+    # each kind of interval: a box, half-lines above and below, the whole line
+    "logit-half-lines": lambda: Logit(
+        torch.tensor([-12.0, -11.0, -math.inf, -math.inf, -13.0])[:D],
+        torch.tensor([10.0, math.inf, 11.0, math.inf, math.inf])[:D],
+    ),
     "standardize": lambda: Standardize(D, shift=torch.randn(D), scale=torch.rand(D) + 0.1),
     "standardize-from-data": lambda: Standardize.from_data(torch.randn(50, D) * 30.0 + 7.0),
     "standardize-full": lambda: Standardize.from_data(
@@ -287,7 +292,9 @@ def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_insid
     [([0.0], [0.0], "'high' should be above 'low' in every feature"),
      ([0.0, 1.0], [1.0], "'low' and 'high' should have the same shape"),
      ([[0.0]], [[1.0]], r"'low' should have shape \(D,\)"),
-     ([0.0], [math.inf], "'high' should be finite"),
+     ([0.0], [-math.inf], "'high' should be finite or inf"),
+     ([math.inf], [1.0], "'low' should be finite or -inf"),
+     ([0.0], [math.nan], "'high' should be finite or inf"),
      # distinct as given, equal in the default dtype the buffers take (a NaN density before)
      ([1e9], [1e9 + 1], "'low' and 'high' are equal in torch.float32 at features \\[0\\]"),
      ([0.0, 0.0], [1.0, 1e-46], "equal in torch.float32 at features \\[1\\]")],
@@ -295,6 +302,35 @@ def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_insid
 def test_logit_bad_bounds(low, high, match):
     with pytest.raises(ValueError, match=match):
         Logit(low, high)
+
+
+def test_logit_on_half_lines_is_the_log_and_samples_stay_inside():
+    """``bounds`` with an infinite end: the log of the distance to the finite end, so that a
+    positive column is a log-normal under a standard normal base (review 22: a positive-only
+    income could not be expressed, 'low' should be finite)."""
+    t = Logit([0.0, -math.inf, -math.inf], [math.inf, 2.0, math.inf]).double()
+    x = torch.tensor([[1.5, 1.0, -3.0], [0.0, 2.0, 7.0], [-0.1, 1.0, 0.0], [1.0, 2.5, 0.0]],
+                     dtype=torch.float64)
+    z, log_det = t(x)
+    assert torch.allclose(z[0], torch.tensor([math.log(1.5), -math.log(1.0), -3.0],
+                                             dtype=torch.float64))
+    assert torch.isfinite(log_det[:2]).all() and (log_det[2:] == -math.inf).all()
+    tiny = torch.finfo(torch.float64).tiny  # an end at 0: one rounding step is the smallest normal
+    eps = torch.finfo(torch.float64).eps
+    assert torch.allclose(z[1, :2], torch.tensor([math.log(tiny), -math.log(2 * eps)],
+                                                 dtype=torch.float64))
+    samples, _ = t.inverse(30 * torch.randn(1000, 3, dtype=torch.float64))
+    assert (samples[:, 0] > 0).all() and (samples[:, 1] <= 2.0).all()  # 2 - e^-z rounds to 2
+    # a log-normal density: normalized on (0, inf)
+    grid = torch.linspace(-30.0, 30.0, 200001, dtype=torch.float64)
+    positive = Logit([0.0], [math.inf]).double()
+    _, log_det = positive(grid.exp()[:, None])
+    log_p = -0.5 * grid.square() - 0.5 * math.log(2 * math.pi) + log_det  # density of x = e^g
+    total = torch.trapezoid((log_p + grid).exp(), grid)  # dx = e^g dg
+    assert abs(total.item() - 1.0) < 1e-8
+    x = torch.tensor([[0.5, 1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    (t(x)[0].sum() + t(x)[1].sum()).backward()
+    assert torch.isfinite(x.grad).all()
 
 
 def test_logit_takes_the_default_dtype():

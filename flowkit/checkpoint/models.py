@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..validation import check_bool
+from ..validation import check_bool, invalid_values, open_ends
 from .format import (
     CheckpointError,
     check_file_path,
@@ -140,9 +140,10 @@ class Checkpoint:
                 f"'{self.path}': the stored buffer '{name}' should be {error.expected}"
             )
         if not allow_nonfinite:
+            infinite_ok = open_ends(model)
             for key, value in state.items():
                 if value.is_floating_point() or value.is_complex():
-                    bad = int((~torch.isfinite(value)).sum())
+                    bad = int(invalid_values(value, key in infinite_ok).sum())
                     if bad:
                         raise CheckpointError(
                             f"'{self.path}': the stored weight '{key}' holds {bad} NaN or "

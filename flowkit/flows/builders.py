@@ -7,6 +7,7 @@ Both builders are registered with :func:`flowkit.checkpoint.register_model`: eac
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -175,17 +176,26 @@ def _autoregressive_flow(
 
 
 def _bounds_transform(bounds: object, features: int) -> Logit:
-    """The :class:`~flowkit.transforms.Logit` of the builders' ``bounds=(low, high)``."""
+    """The :class:`~flowkit.transforms.Logit` of the builders' ``bounds=(low, high)``, where an
+    end given as ``None`` is open (``-inf`` for ``low``, ``inf`` for ``high``)."""
     expected = f"'bounds' should be a pair (low, high) of {features} values each"
     if not (isinstance(bounds, Sequence) and not isinstance(bounds, str) and len(bounds) == 2):
         raise ValueError(f"{expected}, got {bounds!r}")
-    try:
-        shapes = [tuple(torch.as_tensor(b).shape) for b in bounds]
-    except (TypeError, ValueError, RuntimeError):  # ragged lists, not numbers
-        raise ValueError(f"{expected}, got {bounds!r}") from None
+    ends = []
+    for end, side in zip(bounds, (-math.inf, math.inf), strict=True):
+        if isinstance(end, Sequence) and not isinstance(end, str):
+            end = [side if v is None else v for v in end]
+        try:
+            ends.append(torch.as_tensor(end, dtype=torch.float64))
+        except (TypeError, ValueError, RuntimeError):  # ragged lists, not numbers
+            raise ValueError(f"{expected}, got {bounds!r}") from None
+    shapes = [tuple(end.shape) for end in ends]
     if shapes != [(features,), (features,)]:
         raise ValueError(f"{expected}, got shapes {shapes[0]} and {shapes[1]}")
-    return Logit(*bounds)  # checks the values
+    try:
+        return Logit(*ends)  # checks the values
+    except ValueError as e:
+        raise ValueError(f"'bounds' = (low, high) was refused: {e}") from None
 
 
 #: What ``standardize=True`` builds (see :func:`MAF`).
@@ -320,10 +330,13 @@ def MAF(
             standardization is per feature in every case. ``False`` builds the flow of
             flowkit 0.1 (which files saved by it rebuild).
         bounds: ``(low, high)``, each ``D`` values: data that lie in that box (the parameters
-            of a simulator under a uniform prior, fractions). A
-            :class:`flowkit.transforms.Logit` first maps the box onto the real line, so the
-            density is zero outside it and normalized inside; the standardization, if any,
-            then acts on the mapped values. ``None``: data anywhere.
+            of a simulator under a uniform prior, fractions), or on half-lines where an end is
+            ``-inf``/``inf`` or ``None`` (``([0.0, None], [None, None])``: a positive first
+            column, a free second one). A :class:`flowkit.transforms.Logit` first maps each
+            interval onto the real line (a logit on a box, the log of the distance to the end
+            on a half-line), so the density is zero outside it, normalized inside, and samples
+            stay inside; the standardization, if any, then acts on the mapped values.
+            ``None``: data anywhere.
         seed: seed of the MADE degrees and random permutations.
         base_context: what a conditional base's head reads: ``"embedded"``, the embedded
             context, as the layers; or ``"raw"``, the (standardized) context before the

@@ -21,7 +21,7 @@ from collections import deque
 import torch
 from torch import nn
 
-from ..validation import Mention, WordedError
+from ..validation import Mention, WordedError, invalid_values, open_ends
 from .distributed import Dist
 from .history import History
 
@@ -93,14 +93,18 @@ class Divergence:
 
 def first_nonfinite(model: nn.Module, dist: Dist) -> tuple[str, float] | None:
     """The name and first bad value of the first parameter or floating buffer of ``model`` that
-    holds NaN or Inf on any process, or None when all are finite. One host copy when all are."""
+    holds NaN or Inf on any process, or None when all are finite. One host copy when all are.
+    The open ends of a :class:`~flowkit.transforms.Logit` may be infinite (NaN may not: see
+    :func:`~flowkit.validation.open_ends`)."""
+    infinite_ok = open_ends(model)
     named = [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
     if not named:
         return None
-    flags = dist.all_sum(torch.stack([(~torch.isfinite(v)).any() for _, v in named]).int())
+    flags = dist.all_sum(torch.stack(
+        [invalid_values(v, k in infinite_ok).any() for k, v in named]).int())
     first = next((i for i, flag in enumerate(flags.tolist()) if flag), None)
     if first is None:
         return None
     name, v = named[first]
-    bad = v[~torch.isfinite(v)]  # empty on the processes whose copy is finite
+    bad = v[invalid_values(v, name in infinite_ok)]  # empty where this process's copy is finite
     return name, bad[0].item() if bad.numel() else math.nan

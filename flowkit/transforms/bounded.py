@@ -1,21 +1,26 @@
-r"""``Logit``: the open box ``(low, high)`` onto the real line, feature by feature.
+r"""``Logit``: each feature's interval ``(low, high)`` onto the real line.
 
 A flow's density is positive on all of :math:`\mathbb{R}^D`. Data that live in a box (the
-parameters of a simulator under a uniform prior, fractions, bounded measurements) leave it to
-spread mass outside the box, and a density that must drop to zero at an edge is hard to learn
-near it. Put first in a flow, ``Logit`` maps the box onto :math:`\mathbb{R}^D`,
+parameters of a simulator under a uniform prior, fractions, bounded measurements) or on a
+half-line (incomes, concentrations, waiting times) leave it to spread mass outside, and a density
+that must drop to zero at an edge is hard to learn near it. Put first in a flow, ``Logit`` maps
+each feature's interval onto :math:`\mathbb{R}`: on a bounded one,
 
 .. math::
 
     z_d = \log(x_d - l_d) - \log(h_d - x_d), \qquad
-    \log\left|\det \frac{\partial z}{\partial x}\right|
-      = \sum_d \log(h_d - l_d) - \log(x_d - l_d) - \log(h_d - x_d),
+    \log\left|\frac{\partial z_d}{\partial x_d}\right|
+      = \log(h_d - l_d) - \log(x_d - l_d) - \log(h_d - x_d),
 
-so that the flow's density is zero outside the box and still normalized inside it. The inverse
-is :math:`x_d = l_d + (h_d - l_d)\,\sigma(z_d)`. A point outside the box has log-density
-``-inf``: ``forward`` gives it ``z = 0`` and ``log_det = -inf``. A point on an edge (a sample of
-a uniform prior can be exactly its lower bound) is scored as if one rounding step
-(``eps * (h - l)``) inside it.
+with inverse :math:`x_d = l_d + (h_d - l_d)\,\sigma(z_d)`; on a half-line, the logarithm of the
+distance to its end, :math:`z_d = \log(x_d - l_d)` (``high = inf``) or :math:`z_d = -\log(h_d -
+x_d)` (``low = -inf``), with log-derivative :math:`-\log(x_d - l_d)` or :math:`-\log(h_d -
+x_d)`; where both bounds are infinite, the identity. The log-determinant is the sum over the
+features, so the flow's density is zero outside the intervals and still normalized inside. A
+point outside has log-density ``-inf``: ``forward`` gives it ``z = 0`` and ``log_det = -inf``. A
+point on a finite edge (a sample of a uniform prior can be exactly its lower bound) is scored as
+if one rounding step inside it (``eps * (h - l)`` on a bounded interval, ``eps * |l|`` on a
+half-line, the smallest normal number when that end is 0).
 :func:`flowkit.MAF` and :func:`flowkit.IAF` put one first with ``bounds=(low, high)``.
 """
 
@@ -32,16 +37,19 @@ from flowkit.transforms.base import Transform
 
 
 class Logit(Transform):
-    r"""``z = log(x - low) - log(high - x)`` per feature (see the module notes).
+    r"""Each feature's interval ``(low, high)`` onto the real line (see the module notes):
+    ``z = log(x - low) - log(high - x)`` where both bounds are finite, the log of the distance
+    to the finite one on a half-line, the identity where both are infinite.
 
     Args:
-        low: ``(D,)`` finite lower bounds.
-        high: ``(D,)`` finite upper bounds, each above its ``low`` also after rounding to
-            torch's default dtype, which the buffers take (as every module's parameters do):
-            bounds that differ only beyond float32's precision need
+        low: ``(D,)`` lower bounds, finite or ``-inf``.
+        high: ``(D,)`` upper bounds, finite or ``inf``, each above its ``low`` also after
+            rounding to torch's default dtype, which the buffers take (as every module's
+            parameters do): bounds that differ only beyond float32's precision need
             ``torch.set_default_dtype(torch.float64)`` before the flow is built.
 
-    Buffers: ``low`` and ``high`` ``(D,)``.
+    Buffers: ``low`` and ``high`` ``(D,)``, infinite at open ends (listed in
+    ``infinite_buffers``, which the training loop's check of finite weights reads).
 
     Example:
         >>> import torch
@@ -49,7 +57,12 @@ class Logit(Transform):
         >>> z, log_det = t(torch.tensor([[0.5, 0.0], [2.0, 0.0]]))
         >>> z.tolist(), [round(v, 4) for v in log_det.tolist()]  # log 8; outside the box
         ([[0.0, 0.0], [0.0, 0.0]], [2.0794, -inf])
+        >>> positive = Logit([0.0], [float("inf")])  # z = log x
+        >>> positive(torch.tensor([[1.0], [2.0]]))[0].flatten().tolist()
+        [0.0, 0.6931471824645996]
     """
+
+    infinite_buffers = ("low", "high")
 
     def __init__(self, low: Tensor | Sequence[float], high: Tensor | Sequence[float]):
         super().__init__()
@@ -58,28 +71,60 @@ class Logit(Transform):
         self.register_buffer("low", low_)
         self.register_buffer("high", high_)
 
+    def _ends(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Which ends are finite (``(D,)`` bools), the bounds with their infinite ends replaced
+        by 0, and the widths of the bounded intervals (1 elsewhere): finite stand-ins, so that
+        no branch that ``where`` discards computes an infinity (whose gradient, times 0, would
+        be NaN)."""
+        has_low, has_high = torch.isfinite(self.low), torch.isfinite(self.high)
+        low = torch.where(has_low, self.low, 0.0)
+        high = torch.where(has_high, self.high, 0.0)
+        width = torch.where(has_low & has_high, high - low, 1.0)
+        return has_low, has_high, low, high, width
+
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        width = self.high - self.low
-        above, below = x - self.low, self.high - x
-        inside = (above >= 0) & (below >= 0)
+        has_low, has_high, low, high, width = self._ends()
+        inside = (x >= self.low) & (x <= self.high)
         # A point on an edge (a uniform prior's sample can be exactly its lower bound) is taken
-        # one rounding step inside: distances below eps * width are raised to it, which moves
-        # no more mass than the rounding of x itself.
-        floor = torch.finfo(x.dtype).eps * width
-        half = width / 2  # stands in for the distances outside the box
-        above = torch.where(inside, above.clamp_min(floor), half)
-        below = torch.where(inside, below.clamp_min(floor), half)
+        # one rounding step inside: distances below that step are raised to it, which moves
+        # no more mass than the rounding of x itself. Outside (and at an infinite end) the
+        # distances are stood in for by the width, whose values are then discarded.
+        eps, tiny = torch.finfo(x.dtype).eps, torch.finfo(x.dtype).tiny
+        bounded = has_low & has_high
+        floor_low = torch.where(bounded, eps * width, (eps * low.abs()).clamp_min(tiny))
+        floor_high = torch.where(bounded, eps * width, (eps * high.abs()).clamp_min(tiny))
+        above = torch.where(inside & has_low, (x - low).clamp_min(floor_low), width)
+        below = torch.where(inside & has_high, (high - x).clamp_min(floor_high), width)
         log_above, log_below = torch.log(above), torch.log(below)
-        log_det = (torch.log(width) - log_above - log_below).sum(-1)
-        log_det = log_det.masked_fill(~inside.all(-1), -math.inf)
-        return log_above - log_below, log_det
+        z = torch.where(
+            bounded, log_above - log_below,
+            torch.where(has_low, log_above, torch.where(has_high, -log_below, x)),
+        )
+        log_det = torch.where(has_low & has_high, torch.log(width), 0.0)
+        log_det = log_det - torch.where(has_low, log_above, 0.0) - torch.where(
+            has_high, log_below, 0.0)
+        z = torch.where(inside, z, 0.0)
+        log_det = log_det.sum(-1).masked_fill(~inside.all(-1), -math.inf)
+        return z, log_det
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        width = self.high - self.low
-        x = self.low + width * torch.sigmoid(z)
-        log_det = (torch.log(width) + torch.nn.functional.logsigmoid(z)
-                   + torch.nn.functional.logsigmoid(-z)).sum(-1)
-        return x, log_det
+        has_low, has_high, low, high, width = self._ends()
+        bounded = has_low & has_high
+        logistic = low + width * torch.sigmoid(z)
+        log_logistic = (torch.log(width) + torch.nn.functional.logsigmoid(z)
+                        + torch.nn.functional.logsigmoid(-z))
+        # exp of the side that is used only (an unused exp(z) may overflow to inf)
+        up = torch.exp(torch.where(has_low & ~has_high, z, 0.0))
+        down = torch.exp(torch.where(has_high & ~has_low, -z, 0.0))
+        x = torch.where(
+            bounded, logistic,
+            torch.where(has_low, low + up, torch.where(has_high, high - down, z)),
+        )
+        log_det = torch.where(
+            bounded, log_logistic,
+            torch.where(has_low, z, torch.where(has_high, -z, 0.0)),
+        )
+        return x, log_det.sum(-1)
 
     def extra_repr(self) -> str:
         return f"low={self.low.tolist()}, high={self.high.tolist()}"
@@ -88,16 +133,19 @@ class Logit(Transform):
 def _checked_bounds(
     low: Tensor | Sequence[float], high: Tensor | Sequence[float], dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """``low`` and ``high`` as CPU tensors ``(D,)`` of ``dtype``, finite, ``low < high`` (as
-    given, and after rounding to ``dtype``)."""
+    """``low`` and ``high`` as CPU tensors ``(D,)`` of ``dtype``, not NaN, ``low`` below
+    ``inf`` and ``high`` above ``-inf``, ``low < high`` (as given, and after rounding to
+    ``dtype``)."""
     values = {}
     for name, value in (("low", low), ("high", high)):
         given = torch.as_tensor(value, dtype=torch.float64, device="cpu")
         if given.dim() != 1 or given.numel() == 0:
             raise ValueError(f"'{name}' should have shape (D,) with D >= 1, got "
                              f"{tuple(given.shape)}")
-        if not torch.isfinite(given).all():
-            raise ValueError(f"'{name}' should be finite, got {given.tolist()}")
+        wrong = float("inf") if name == "low" else -float("inf")
+        if given.isnan().any() or (given == wrong).any():
+            end = "finite or -inf" if name == "low" else "finite or inf"
+            raise ValueError(f"'{name}' should be {end}, got {given.tolist()}")
         values[name] = given
     if values["low"].shape != values["high"].shape:
         raise ValueError(f"'low' and 'high' should have the same shape, got "
@@ -120,8 +168,11 @@ def _checked_bounds(
 
 @register_check(Logit)
 def _check_stored_bounds(module: Logit) -> None:
-    """Refuse stored bounds that no :class:`Logit` has: finite, ``low < high``."""
-    if not (torch.isfinite(module.low).all() and torch.isfinite(module.high).all()):
-        raise InvalidBuffer("low", "finite bounds")
+    """Refuse stored bounds that no :class:`Logit` has: ``low`` finite or ``-inf``, ``high``
+    finite or ``inf``, ``low < high``."""
+    if module.low.isnan().any() or (module.low == math.inf).any():
+        raise InvalidBuffer("low", "bounds that are finite or -inf")
+    if module.high.isnan().any() or (module.high == -math.inf).any():
+        raise InvalidBuffer("high", "bounds that are finite or inf")
     if not (module.low < module.high).all():
         raise InvalidBuffer("high", "bounds above 'low'")
