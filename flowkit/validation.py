@@ -185,13 +185,6 @@ def _check_finite(name: str, value: Tensor) -> Tensor:
     return value
 
 
-def _check_rows(name: str, value: Tensor) -> Tensor:
-    """Fail on an empty batch (no rows)."""
-    if value.shape[0] == 0:
-        raise ValueError(f"'{name}' is an empty batch: shape {tuple(value.shape)}")
-    return value
-
-
 def check_features(
     name: str,
     value: object,
@@ -202,7 +195,8 @@ def check_features(
     """Check that ``value`` is a ``(N, features)`` tensor, ``N >= 1``, on ``like``'s device,
     with ``like``'s dtype (or any dtype when ``floating`` is False), and finite (floating
     only)."""
-    value = _check_rows(name, check_width(name, value, features, like, floating))
+    value = check_width(name, value, features, like, floating)
+    check_not_empty(name, value, value.shape[:1])
     return _check_finite(name, value) if floating else value
 
 
