@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import flowkit
 from flowkit.app import cli
 from flowkit.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from flowkit.nn.modes import evaluating
 from flowkit.train import (
     CHECKPOINT_NAME,
     DivergenceError,
@@ -1119,6 +1120,31 @@ def test_valid_as_a_function_is_called_in_eval_mode_without_gradients():
     with pytest.raises(ArgumentError, match=r"'valid' should return the validation loss as a "
                        r"number, got 'x'"):
         fit(small_maf(), gaussian(256), valid=lambda m: "x", steps=2, batch_size=64, **QUIET)
+
+
+def test_a_raising_valid_function_leaves_the_model_in_training_mode():
+    """fit trains in training mode; the validation runs in eval mode and gives the mode back
+    even when ``valid(model)`` raises (review 23 F5)."""
+
+    def valid(model):
+        assert not model.training
+        raise RuntimeError("broken validation")
+
+    flow = small_maf()
+    with pytest.raises(RuntimeError, match="broken validation"):
+        fit(flow, gaussian(256), valid=valid, steps=4, batch_size=64, valid_every=2, **QUIET)
+    assert all(m.training for m in flow.modules())
+    assert torch.is_grad_enabled()
+
+
+def test_evaluating_restores_the_mode_it_found_after_an_exception():
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout())
+    for mode in (True, False):
+        net.train(mode)
+        with pytest.raises(RuntimeError, match="inside"), evaluating(net):
+            assert not net.training and not net[1].training and not torch.is_grad_enabled()
+            raise RuntimeError("inside")
+        assert all(m.training == mode for m in net.modules()) and torch.is_grad_enabled()
 
 
 def test_callbacks_run_after_steps_epochs_and_checkpoints(tmp_path):

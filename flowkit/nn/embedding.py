@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from flowkit.checkpoint import register_model
 from flowkit.nn.activation import ActivationSpec, activation_class, activation_name
+from flowkit.nn.modes import evaluating
 from flowkit.validation import check_int, check_tensor
 
 __all__ = ["MLPEmbedding", "build_embedding", "embedded_features", "embedding_config"]
@@ -154,18 +155,15 @@ def embedded_features(embedding: nn.Module, in_features: int) -> int:
         dtype=reference.dtype if reference is not None else torch.get_default_dtype(),
         device=reference.device if reference is not None else None,
     )
-    training = embedding.training
     try:
-        with torch.no_grad():
-            out = embedding.eval()(probe)
+        with evaluating(embedding):
+            out = embedding(probe)
     except Exception as e:
         raise ValueError(
             f"'embedding' ({type(embedding).__name__}) should map (N, {in_features}) to (N, C) "
             f"(the flow's context_features is {in_features}), but it failed on a (1, "
             f"{in_features}) input: {type(e).__name__}: {e}"
         ) from e
-    finally:
-        embedding.train(training)
     if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != 1 or out.shape[1] < 1:
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(

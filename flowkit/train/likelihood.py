@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..flows import Flow
+from ..nn.modes import evaluating
 from ..transforms import BatchNorm
 from ..transforms.standardize import set_from_data, unset
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int
@@ -432,10 +433,8 @@ def _check_first_batch(
     check_data = getattr(model, "check_data", None)
     if check_data is not None:  # a model that knows its data's domain (binary, categories)
         check_data(x, name)
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
+        with evaluating(model):
             out = log_prob(model, x[:2], None if context is None else context[:2])
     except TypeError as e:
         if x.is_floating_point():
@@ -446,8 +445,6 @@ def _check_first_batch(
             "for integer-valued data, add uniform noise in [0, 1) to each value "
             "(dequantization), or a density on them grows without bound"
         ) from e
-    finally:
-        model.train(was_training)
     if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
@@ -529,19 +526,16 @@ class _DataValidation:
 
     def __call__(self) -> float:
         model, s = self.model, self.s
-        was_training = model.training
-        model.eval()
         # NLL sum, rows, rows holding NaN/Inf (a DataLoader's later batches are not checked),
         # rows of log-density -inf
         total = torch.zeros(4, device=s.device, dtype=torch.float64)
-        with torch.no_grad():
+        with evaluating(model):
             for xb, cb in self.batches():
                 log_p = log_prob(model, xb, cb)
                 total[0] -= log_p.sum()
                 total[1] += xb.shape[0]
                 total[2] += count_nonfinite_rows(xb, xb) + count_nonfinite_rows(cb, xb)
                 total[3] += (log_p == -math.inf).sum()
-        model.train(was_training)
         nll, rows, bad, outside = s.dist.all_sum(total).tolist()
         self.counts = (int(rows), int(bad), int(outside))
         return math.nan if bad else nll / rows
@@ -573,12 +567,8 @@ class _UserValidation:
         self.model, self.valid, self.s = model, valid, s
 
     def __call__(self) -> float:
-        model = self.model
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
+        with evaluating(self.model) as model:
             loss = self.valid(model)
-        model.train(was_training)
         if isinstance(loss, Tensor) and loss.numel() == 1 and loss.is_floating_point():
             loss = loss.item()
         if isinstance(loss, bool) or not isinstance(loss, Real):

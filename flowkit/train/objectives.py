@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..nn.modes import evaluating
 from ..transforms.bounded import Logit
 from ..validation import ArgumentError, Mention
 from .distributed import Dist
@@ -167,17 +168,12 @@ def rows_outside(
     log-density ``-inf``, and the numbers of the first ``first`` of them (counted across the
     batches): one pass in evaluation mode without gradients."""
     count, rows, offset = 0, [], 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for x, c in batches:
-                hit = (log_prob(model, x, c) == -math.inf).nonzero().flatten()
-                count += hit.numel()
-                rows += (hit[: max(first - len(rows), 0)] + offset).tolist()
-                offset += x.shape[0]
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for x, c in batches:
+            hit = (log_prob(model, x, c) == -math.inf).nonzero().flatten()
+            count += hit.numel()
+            rows += (hit[: max(first - len(rows), 0)] + offset).tolist()
+            offset += x.shape[0]
     return count, rows
 
 

@@ -61,6 +61,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from flowkit.nn.modes import evaluating
 from flowkit.nn.optimizer_steps import total_steps
 from flowkit.transforms.base import Transform
 from flowkit.validation import check_int, check_tensor
@@ -471,31 +472,26 @@ def set_from_data(
     call = model.log_prob if call is None else call
     done: list[Standardize] = []
     single_row = False  # warned once per call, not once per module (data and context)
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            while pending:
-                collector = _Collector(pending)
-                try:
-                    for batch in batches:
-                        collector.seen.clear()
-                        try:
-                            call(*batch)
-                        except _AllSeen:
-                            pass
-                finally:
-                    for m in pending:
-                        m._collector = None
-                first = collector.first
-                if first is None:  # no module saw data
-                    break
-                single_row |= collector.moments[first].count == 1
-                first._set_from(collector.moments[first])
-                done.append(first)
-                pending = [m for m in pending if m is not first]
-    finally:
-        model.train(training)
+    with evaluating(model):
+        while pending:
+            collector = _Collector(pending)
+            try:
+                for batch in batches:
+                    collector.seen.clear()
+                    try:
+                        call(*batch)
+                    except _AllSeen:
+                        pass
+            finally:
+                for m in pending:
+                    m._collector = None
+            first = collector.first
+            if first is None:  # no module saw data
+                break
+            single_row |= collector.moments[first].count == 1
+            first._set_from(collector.moments[first])
+            done.append(first)
+            pending = [m for m in pending if m is not first]
     if single_row:
         warnings.warn("'batches' hold a single row: it sets the shift, and the scale is 1 (one "
                       "row has no spread to measure); pass more rows", stacklevel=2)
