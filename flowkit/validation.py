@@ -290,6 +290,14 @@ def nonfinite_rows(name: str, value: Tensor) -> Tensor | None:
     return torch.isinf(value).any(-1)
 
 
+def nonfinite_row_mask(value: Tensor) -> Tensor:
+    """Which rows of ``value`` ``(N, ...)`` hold a NaN or an infinite entry: a bool mask
+    ``(N,)`` (a 0-dim ``value`` is one row, and its mask is 0-dim). Reads no values back to
+    the host (``.any()``, ``.sum()`` or ``.nonzero()`` of the mask do)."""
+    bad = ~torch.isfinite(value)
+    return bad.flatten(1).any(1) if bad.dim() > 1 else bad
+
+
 def is_permutation(t: Tensor) -> bool:
     """Whether ``t`` is a 1-D integer tensor holding each of ``0 .. len(t) - 1`` once."""
     return t.dim() == 1 and torch.equal(t.sort().values, torch.arange(t.numel(), device=t.device))

@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from ..data.arrays import native_byte_order
-from ..validation import ArgumentError, Mention
+from ..validation import ArgumentError, Mention, nonfinite_row_mask
 from .distributed import Dist
 
 Batch = tuple[Tensor, Tensor | None]
@@ -198,7 +198,7 @@ def check_finite(name: str, x: Tensor, context: Tensor | None, batch: bool = Fal
     naming ``name`` (the first batch of it, with ``batch``) and the first such row."""
     for part, t in (("x", x), ("context", context)):
         if t is not None and t.is_floating_point() and not torch.isfinite(t).all():
-            row = int((~torch.isfinite(t)).reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
+            row = int(nonfinite_row_mask(t).nonzero()[0])
             if batch:
                 raise ValueError(f"the first batch of '{name}' holds NaN or Inf values in "
                                  f"{part} (row {row} of the batch)")

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..nn.modes import evaluating
 from ..transforms.bounded import Logit
-from ..validation import ArgumentError, Mention
+from ..validation import ArgumentError, Mention, nonfinite_row_mask
 from .distributed import Dist
 
 
@@ -182,8 +182,7 @@ def count_nonfinite_rows(t: Tensor | None, like: Tensor) -> Tensor:
     data), as a tensor on ``like``'s device."""
     if t is None or not t.is_floating_point():
         return torch.zeros((), dtype=torch.long, device=like.device)
-    bad = ~torch.isfinite(t)
-    return bad.reshape(bad.shape[0], -1).any(1).sum() if bad.dim() else bad.long()
+    return nonfinite_row_mask(t).sum()
 
 
 class NegElbo:
