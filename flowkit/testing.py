@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import check_int, is_permutation
+from flowkit.validation import check_int, is_permutation, reference
 
 
 def jacobian(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -62,8 +62,8 @@ def check_autoregressive(
     position[order] = torch.arange(features)
     allowed = position[None, :] < position[:, None]  # allowed[d, j]: output d may see input j
     generator = torch.Generator().manual_seed(seed)
-    device = next((t.device for t in (*model.parameters(), *model.buffers())),
-                  torch.device("cpu"))
+    ref = reference(model, floating=False)
+    device = torch.device("cpu") if ref is None else ref.device
     x = torch.randn(samples, *feature_shape, generator=generator, dtype=torch.float64)
     x = x.to(device)
     context = torch.randn(samples, context_features, generator=generator, dtype=torch.float64)

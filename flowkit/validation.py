@@ -200,11 +200,11 @@ def check_features(
     return _check_finite(name, value) if floating else value
 
 
-def reference(module: torch.nn.Module) -> Tensor | None:
+def reference(module: torch.nn.Module, floating: bool = True) -> Tensor | None:
     """The first floating-point parameter or buffer of ``module`` (its dtype and device), or
-    None if it has none."""
+    None if it has none; with ``floating=False``, the first of any dtype (its device)."""
     tensors = itertools.chain(module.parameters(), module.buffers())
-    return next((t for t in tensors if t.is_floating_point()), None)
+    return next((t for t in tensors if t.is_floating_point() or not floating), None)
 
 
 def check_context(

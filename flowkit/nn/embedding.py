@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from flowkit.checkpoint import register_model
 from flowkit.nn.activation import ActivationSpec, activation_class, activation_name
 from flowkit.nn.modes import evaluating
-from flowkit.validation import check_int, check_tensor
+from flowkit.validation import check_int, check_tensor, reference
 
 __all__ = ["MLPEmbedding", "build_embedding", "embedded_features", "embedding_config"]
 
@@ -145,16 +145,8 @@ def embedded_features(embedding: nn.Module, in_features: int) -> int:
                 f"context_features={in_features}"
             )
         return embedding.out_features
-    reference = next(
-        (t for t in [*embedding.parameters(), *embedding.buffers()] if t.is_floating_point()),
-        None,
-    )
-    probe = torch.zeros(
-        1,
-        in_features,
-        dtype=reference.dtype if reference is not None else torch.get_default_dtype(),
-        device=reference.device if reference is not None else None,
-    )
+    like = reference(embedding)
+    probe = torch.zeros(1, in_features) if like is None else like.new_zeros(1, in_features)
     try:
         with evaluating(embedding):
             out = embedding(probe)

@@ -25,7 +25,7 @@ from ..flows import Flow
 from ..nn.modes import evaluating
 from ..transforms import BatchNorm
 from ..transforms.standardize import set_from_data, unset
-from ..validation import ArgumentError, Mention, check_bool, check_int, is_int
+from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, reference
 from .data import (
     DataWarning,
     LoaderSource,
@@ -178,7 +178,8 @@ def fit(
                             " needs validation data: pass ", Mention("valid"))
     holdout = _holdout_fraction(valid)
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
-        dtype = _float_dtype(model)
+        ref = reference(model)
+        dtype = torch.get_default_dtype() if ref is None else ref.dtype
         source, held_out = _make_source(model, data, batch_size, s, dtype, holdout)
         if held_out is not None:
             valid = held_out
@@ -266,13 +267,6 @@ def _takes_context(model: nn.Module) -> bool:
     except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
         return True
     return any(p.name == "context" or p.kind is p.VAR_KEYWORD for p in parameters)
-
-
-def _float_dtype(model: nn.Module) -> torch.dtype:
-    for t in (*model.parameters(), *model.buffers()):
-        if t.is_floating_point():
-            return t.dtype
-    return torch.get_default_dtype()
 
 
 DEFAULT_BATCH_SIZE = 256
