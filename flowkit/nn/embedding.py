@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from flowkit.checkpoint import register_model
 from flowkit.nn.activation import ActivationSpec, activation_class, activation_name
 from flowkit.nn.modes import evaluating
-from flowkit.validation import check_int, check_tensor, reference
+from flowkit.validation import check_batch, check_int, reference
 
 __all__ = ["MLPEmbedding", "build_embedding", "embedded_features", "embedding_config"]
 
@@ -79,13 +79,7 @@ class MLPEmbedding(nn.Module):
 
     def forward(self, context: Tensor) -> Tensor:
         """``(..., in_features)`` -> ``(..., out_features)``."""
-        check_tensor("context", context, ("...", self.in_features))
-        if context.dim() == 0 or context.shape[-1] != self.in_features:
-            raise ValueError(
-                f"'context' should have shape (..., {self.in_features}), got "
-                f"{tuple(context.shape)}"
-            )
-        return self.net(context)
+        return self.net(check_batch("context", context, self.in_features, None))
 
 
 _BUILT_IN: dict[str, type[nn.Module]] = {"MLPEmbedding": MLPEmbedding}
