@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import check_int, is_permutation, reference
+from flowkit.validation import check_int, check_permutation, reference
 
 
 def jacobian(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -49,9 +49,7 @@ def check_autoregressive(
     samples = check_int("samples", samples, 1)
     seed = check_int("seed", seed, 0)
     model = copy.deepcopy(model).double()
-    order = torch.as_tensor(model.order if order is None else order).cpu()
-    if order.is_floating_point() or order.dtype == torch.bool or not is_permutation(order):
-        raise ValueError(f"'order' should be a permutation of range(D), got {order.tolist()}")
+    order = check_permutation("order", model.order if order is None else order)
     if context_features is None:
         context_features = getattr(model, "context_features", 0)
     context_features = check_int("context_features", context_features, 0)

@@ -303,6 +303,31 @@ def is_permutation(t: Tensor) -> bool:
     return t.dim() == 1 and torch.equal(t.sort().values, torch.arange(t.numel(), device=t.device))
 
 
+def check_permutation(name: str, value: object, features: int | None = None) -> Tensor:
+    """Check that ``value`` is a permutation of ``range(D)``, ``D = features`` where given: a
+    flat sequence of integers or an integer tensor. Floating, complex, ``bool`` and ``uint8``
+    values are refused (torch reads a ``uint8`` index as a mask of booleans). Returns it as a
+    CPU ``long`` tensor ``(D,)``, which may share memory with ``value``."""
+    try:
+        given = torch.as_tensor(value, device="cpu")
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, strings inside, objects
+        given = None
+    if (
+        given is None
+        or given.dim() != 1
+        or given.dtype in (torch.bool, torch.uint8)
+        or given.is_floating_point()
+        or given.is_complex()
+        or (features is not None and given.numel() != features)
+        or not is_permutation(given.long())
+    ):
+        size = features if features is not None else (
+            given.numel() if given is not None and given.dim() == 1 else "D")
+        shown = f"{value.tolist()} ({value.dtype})" if isinstance(value, Tensor) else repr(value)
+        raise ValueError(f"'{name}' should be a permutation of range({size}) (ints), got {shown}")
+    return given.long()
+
+
 def is_int(value: object) -> bool:
     """An integer, Python or numpy, but not a bool."""
     return isinstance(value, Integral) and not isinstance(value, bool)
