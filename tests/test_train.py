@@ -547,6 +547,14 @@ BAD_CALLS = {
         ValueError,
         r"should have shape \(100, context_features\)",
     ),
+    # a loader's first batch: the same check and message as arrays (review 23 F15)
+    "loader-context-mismatch": (
+        lambda m: fit(m, DataLoader(TensorDataset(gaussian(100), torch.randn(100, 1, 1)),
+                                    batch_size=10), steps=5, **QUIET),
+        ValueError,
+        r"^the context of the first batch of 'data' should have shape \(10, context_features\) "
+        r"to pair with x of shape \(10, 2\), got \(10, 1, 1\)$",
+    ),
     "restore-best-without-valid": (
         lambda m: fit(m, gaussian(100), steps=5, restore_best=True, **QUIET),
         ValueError,

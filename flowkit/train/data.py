@@ -177,20 +177,27 @@ def load_arrays(
     for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
         rounded.append(_warn_if_rounded(label, t, dtype))
     x, c = as_batch(name, *raw, device, dtype)
-    if x.dim() < 2:
-        raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError(f"'{name}' should have at least one row, got shape {tuple(x.shape)}")
-    if c is not None:
-        if c.dim() != 2 or c.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"the context of '{name}' should have shape ({x.shape[0]}, context_features) "
-                f"to pair with x of shape {tuple(x.shape)}, got {tuple(c.shape)}"
-            )
+    check_pair_shapes(name, x, c)
     check_finite(name, x, c)
     if density:
         warn_if_degenerate(name, x, skip=rounded[0])  # columns the cast made constant: warned
     return x, c
+
+
+def check_pair_shapes(name: str, x: Tensor, context: Tensor | None, batch: bool = False) -> None:
+    """Fail unless ``x`` has shape ``(N, ...)``, ``N >= 1``, and ``context``, if any, ``(N, C)``:
+    the shapes any model needs of the data ``name`` (its first batch, with ``batch``); the widths
+    the model needs are checked against the model."""
+    what = f"the first batch of '{name}'" if batch else f"'{name}'"
+    if x.dim() < 2:
+        raise ValueError(f"{what} should have shape (N, features), got {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{what} should have at least one row, got shape {tuple(x.shape)}")
+    if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
+        raise ValueError(
+            f"the context of {what} should have shape ({x.shape[0]}, context_features) to pair "
+            f"with x of shape {tuple(x.shape)}, got {tuple(context.shape)}"
+        )
 
 
 def check_finite(name: str, x: Tensor, context: Tensor | None, batch: bool = False) -> None:

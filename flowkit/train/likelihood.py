@@ -32,6 +32,7 @@ from .data import (
     SamplerSource,
     TensorSource,
     check_finite,
+    check_pair_shapes,
     derive_seed,
     first_batch,
     frames_as_arrays,
@@ -391,8 +392,7 @@ def _check_first_batch(
     discrete model then checks, and whose every row a bounded flow scores (one pass without
     gradients, by chunks: a row outside its box is named now, rather than at the step whose
     batch holds it)."""
-    if x.dim() < 2 or x.shape[0] == 0:
-        raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
+    check_pair_shapes(name, x, context, batch)
     features = getattr(model, "features", None)
     if features is not None and (x.dim() != 2 or x.shape[1] != features):
         raise ValueError(
@@ -411,11 +411,6 @@ def _check_first_batch(
         raise ValueError(
             f"'{name}' carries a context but {type(model).__name__}.log_prob takes no "
             "'context' argument: pass the data alone"
-        )
-    if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
-        raise ValueError(
-            f"the context of '{name}' should have shape ({x.shape[0]}, context_features), "
-            f"got {tuple(context.shape)}"
         )
     if width and context.shape[1] != width:
         raise ValueError(
