@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from ..flows import Flow
 from ..nn.modes import evaluating
 from ..transforms import BatchNorm
-from ..transforms.standardize import set_from_data, unset
+from ..transforms.standardize import set_from_data, standardizations_to_set
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, reference
 from .data import (
     DataWarning,
@@ -456,7 +456,7 @@ def _check_first_batch_and_standardize(
         x, context = source.x, source.c
     else:
         _check_first_batch(model, x, context)
-    if not unset(model):
+    if not standardizations_to_set(model):
         return
     with warnings.catch_warnings():  # a single row: the DataWarning of the data said so
         warnings.filterwarnings("ignore", message="'batches' hold a single row")

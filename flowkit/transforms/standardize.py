@@ -411,7 +411,7 @@ class _Moments:
         return self.mean, scale, torch.linalg.cholesky(shrunk)
 
 
-def unset(model: nn.Module) -> list[Standardize]:
+def standardizations_to_set(model: nn.Module) -> list[Standardize]:
     """The :class:`Standardize` modules of ``model`` that data should set: not initialised, or
     set provisionally by a call."""
     return [m for m in model.modules()
@@ -466,7 +466,7 @@ def set_from_data(
                 f"'batches[{i}]' should be a tuple of the call's arguments, e.g. (x_chunk,), "
                 f"got {type(batch).__name__}"
             )
-    pending = unset(model)
+    pending = standardizations_to_set(model)
     if not pending:
         return []
     call = model.log_prob if call is None else call
