@@ -40,7 +40,7 @@ from .data import (
     loader_batch,
 )
 from .history import History
-from .loop import Plan, Trainer
+from .loop import RunPlan, Trainer
 from .objectives import (
     NegLogLikelihood,
     Objective,
@@ -201,7 +201,7 @@ def fit(
             validate = _make_validation(model, valid, batch_size or DEFAULT_BATCH_SIZE, s, dtype)
             valid_every = valid_every or source.batches_per_epoch or 100
         keep_best = valid is not None if restore_best is None else restore_best
-        plan = Plan(steps, valid_every, early_stopping_patience, keep_best)
+        plan = RunPlan(steps, valid_every, early_stopping_patience, keep_best)
         trainer = Trainer(s, model, Objective(model, NegLogLikelihood()), source, o, plan, validate)
         history = trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
     if keep_best:

@@ -18,7 +18,7 @@ from ..flows import Flow, spline_edge_shares, spline_layers
 from ..validation import check_int
 from .data import check_same_batch_size, local_batch_size
 from .history import History
-from .loop import Plan, Trainer
+from .loop import RunPlan, Trainer
 from .objectives import NegElbo, Objective, require_method
 from .options import TrainOptions, Unpack, resolve
 from .session import session
@@ -84,7 +84,7 @@ def fit_reverse_kl(
     with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
         source = _Draws(batch_size, local_batch_size(batch_size, s.dist))
         objective = Objective(flow, NegElbo(target_log_density))
-        trainer = Trainer(s, flow, objective, source, o, Plan(steps), None)
+        trainer = Trainer(s, flow, objective, source, o, RunPlan(steps), None)
         history = trainer.run(lambda args: _check_target(flow, target_log_density))
     _warn_if_held_by_a_spline_interval(flow)
     return history
