@@ -30,7 +30,7 @@ from flowkit.train import (
     fit_reverse_kl,
     resolve_device,
 )
-from flowkit.train.data import first_batch
+from flowkit.train.sources import first_batch
 from flowkit.validation import ArgumentError
 
 SCALE, SHIFT = torch.tensor([2.0, 0.5]), torch.tensor([1.0, -1.0])

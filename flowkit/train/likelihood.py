@@ -1,8 +1,8 @@
 r"""Maximum likelihood: :func:`fit`, and what it checks and builds before the first step.
 
-:func:`fit` checks its settings, turns ``data`` into a batch source (:mod:`flowkit.train.data`)
-and ``valid`` into a validation function, checks the first batch against the model, sets the
-model's standardization from the data, and hands the loss
+:func:`fit` checks its settings, turns ``data`` into a batch source
+(:mod:`flowkit.train.sources`) and ``valid`` into a validation function, checks the first batch
+against the model, sets the model's standardization from the data, and hands the loss
 (:class:`~flowkit.train.objectives.NegLogLikelihood`) to the shared engine in
 :mod:`flowkit.train.loop`.
 """
@@ -26,15 +26,10 @@ from ..nn.modes import evaluating
 from ..transforms import BatchNorm
 from ..transforms.standardize import set_from_data, standardizations_to_set
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, reference
-from .data import (
+from .arrays import (
     DataWarning,
-    LoaderSource,
-    SamplerSource,
-    TensorSource,
     check_finite,
     check_pair_shapes,
-    derive_seed,
-    first_batch,
     frames_as_arrays,
     load_arrays,
     loader_batch,
@@ -53,6 +48,7 @@ from .objectives import (
 )
 from .options import TrainOptions, Unpack, resolve
 from .session import Session, session
+from .sources import LoaderSource, SamplerSource, TensorSource, derive_seed, first_batch
 
 
 def fit(

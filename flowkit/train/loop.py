@@ -133,7 +133,7 @@ class Trainer:
         model: the model being trained (already on ``s.device``).
         objective: the loss as a module (its ``forward`` computes the loss of a batch; it may
             also tell why a loss was not finite, :meth:`~flowkit.train.objectives.Objective.cause`).
-        source: the batch source (:mod:`flowkit.train.data`), with ``next_batch(step)``,
+        source: the batch source (:mod:`flowkit.train.sources`), with ``next_batch(step)``,
             ``batches_per_epoch``, ``state_dict()`` and ``load_state_dict(state, step)``.
         o: the resolved shared options.
         plan: the run's length and validation.
