@@ -308,7 +308,7 @@ def _data_warning(
     message: str, category: type[DataWarning] = DataWarning, stacklevel: int = 6
 ) -> None:
     """A warning pointing at the caller of ``fit`` by default, whose checks of array data all
-    run at one depth: fit -> _make_source (or _make_validation) -> load_arrays -> the check ->
+    run at one depth: fit -> _make_source (or held_out.held_out_loss) -> load_arrays -> the check ->
     here."""
     warnings.warn(message, category, stacklevel=stacklevel)
 
