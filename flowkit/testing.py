@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import check_int, is_permutation
+from flowkit.validation import check_int, check_permutation, reference
 
 
 def jacobian(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -49,9 +49,7 @@ def check_autoregressive(
     samples = check_int("samples", samples, 1)
     seed = check_int("seed", seed, 0)
     model = copy.deepcopy(model).double()
-    order = torch.as_tensor(model.order if order is None else order).cpu()
-    if order.is_floating_point() or order.dtype == torch.bool or not is_permutation(order):
-        raise ValueError(f"'order' should be a permutation of range(D), got {order.tolist()}")
+    order = check_permutation("order", model.order if order is None else order)
     if context_features is None:
         context_features = getattr(model, "context_features", 0)
     context_features = check_int("context_features", context_features, 0)
@@ -62,8 +60,8 @@ def check_autoregressive(
     position[order] = torch.arange(features)
     allowed = position[None, :] < position[:, None]  # allowed[d, j]: output d may see input j
     generator = torch.Generator().manual_seed(seed)
-    device = next((t.device for t in (*model.parameters(), *model.buffers())),
-                  torch.device("cpu"))
+    ref = reference(model, floating=False)
+    device = torch.device("cpu") if ref is None else ref.device
     x = torch.randn(samples, *feature_shape, generator=generator, dtype=torch.float64)
     x = x.to(device)
     context = torch.randn(samples, context_features, generator=generator, dtype=torch.float64)

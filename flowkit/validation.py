@@ -185,13 +185,6 @@ def _check_finite(name: str, value: Tensor) -> Tensor:
     return value
 
 
-def _check_rows(name: str, value: Tensor) -> Tensor:
-    """Fail on an empty batch (no rows)."""
-    if value.shape[0] == 0:
-        raise ValueError(f"'{name}' is an empty batch: shape {tuple(value.shape)}")
-    return value
-
-
 def check_features(
     name: str,
     value: object,
@@ -202,15 +195,16 @@ def check_features(
     """Check that ``value`` is a ``(N, features)`` tensor, ``N >= 1``, on ``like``'s device,
     with ``like``'s dtype (or any dtype when ``floating`` is False), and finite (floating
     only)."""
-    value = _check_rows(name, check_width(name, value, features, like, floating))
+    value = check_width(name, value, features, like, floating)
+    check_not_empty(name, value, value.shape[:1])
     return _check_finite(name, value) if floating else value
 
 
-def reference(module: torch.nn.Module) -> Tensor | None:
+def reference(module: torch.nn.Module, floating: bool = True) -> Tensor | None:
     """The first floating-point parameter or buffer of ``module`` (its dtype and device), or
-    None if it has none."""
+    None if it has none; with ``floating=False``, the first of any dtype (its device)."""
     tensors = itertools.chain(module.parameters(), module.buffers())
-    return next((t for t in tensors if t.is_floating_point()), None)
+    return next((t for t in tensors if t.is_floating_point() or not floating), None)
 
 
 def check_context(
@@ -310,9 +304,42 @@ def invalid_values(value: Tensor, infinite_ok: bool = False) -> Tensor:
     return value.isnan() if infinite_ok else ~torch.isfinite(value)
 
 
+def nonfinite_row_mask(value: Tensor) -> Tensor:
+    """Which rows of ``value`` ``(N, ...)`` hold a NaN or an infinite entry: a bool mask
+    ``(N,)`` (a 0-dim ``value`` is one row, and its mask is 0-dim). Reads no values back to
+    the host (``.any()``, ``.sum()`` or ``.nonzero()`` of the mask do)."""
+    bad = ~torch.isfinite(value)
+    return bad.flatten(1).any(1) if bad.dim() > 1 else bad
+
+
 def is_permutation(t: Tensor) -> bool:
     """Whether ``t`` is a 1-D integer tensor holding each of ``0 .. len(t) - 1`` once."""
     return t.dim() == 1 and torch.equal(t.sort().values, torch.arange(t.numel(), device=t.device))
+
+
+def check_permutation(name: str, value: object, features: int | None = None) -> Tensor:
+    """Check that ``value`` is a permutation of ``range(D)``, ``D = features`` where given: a
+    flat sequence of integers or an integer tensor. Floating, complex, ``bool`` and ``uint8``
+    values are refused (torch reads a ``uint8`` index as a mask of booleans). Returns it as a
+    CPU ``long`` tensor ``(D,)``, which may share memory with ``value``."""
+    try:
+        given = torch.as_tensor(value, device="cpu")
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, strings inside, objects
+        given = None
+    if (
+        given is None
+        or given.dim() != 1
+        or given.dtype in (torch.bool, torch.uint8)
+        or given.is_floating_point()
+        or given.is_complex()
+        or (features is not None and given.numel() != features)
+        or not is_permutation(given.long())
+    ):
+        size = features if features is not None else (
+            given.numel() if given is not None and given.dim() == 1 else "D")
+        shown = f"{value.tolist()} ({value.dtype})" if isinstance(value, Tensor) else repr(value)
+        raise ValueError(f"'{name}' should be a permutation of range({size}) (ints), got {shown}")
+    return given.long()
 
 
 def is_int(value: object) -> bool:

@@ -79,6 +79,16 @@ CASES: dict[str, Case] = {
     "Permutation repeated": (
         lambda: transforms.Permutation([0, 0, 1]), ValueError, "'permutation'"),
     "Permutation float": (lambda: transforms.Permutation([0.0, 1.0]), ValueError, "'permutation'"),
+    # a uint8 index is a mask to torch: refused as a permutation everywhere (review 23 F17)
+    "Permutation uint8": (lambda: transforms.Permutation(torch.tensor([1, 0], dtype=torch.uint8)),
+                          ValueError, r"'permutation' .* got \[1, 0\] \(torch.uint8\)"),
+    "MADE order uint8": (
+        lambda: flowkit.MADE(2, (8,), order=torch.tensor([1, 0], dtype=torch.uint8)), ValueError,
+        r"'order' should be a permutation of range\(2\) \(ints\), got \[1, 0\] \(torch.uint8\)"),
+    "check_autoregressive order uint8": (
+        lambda: testing.check_autoregressive(
+            flowkit.MADE(2, (8,)), order=torch.tensor([1, 0], dtype=torch.uint8)),
+        ValueError, r"'order' .* got \[1, 0\] \(torch.uint8\)"),
     "Permutation seed -1": (
         lambda: transforms.Permutation.random(3, seed=-1), ValueError, "'seed'"),
     "Compose widths": (

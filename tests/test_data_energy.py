@@ -68,7 +68,7 @@ def test_errors():
         energy_log_density("U5", torch.zeros(2, 2))
     with pytest.raises(ValueError, match="'name' should be one of"):
         energy_log_normalizer("u1")
-    with pytest.raises(ValueError, match=r"'z' should have shape \(n, 2\), got \(2,\)"):
+    with pytest.raises(ValueError, match=r"'z' should have shape \(N, 2\), got \(2,\)"):
         energy_log_density("U1", torch.zeros(2))
     with pytest.raises(ValueError, match="'z' should have a floating dtype, got torch.int64"):
         energy_log_density("U2", torch.zeros(2, 2, dtype=torch.int64))

@@ -141,8 +141,11 @@ def test_density_errors():
         toy_entropy("pinwheel")
     with pytest.raises(ValueError, match="'name' should be one of"):
         has_exact_density("nope")
-    with pytest.raises(ValueError, match=r"'x' should have shape \(n, 2\), got \(3, 3\)"):
+    with pytest.raises(ValueError, match=r"'x' should have shape \(N, 2\), got \(3, 3\)"):
         toy_log_prob("8gaussians", torch.zeros(3, 3))
+    with pytest.raises(TypeError, match=r"'x' should be a torch.Tensor of shape \(N, 2\), got "
+                       "list"):
+        toy_log_prob("8gaussians", [[0.0, 1.0]])
     with pytest.raises(ValueError, match="'x' should have a floating dtype, got torch.int64"):
         toy_log_prob("checkerboard", torch.zeros(3, 2, dtype=torch.int64))
 

@@ -11,7 +11,7 @@ from flowkit import MADE, MAF, Flow, StandardNormal
 from flowkit.flows.builders import DEFAULT_STANDARDIZATION
 from flowkit.transforms import Compose, MaskedAutoregressive, Permutation, Standardize
 from flowkit.transforms.elementwise import make_transformer
-from flowkit.transforms.standardize import set_from_data, unset
+from flowkit.transforms.standardize import set_from_data, standardizations_to_set
 
 
 def test_fixed_values_and_constant_log_det():
@@ -108,7 +108,7 @@ def test_statistics_far_from_zero_keep_their_precision():
     (t,) = set_from_data(model, [(chunk,) for chunk in x.split(300)], call=model)  # uneven
     assert torch.allclose(t.shift, x.mean(0), rtol=0, atol=1e-9)
     assert torch.allclose(t.scale, x.std(0, correction=0), rtol=1e-9)
-    assert not unset(model)
+    assert not standardizations_to_set(model)
 
 
 class _Counting(Permutation):
@@ -137,7 +137,7 @@ def test_set_from_data_sets_both_standardizers_of_a_conditional_flow():
     flow = MAF(2, layers=2, hidden_features=(8,), context_features=3)
     x, c = torch.randn(100, 2) * 10.0, torch.randn(100, 3) + 50.0
     done = set_from_data(flow, [(x[:50], c[:50]), (x[50:], c[50:])])
-    assert len(done) == 2 and not unset(flow)
+    assert len(done) == 2 and not standardizations_to_set(flow)
     assert torch.allclose(flow.standardize_context.shift, c.mean(0))
     assert torch.allclose(flow.transform.transforms[0].scale, x.std(0, correction=0))
 
@@ -168,7 +168,7 @@ def test_set_from_data_warns_when_one_row_sets_the_scale_to_one():
         set_from_data(lazy, [(torch.tensor([[5.0, 7.0]]),)], call=lazy)
     assert lazy.shift.tolist() == [5.0, 7.0] and lazy.scale.tolist() == [1.0, 1.0]
     flow = MAF(2, layers=1, hidden_features=(8,), context_features=1, standardize=True)
-    assert len(unset(flow)) == 2  # on the data and on the context
+    assert len(standardizations_to_set(flow)) == 2  # on the data and on the context
     with warnings.catch_warnings(record=True) as caught:  # review 20: once per Standardize
         warnings.simplefilter("always")
         set_from_data(flow, [(torch.tensor([[5.0, 7.0]]), torch.tensor([[1.0]]))])
@@ -235,9 +235,9 @@ def test_builders_standardize_data_and_context_by_default():
         assert flow.standardize_context.features == 2
         assert first.covariance == DEFAULT_STANDARDIZATION
         assert flow.config["kwargs"]["standardize"] == DEFAULT_STANDARDIZATION  # True, as stored
-        assert len(unset(flow)) == 2
+        assert len(standardizations_to_set(flow)) == 2
         plain = build(3, layers=2, hidden_features=(8,), context_features=2, standardize=False)
-        assert not unset(plain) and plain.standardize_context is None
+        assert not standardizations_to_set(plain) and plain.standardize_context is None
         assert not any(isinstance(m, Standardize) for m in plain.modules())
     assert MAF(2, layers=1).standardize_context is None
     with pytest.raises(ValueError, match="'standardize'"):
@@ -310,12 +310,13 @@ def test_standardization_survives_save_and_load(tmp_path):
     flow.log_prob(x, c)  # training mode: sets both
     flowkit.save_model(flow, tmp_path / "flow.pt")
     loaded = flowkit.load_model(tmp_path / "flow.pt")
-    assert not unset(loaded)
+    assert not standardizations_to_set(loaded)
     assert torch.equal(loaded.transform.transforms[0].shift, flow.transform.transforms[0].shift)
     assert torch.equal(loaded.log_prob(x, c), flow.eval().log_prob(x, c))
     fresh = flowkit.MAF(2, layers=2, hidden_features=(8,))
     flowkit.save_model(fresh, tmp_path / "fresh.pt")
-    assert len(unset(flowkit.load_model(tmp_path / "fresh.pt"))) == 1  # still unset
+    loaded_fresh = flowkit.load_model(tmp_path / "fresh.pt")
+    assert len(standardizations_to_set(loaded_fresh)) == 1  # still unset
 
 
 def test_sampling_first_fixes_the_data_identity_and_sets_the_context():
@@ -349,10 +350,10 @@ def test_a_look_before_fit_does_not_decide_the_standardization(peek):
     else:
         with torch.no_grad():
             flow.log_prob(x[:3], c[:3])
-    assert len(unset(flow)) == 2  # provisional
+    assert len(standardizations_to_set(flow)) == 2  # provisional
     flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False, device="cpu")
     data_std, context_std = flow.transform.transforms[0], flow.standardize_context
-    assert not unset(flow)
+    assert not standardizations_to_set(flow)
     assert torch.allclose(data_std.shift, x.double().mean(0).float())
     assert torch.allclose(data_std.scale, x.double().std(0, correction=0).float())
     assert torch.allclose(context_std.shift, c.double().mean(0).float())
@@ -403,7 +404,7 @@ def test_training_by_reverse_kl_fixes_the_identity_and_fit_keeps_it():
     (log_q + 0.5 * x.square().sum(-1)).mean().backward()
     optimizer.step()
     std = flow.transform.transforms[0]
-    assert std.initialized and not std.provisional and not unset(flow)
+    assert std.initialized and not std.provisional and not standardizations_to_set(flow)
     flowkit.fit(flow, torch.randn(200, 2) * 50.0 + 7.0, steps=1, seed=0, progress=False,
                 device="cpu")
     assert torch.equal(std.shift, torch.zeros(2)) and torch.equal(std.scale, torch.ones(2))
@@ -411,7 +412,7 @@ def test_training_by_reverse_kl_fixes_the_identity_and_fit_keeps_it():
     peeked.sample(4)  # a look first: provisional ...
     peeked.rsample(16)
     torch.optim.SGD(peeked.parameters(), lr=1e-3).step()  # ... then a step through samples
-    assert not unset(peeked)
+    assert not standardizations_to_set(peeked)
 
 
 @pytest.mark.parametrize("look", ["entropy", "kl_divergence", "rsample"])
@@ -433,7 +434,7 @@ def test_a_monte_carlo_look_with_gradients_before_fit_does_not_decide_it(look):
     else:
         flow.rsample(16).sum().backward()
     std = flow.transform.transforms[0]
-    assert std.provisional and unset(flow) == [std]
+    assert std.provisional and standardizations_to_set(flow) == [std]
     flowkit.fit(flow, x, steps=1, seed=0, progress=False, device="cpu")
     assert not std.provisional
     torch.testing.assert_close(std.shift, x.mean(0).double().float())
@@ -469,7 +470,8 @@ def test_a_loaded_or_set_value_is_not_provisional(tmp_path):
     again = flowkit.MAF(2, layers=1, hidden_features=(8,))
     again.sample(2)  # provisional before the load
     again.load_state_dict(flowkit.load_model(tmp_path / "flow.pt").state_dict())
-    assert not unset(again) and not unset(flowkit.load_model(tmp_path / "flow.pt"))
+    assert not standardizations_to_set(again)
+    assert not standardizations_to_set(flowkit.load_model(tmp_path / "flow.pt"))
     t = Standardize(2)
     t(torch.randn(5, 2))
     t.set([0.0, 0.0], [2.0, 2.0])
@@ -728,9 +730,9 @@ def test_is_initialized_follows_every_write_of_the_buffer():
     b(torch.randn(10, 2) * 100)  # a training-mode call leaves a loaded value alone
     assert b.is_initialized and torch.equal(b.shift, a.shift) and torch.equal(b.scale, a.scale)
     b.initialized.fill_(False)
-    assert not b.is_initialized and unset(b) == [b]
+    assert not b.is_initialized and standardizations_to_set(b) == [b]
     b.initialized.fill_(True)
-    assert b.is_initialized and not unset(b)
+    assert b.is_initialized and not standardizations_to_set(b)
     assert pickle.loads(pickle.dumps(a)).is_initialized
     fresh = Standardize(2).train()
     state = {k: v.clone() for k, v in a.state_dict().items()}

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import flowkit
 from flowkit.app import cli
 from flowkit.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from flowkit.nn.modes import evaluating
 from flowkit.train import (
     CHECKPOINT_NAME,
     DivergenceError,
@@ -29,7 +30,7 @@ from flowkit.train import (
     fit_reverse_kl,
     resolve_device,
 )
-from flowkit.train.data import first_batch
+from flowkit.train.sources import first_batch
 from flowkit.validation import ArgumentError
 
 SCALE, SHIFT = torch.tensor([2.0, 0.5]), torch.tensor([1.0, -1.0])
@@ -545,6 +546,14 @@ BAD_CALLS = {
         lambda m: fit(m, (gaussian(100), torch.randn(99, 1)), steps=5, batch_size=10, **QUIET),
         ValueError,
         r"should have shape \(100, context_features\)",
+    ),
+    # a loader's first batch: the same check and message as arrays (review 23 F15)
+    "loader-context-mismatch": (
+        lambda m: fit(m, DataLoader(TensorDataset(gaussian(100), torch.randn(100, 1, 1)),
+                                    batch_size=10), steps=5, **QUIET),
+        ValueError,
+        r"^the context of the first batch of 'data' should have shape \(10, context_features\) "
+        r"to pair with x of shape \(10, 2\), got \(10, 1, 1\)$",
     ),
     "restore-best-without-valid": (
         lambda m: fit(m, gaussian(100), steps=5, restore_best=True, **QUIET),
@@ -1119,6 +1128,31 @@ def test_valid_as_a_function_is_called_in_eval_mode_without_gradients():
     with pytest.raises(ArgumentError, match=r"'valid' should return the validation loss as a "
                        r"number, got 'x'"):
         fit(small_maf(), gaussian(256), valid=lambda m: "x", steps=2, batch_size=64, **QUIET)
+
+
+def test_a_raising_valid_function_leaves_the_model_in_training_mode():
+    """fit trains in training mode; the validation runs in eval mode and gives the mode back
+    even when ``valid(model)`` raises (review 23 F5)."""
+
+    def valid(model):
+        assert not model.training
+        raise RuntimeError("broken validation")
+
+    flow = small_maf()
+    with pytest.raises(RuntimeError, match="broken validation"):
+        fit(flow, gaussian(256), valid=valid, steps=4, batch_size=64, valid_every=2, **QUIET)
+    assert all(m.training for m in flow.modules())
+    assert torch.is_grad_enabled()
+
+
+def test_evaluating_restores_the_mode_it_found_after_an_exception():
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout())
+    for mode in (True, False):
+        net.train(mode)
+        with pytest.raises(RuntimeError, match="inside"), evaluating(net):
+            assert not net.training and not net[1].training and not torch.is_grad_enabled()
+            raise RuntimeError("inside")
+        assert all(m.training == mode for m in net.modules()) and torch.is_grad_enabled()
 
 
 def test_callbacks_run_after_steps_epochs_and_checkpoints(tmp_path):

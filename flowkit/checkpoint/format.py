@@ -55,9 +55,9 @@ __all__ = [
     "FORMAT_VERSION",
     "LegacyFormatWarning",
     "atomic_write",
-    "check_file_path",
     "check_map_location",
-    "path_argument",
+    "check_path_to_read",
+    "check_path_to_write",
     "read_file",
     "remove_temporary_files",
     "write_bytes_atomic",
@@ -101,8 +101,9 @@ class LegacyFormatWarning(UserWarning):
     checked), so some damage to it may go unnoticed."""
 
 
-def path_argument(path: object, argument: str = "path") -> Path:
-    """``path`` as a :class:`~pathlib.Path`, for a reader or a writer.
+def check_path_to_read(path: object, argument: str = "path") -> Path:
+    """``path`` as a :class:`~pathlib.Path` to read a file from: a ``str`` or ``os.PathLike``,
+    not empty (the first checks of :func:`check_path_to_write` too).
 
     Raises:
         TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, bytes).
@@ -119,7 +120,7 @@ def path_argument(path: object, argument: str = "path") -> Path:
     return Path(text)
 
 
-def check_file_path(path: object, argument: str = "path") -> Path:
+def check_path_to_write(path: object, argument: str = "path") -> Path:
     """``path`` as a :class:`~pathlib.Path` to write a file to.
 
     Raises:
@@ -128,7 +129,7 @@ def check_file_path(path: object, argument: str = "path") -> Path:
             ends with a separator (``"out/"``: a file ``out`` would be written otherwise), or
             with ``.`` or ``..``.
     """
-    path_argument(path, argument)
+    check_path_to_read(path, argument)  # a str or os.PathLike, not empty
     text = os.fsdecode(os.fspath(path))  # as given: Path() would drop a final separator
     if os.path.basename(text) in ("", ".", ".."):
         raise ValueError(
@@ -155,7 +156,7 @@ def atomic_write(path: str | os.PathLike, fill: Callable[[IO[bytes]], None]) -> 
             read-only folder); the previous file at ``path`` is intact and no temporary file is
             left. Other errors of ``fill`` propagate unchanged, with the same guarantees.
     """
-    path = check_file_path(path)
+    path = check_path_to_write(path)
     # a fresh name in the same folder (os.replace is only atomic within a file system); "xb"
     # refuses to reuse an existing file and, unlike mkstemp, gives the umask's permissions
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
@@ -253,7 +254,7 @@ def write_file(obj: dict[str, Any], path: str | os.PathLike) -> None:
     """Write ``obj`` (tensors and plain containers) to ``path`` as a file of format 2, atomically.
 
     Raises:
-        TypeError, ValueError: ``path`` is not a file path (see :func:`check_file_path`).
+        TypeError, ValueError: ``path`` is not a file path (see :func:`check_path_to_write`).
         CheckpointWriteError: see :func:`atomic_write`.
     """
 
@@ -288,7 +289,7 @@ def read_file(path: str | os.PathLike, map_location: Any = None) -> tuple[int, A
         OSError: the file cannot be read (permission denied, ...).
     """
     check_map_location(map_location)
-    path = path_argument(path)
+    path = check_path_to_read(path)
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no file"
         raise CheckpointError(f"no checkpoint file at '{path}' ({what} there)")

@@ -39,9 +39,9 @@ from torch import nn
 from ..validation import check_bool, invalid_values, open_ends
 from .format import (
     CheckpointError,
-    check_file_path,
+    check_path_to_read,
+    check_path_to_write,
     first_line,
-    path_argument,
     read_file,
     write_file,
 )
@@ -232,7 +232,7 @@ def save_checkpoint(
             malformed (a :class:`CheckpointError`).
         CheckpointWriteError: the write failed; the previous file is intact.
     """
-    path = check_file_path(path)
+    path = check_path_to_write(path)
     if type(kind) is not str or not kind:
         raise TypeError(f"'kind' should be a non-empty string, got {kind!r}")
     extra = {} if extra is None else extra
@@ -305,7 +305,7 @@ def load_checkpoint(
             ``map_location`` is not a usable device (``"meta"`` included: it holds no values).
         OSError: the file cannot be read (permission denied, ...).
     """
-    path = path_argument(path)
+    path = check_path_to_read(path)
     version, obj = read_file(path, map_location=map_location)
     if version == 1:
         obj = dict(obj)

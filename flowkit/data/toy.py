@@ -37,7 +37,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from flowkit.validation import check_int, is_int
+from flowkit.validation import check_int, check_width, is_int
 
 Box = tuple[float, float, float, float]
 """``(xmin, xmax, ymin, ymax)``, the order of matplotlib's ``extent``."""
@@ -293,10 +293,10 @@ def toy_log_prob(name: str, x: Tensor) -> Tensor:
     return _LOG_PROBS[name](check_points("x", x))
 
 
-def check_points(name: str, value: Tensor) -> Tensor:
-    """Check that argument ``name`` holds points of the plane: shape ``(n, 2)``, floating."""
-    if value.dim() != 2 or value.shape[1] != 2:
-        raise ValueError(f"'{name}' should have shape (n, 2), got {tuple(value.shape)}")
+def check_points(name: str, value: object) -> Tensor:
+    """Check that argument ``name`` holds points of the plane: a tensor of shape ``(N, 2)``
+    (:func:`~flowkit.validation.check_width`), floating."""
+    value = check_width(name, value, 2)
     if not value.dtype.is_floating_point:
         raise ValueError(f"'{name}' should have a floating dtype, got {value.dtype}")
     return value

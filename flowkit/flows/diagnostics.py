@@ -9,10 +9,10 @@ flow's standardization and the interval is in the target's own units).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from flowkit.flows.flow import Flow
+from flowkit.nn.modes import evaluating
 from flowkit.transforms import MaskedAutoregressive, RationalQuadraticSpline
 
 
@@ -36,18 +36,13 @@ def spline_edge_shares(
     if not splines:
         return []
     shares = []
-    was_training = flow.training
-    flow.eval()
-    try:
-        with torch.no_grad():
-            h = None if context is None else flow.embed_context(context)
-            for t in transforms[: splines[-1] + 1]:  # no further than the last spline layer
-                if _is_spline(t):
-                    beyond = (x.abs() > edge * t.transformer.bound).any(dim=-1)
-                    shares.append(beyond.double().mean().item())
-                x = t(x, h if getattr(t, "context_features", 0) else None)[0]
-    finally:
-        flow.train(was_training)
+    with evaluating(flow):
+        h = None if context is None else flow.embed_context(context)
+        for t in transforms[: splines[-1] + 1]:  # no further than the last spline layer
+            if _is_spline(t):
+                beyond = (x.abs() > edge * t.transformer.bound).any(dim=-1)
+                shares.append(beyond.double().mean().item())
+            x = t(x, h if getattr(t, "context_features", 0) else None)[0]
     return shares
 
 

@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from flowkit.checkpoint import register_model
 from flowkit.nn.activation import ActivationSpec, activation_class, activation_name
-from flowkit.validation import check_int, check_tensor
+from flowkit.nn.modes import evaluating
+from flowkit.validation import check_batch, check_int, reference
 
 __all__ = ["MLPEmbedding", "build_embedding", "embedded_features", "embedding_config"]
 
@@ -78,13 +79,7 @@ class MLPEmbedding(nn.Module):
 
     def forward(self, context: Tensor) -> Tensor:
         """``(..., in_features)`` -> ``(..., out_features)``."""
-        check_tensor("context", context, ("...", self.in_features))
-        if context.dim() == 0 or context.shape[-1] != self.in_features:
-            raise ValueError(
-                f"'context' should have shape (..., {self.in_features}), got "
-                f"{tuple(context.shape)}"
-            )
-        return self.net(context)
+        return self.net(check_batch("context", context, self.in_features, None))
 
 
 _BUILT_IN: dict[str, type[nn.Module]] = {"MLPEmbedding": MLPEmbedding}
@@ -144,28 +139,17 @@ def embedded_features(embedding: nn.Module, in_features: int) -> int:
                 f"context_features={in_features}"
             )
         return embedding.out_features
-    reference = next(
-        (t for t in [*embedding.parameters(), *embedding.buffers()] if t.is_floating_point()),
-        None,
-    )
-    probe = torch.zeros(
-        1,
-        in_features,
-        dtype=reference.dtype if reference is not None else torch.get_default_dtype(),
-        device=reference.device if reference is not None else None,
-    )
-    training = embedding.training
+    like = reference(embedding)
+    probe = torch.zeros(1, in_features) if like is None else like.new_zeros(1, in_features)
     try:
-        with torch.no_grad():
-            out = embedding.eval()(probe)
+        with evaluating(embedding):
+            out = embedding(probe)
     except Exception as e:
         raise ValueError(
             f"'embedding' ({type(embedding).__name__}) should map (N, {in_features}) to (N, C) "
             f"(the flow's context_features is {in_features}), but it failed on a (1, "
             f"{in_features}) input: {type(e).__name__}: {e}"
         ) from e
-    finally:
-        embedding.train(training)
     if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != 1 or out.shape[1] < 1:
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(

@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from flowkit.validation import is_permutation
+from flowkit.validation import check_permutation
 
 OrderSpec = Literal["natural", "reversed", "random"] | Sequence[int] | Tensor
 HiddenDegrees = Literal["random", "even"]
@@ -55,24 +55,7 @@ def ordering(features: int, order: OrderSpec, generator: torch.Generator | None 
         raise ValueError(
             f"'order' should be 'natural', 'reversed', 'random' or a sequence, got {order!r}"
         )
-    try:
-        given = torch.as_tensor(order, device="cpu")
-    except (TypeError, ValueError, RuntimeError):  # ragged lists, strings inside, objects
-        given = None
-    if (
-        given is None
-        or given.dim() != 1
-        or given.dtype in (torch.bool, torch.uint8)
-        or given.is_floating_point()
-        or given.is_complex()
-        or given.numel() != features
-        or not is_permutation(given.long())
-    ):
-        raise ValueError(
-            f"'order' should be a permutation of range({features}) (a flat sequence of ints), "
-            f"got {order!r}"
-        )
-    return given.long()
+    return check_permutation("order", order, features)
 
 
 def input_degrees(order: Tensor) -> Tensor:

@@ -2,9 +2,9 @@
 options (:class:`TrainOptions`), callbacks, checkpoints, resume and ``torchrun`` support. See
 ``docs/training.md``."""
 
+from .arrays import DataWarning, PrecisionWarning, warn_if_degenerate
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
-from .data import DataWarning, PrecisionWarning, warn_if_degenerate
 from .distributed import is_main_process, resolve_device
 from .history import History
 from .likelihood import default_batch_size, fit

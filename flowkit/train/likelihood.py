@@ -1,18 +1,16 @@
-r"""Maximum likelihood: :func:`fit`, and what it checks and builds before the first step.
+r"""Maximum likelihood: :func:`fit`, and the batch source it builds before the first step.
 
-:func:`fit` checks its settings, turns ``data`` into a batch source (:mod:`flowkit.train.data`)
-and ``valid`` into a validation function, checks the first batch against the model, sets the
-model's standardization from the data, and hands the loss
-(:class:`~flowkit.train.objectives.NegLogLikelihood`) to the shared engine in
+:func:`fit` checks its settings, turns ``data`` into a batch source
+(:mod:`flowkit.train.sources`, holding out rows for ``valid=<fraction>``) and ``valid`` into a
+validation loss (:mod:`flowkit.train.held_out`), checks the first batch against the model and
+sets the model's standardization from the data (:mod:`flowkit.train.preflight`), and hands the
+loss (:class:`~flowkit.train.objectives.NegLogLikelihood`) to the shared engine in
 :mod:`flowkit.train.loop`.
 """
 
 from __future__ import annotations
 
-import inspect
-import math
 import warnings
-from collections.abc import Callable, Iterator
 from numbers import Real
 from typing import Any
 
@@ -23,34 +21,20 @@ from torch.utils.data import DataLoader
 
 from ..flows import Flow
 from ..transforms import BatchNorm
-from ..transforms.standardize import set_from_data, unset
-from ..validation import ArgumentError, Mention, check_bool, check_int, is_int
-from .data import (
-    DataWarning,
-    LoaderSource,
-    SamplerSource,
-    TensorSource,
-    check_finite,
-    derive_seed,
-    first_batch,
-    frames_as_arrays,
-    load_arrays,
-    loader_batch,
-)
+from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, reference
+from .arrays import DataWarning, frames_as_arrays, load_arrays
+from .held_out import held_out_loss
 from .history import History
-from .loop import Plan, Trainer
-from .objectives import (
-    NegLogLikelihood,
-    Objective,
-    count_nonfinite_rows,
-    is_bounded,
-    log_prob,
-    outside_support,
-    require_method,
-    rows_outside,
-)
+from .loop import RunPlan, Trainer
+from .objectives import NegLogLikelihood, Objective, require_method
 from .options import TrainOptions, Unpack, resolve
+from .preflight import (
+    check_batches_for_batch_norm,
+    check_first_batch,
+    check_first_batch_and_standardize,
+)
 from .session import Session, session
+from .sources import LoaderSource, SamplerSource, TensorSource, derive_seed
 
 
 def fit(
@@ -177,12 +161,13 @@ def fit(
                             " needs validation data: pass ", Mention("valid"))
     holdout = _holdout_fraction(valid)
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
-        dtype = _float_dtype(model)
+        ref = reference(model)
+        dtype = torch.get_default_dtype() if ref is None else ref.dtype
         source, held_out = _make_source(model, data, batch_size, s, dtype, holdout)
         if held_out is not None:
             valid = held_out
         if any(isinstance(m, BatchNorm) for m in model.modules()):
-            _check_batches_for_batch_norm(source)
+            check_batches_for_batch_norm(source)
         if epochs is not None:
             if source.batches_per_epoch is None:
                 raise ArgumentError(
@@ -195,12 +180,12 @@ def fit(
         assert steps is not None
         validate = None
         if valid is not None:
-            validate = _make_validation(model, valid, batch_size or DEFAULT_BATCH_SIZE, s, dtype)
+            validate = held_out_loss(model, valid, batch_size or DEFAULT_BATCH_SIZE, s, dtype)
             valid_every = valid_every or source.batches_per_epoch or 100
         keep_best = valid is not None if restore_best is None else restore_best
-        plan = Plan(steps, valid_every, early_stopping_patience, keep_best)
+        plan = RunPlan(steps, valid_every, early_stopping_patience, keep_best)
         trainer = Trainer(s, model, Objective(model, NegLogLikelihood()), source, o, plan, validate)
-        history = trainer.run(lambda args: _check_first_batch_and_standardize(model, source, *args))
+        history = trainer.run(lambda args: check_first_batch_and_standardize(model, source, *args))
     if keep_best:
         _warn_if_never_improved(history)
     return history
@@ -231,47 +216,6 @@ def _warn_if_never_improved(history: History) -> None:
         "validate on more, or lower the learning rate, or check that the training and "
         "validation data come from the same distribution", UserWarning, stacklevel=3,
     )
-
-
-def _check_batches_for_batch_norm(source: TensorSource | LoaderSource | SamplerSource) -> None:
-    """Refuse, before the first step, batches of one row for a model with BatchNorm layers
-    (their training-mode statistics need at least 2): ``batch_size`` 1, or a DataLoader whose
-    epochs end with a batch of one row."""
-    why = ("but the model has BatchNorm layers, whose training-mode statistics need at least 2 "
-           "rows")
-    if isinstance(source, TensorSource | SamplerSource) and source.local < 2:
-        raise ArgumentError("batch_size", Mention("batch_size"), " gives batches of one row (per "
-                            f"process), {why}: pass a larger one")
-    if isinstance(source, LoaderSource):
-        loader = source.loader
-        size = loader.batch_size
-        try:
-            rows = len(loader.dataset)  # type: ignore[arg-type]
-        except TypeError:  # an iterable dataset: its batches show up only while training
-            return
-        sharded = isinstance(loader.sampler, torch.utils.data.DistributedSampler)
-        if size is not None and not loader.drop_last and not sharded and rows % size == 1:
-            raise ArgumentError(
-                "data", "the DataLoader passed as ", Mention("data"), " ends every epoch with a "
-                f"batch of one row ({rows} rows in batches of {size}), {why}: pass "
-                "drop_last=True to the DataLoader, or another batch size",
-            )
-
-
-def _takes_context(model: nn.Module) -> bool:
-    """Whether ``model.log_prob`` accepts ``context=`` (by name or through ``**kwargs``)."""
-    try:
-        parameters = inspect.signature(model.log_prob).parameters.values()
-    except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
-        return True
-    return any(p.name == "context" or p.kind is p.VAR_KEYWORD for p in parameters)
-
-
-def _float_dtype(model: nn.Module) -> torch.dtype:
-    for t in (*model.parameters(), *model.buffers()):
-        if t.is_floating_point():
-            return t.dtype
-    return torch.get_default_dtype()
 
 
 DEFAULT_BATCH_SIZE = 256
@@ -326,9 +270,10 @@ def _make_source(
 ) -> tuple[TensorSource | LoaderSource | SamplerSource, tuple[Tensor, Tensor | None] | None]:
     """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
     fraction) is given: a random subset of array data, drawn from the run's seed. Array data
-    is checked whole against ``model`` here (:func:`_check_first_batch`), before rows are held
-    out, so that a message numbers the rows as they were passed; for a
-    :class:`~flowkit.Flow`, also for degenerate columns."""
+    is checked whole against ``model`` here
+    (:func:`~flowkit.train.preflight.check_first_batch`), before rows are held out, so that a
+    message numbers the rows as they were passed; for a :class:`~flowkit.Flow`, also for
+    degenerate columns."""
     data = frames_as_arrays("data", data)
     if isinstance(data, list) and len(data) == 2 and all(
         isinstance(v, Tensor | np.ndarray) for v in data
@@ -345,7 +290,7 @@ def _make_source(
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
         arrays = load_arrays("data", data, s.device, dtype, density=isinstance(model, Flow))
-        _check_first_batch(model, *arrays, batch=False)
+        check_first_batch(model, *arrays, batch=False)
         held_out = None
         if holdout is not None:
             arrays, held_out = _hold_out(arrays, holdout, s.seed)
@@ -388,210 +333,3 @@ def _hold_out(
     return take(rows[k:]), take(rows[:k])
 
 
-def _check_first_batch(
-    model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data", batch: bool = True
-) -> None:
-    """Fail before the first optimizer step if the data does not fit the model: ``x`` and
-    ``context`` are the first batch (``batch``), or all of array data, whose every value a
-    discrete model then checks, and whose every row a bounded flow scores (one pass without
-    gradients, by chunks: a row outside its box is named now, rather than at the step whose
-    batch holds it)."""
-    if x.dim() < 2 or x.shape[0] == 0:
-        raise ValueError(f"'{name}' batches should have shape (N, features), got {tuple(x.shape)}")
-    features = getattr(model, "features", None)
-    if features is not None and (x.dim() != 2 or x.shape[1] != features):
-        raise ValueError(
-            f"'{name}' should have {features} features to match the model "
-            f"(model.features={features}), got shape {tuple(x.shape)}"
-        )
-    width = getattr(model, "context_features", None)
-    if width and context is None:
-        raise ValueError(
-            f"the model is conditional (context_features={width}) but '{name}' has no context; "
-            f"pass {name}=(x, context)"
-        )
-    if width == 0 and context is not None:
-        raise ValueError(f"'{name}' carries a context but the model has context_features=0")
-    if width is None and context is not None and not _takes_context(model):
-        raise ValueError(
-            f"'{name}' carries a context but {type(model).__name__}.log_prob takes no "
-            "'context' argument: pass the data alone"
-        )
-    if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
-        raise ValueError(
-            f"the context of '{name}' should have shape ({x.shape[0]}, context_features), "
-            f"got {tuple(context.shape)}"
-        )
-    if width and context.shape[1] != width:
-        raise ValueError(
-            f"the context of '{name}' should have {width} features to match the model "
-            f"(model.context_features={width}), got shape {tuple(context.shape)}"
-        )
-    if batch:  # (arrays were checked whole as they loaded)
-        check_finite(name, x, context, batch=True)
-    check_data = getattr(model, "check_data", None)
-    if check_data is not None:  # a model that knows its data's domain (binary, categories)
-        check_data(x, name)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = log_prob(model, x[:2], None if context is None else context[:2])
-    except TypeError as e:
-        if x.is_floating_point():
-            raise
-        raise TypeError(
-            f"'{name}' holds {x.dtype} values, which {type(model).__name__}.log_prob refuses "
-            f"({e}). A flow is a density over real values: pass floating data (x.float()); "
-            "for integer-valued data, add uniform noise in [0, 1) to each value "
-            "(dequantization), or a density on them grows without bound"
-        ) from e
-    finally:
-        model.train(was_training)
-    if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
-        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
-    if not batch and is_bounded(model):
-        count, rows = rows_outside(model, _chunks(x, context))
-        if count:
-            raise ArgumentError(name, *outside_support((Mention(name),), count, rows))
-
-
-def _check_first_batch_and_standardize(
-    model: nn.Module, source: Any, x: Tensor, context: Tensor | None
-) -> None:
-    """Before the first step (after every setting was checked, so a refused call leaves the
-    model as it was): check the first batch (a training array was checked whole as it
-    loaded), then set the model's :class:`~flowkit.transforms.Standardize` modules that are
-    not set yet, or only provisionally by an earlier call (a look at samples), from the whole
-    training set when it is an array, else from the first batch. A resumed model has them set
-    already."""
-    if isinstance(source, TensorSource):
-        x, context = source.x, source.c
-    else:
-        _check_first_batch(model, x, context)
-    if not unset(model):
-        return
-    with warnings.catch_warnings():  # a single row: the DataWarning of the data said so
-        warnings.filterwarnings("ignore", message="'batches' hold a single row")
-        set_from_data(model, _chunks(x, context), lambda x, c: log_prob(model, x, c))
-
-
-_CHUNK = 8192
-"""Rows per forward pass over a whole array (setting the standardization, scoring the rows)."""
-
-
-def _chunks(x: Tensor, context: Tensor | None) -> list[tuple[Tensor, Tensor | None]]:
-    """``(x, context)`` in blocks of :data:`_CHUNK` rows."""
-    chunks = x.split(_CHUNK)
-    contexts = context.split(_CHUNK) if context is not None else [None] * len(chunks)
-    return list(zip(chunks, contexts, strict=True))
-
-
-def _make_validation(
-    model: nn.Module, valid: Any, batch_size: int, s: Session, dtype: torch.dtype
-) -> _DataValidation | _UserValidation:
-    """The validation: the mean NLL over the whole validation set (all processes), or what the
-    user's ``valid(model)`` returns (averaged over processes)."""
-    valid = frames_as_arrays("valid", valid)
-    if callable(valid) and not isinstance(valid, DataLoader | Tensor | np.ndarray):
-        return _UserValidation(model, valid, s)
-    if isinstance(valid, DataLoader):
-        _check_first_batch(model, *first_batch("valid", valid, s.device, dtype), "valid")
-
-        def batches(every: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
-            for b in valid:
-                yield loader_batch("valid", b, s.device, dtype)
-    else:
-        x, c = load_arrays("valid", valid, s.device, dtype)
-        _check_first_batch(model, x, c, "valid", batch=False)
-        chunk = max(batch_size, 1024)
-
-        def batches(every: bool = False) -> Iterator[tuple[Tensor, Tensor | None]]:
-            # each process evaluates every world_size-th row (the sums are then added up), or
-            # ``every`` row, to number them as the caller passed them
-            r, w = (0, 1) if every else (s.dist.rank, s.dist.world_size)
-            xs, cs = x[r::w], None if c is None else c[r::w]
-            for i in range(0, xs.shape[0], chunk):
-                yield xs[i : i + chunk], None if cs is None else cs[i : i + chunk]
-
-    return _DataValidation(model, batches, s)
-
-
-class _DataValidation:
-    """The mean NLL of the validation batches (``batches()``), summed over all processes; NaN
-    when a row holds NaN or Inf (:meth:`cause` then says which)."""
-
-    def __init__(self, model: nn.Module, batches: Callable[..., Iterator[tuple[Tensor, Any]]],
-                 s: Session):
-        self.model, self.batches, self.s = model, batches, s
-        self.counts = (0, 0, 0)  # rows, rows holding NaN/Inf, rows of log-density -inf
-
-    def __call__(self) -> float:
-        model, s = self.model, self.s
-        was_training = model.training
-        model.eval()
-        # NLL sum, rows, rows holding NaN/Inf (a DataLoader's later batches are not checked),
-        # rows of log-density -inf
-        total = torch.zeros(4, device=s.device, dtype=torch.float64)
-        with torch.no_grad():
-            for xb, cb in self.batches():
-                log_p = log_prob(model, xb, cb)
-                total[0] -= log_p.sum()
-                total[1] += xb.shape[0]
-                total[2] += count_nonfinite_rows(xb, xb) + count_nonfinite_rows(cb, xb)
-                total[3] += (log_p == -math.inf).sum()
-        model.train(was_training)
-        nll, rows, bad, outside = s.dist.all_sum(total).tolist()
-        self.counts = (int(rows), int(bad), int(outside))
-        return math.nan if bad else nll / rows
-
-    def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
-        """Why the validation loss of step ``step`` was ``value``, not finite."""
-        rows, bad, outside = self.counts
-        if bad:
-            return (
-                Mention("valid"), f" holds NaN or Inf values in {bad} of its {rows} rows, found "
-                f"by the validation at step {step} (a DataLoader is checked for them in its "
-                "first batch only, before training).",
-            )
-        where = (f"the validation at step {step}: ", Mention("valid"))
-        if outside:
-            count, first = rows_outside(self.model, self.batches(every=True))
-            if is_bounded(self.model):
-                return outside_support(where, count, first)
-            return (*where, f" holds {count} row(s) (first {first}) that the model gives "
-                    "log-density -inf, so the validation loss is infinite.")
-        return (*where, f" gives the validation loss {value}: the model's log-density is not "
-                "finite on some of its rows.")
-
-
-class _UserValidation:
-    """What the user's ``valid(model)`` returns, averaged over processes."""
-
-    def __init__(self, model: nn.Module, valid: Callable[[nn.Module], Any], s: Session):
-        self.model, self.valid, self.s = model, valid, s
-
-    def __call__(self) -> float:
-        model = self.model
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            loss = self.valid(model)
-        model.train(was_training)
-        if isinstance(loss, Tensor) and loss.numel() == 1 and loss.is_floating_point():
-            loss = loss.item()
-        if isinstance(loss, bool) or not isinstance(loss, Real):
-            raise ArgumentError(
-                "valid", f"should return the validation loss as a number, got {loss!r}"
-            )
-        t = torch.tensor(float(loss), dtype=torch.float64, device=self.s.device)
-        return self.s.dist.all_mean(t).item()
-
-    def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
-        """Why the validation loss of step ``step`` was ``value``, not finite."""
-        return (
-            "the validation function ", Mention("valid"), f" returned {value} at step {step} "
-            "(on this or another process): it should return a finite loss (a NaN or infinite "
-            "one can never be the best, so early stopping would end the run on it).",
-        )

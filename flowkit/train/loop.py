@@ -44,7 +44,7 @@ from .session import TRAINING_KIND, Session, rng_state, set_rng_state
 
 
 @dataclass(frozen=True)
-class Plan:
+class RunPlan:
     """What a run does besides the shared options: its length and its validation."""
 
     steps: int
@@ -53,7 +53,7 @@ class Plan:
     restore_best: bool = False
 
 
-class Validation(Protocol):
+class HeldOutLoss(Protocol):
     """What computes the validation loss of a run: called for it, and asked why it was not
     finite (which ends the run: :class:`~flowkit.train.NonFiniteLossError`)."""
 
@@ -133,11 +133,11 @@ class Trainer:
         model: the model being trained (already on ``s.device``).
         objective: the loss as a module (its ``forward`` computes the loss of a batch; it may
             also tell why a loss was not finite, :meth:`~flowkit.train.objectives.Objective.cause`).
-        source: the batch source (:mod:`flowkit.train.data`), with ``next_batch(step)``,
+        source: the batch source (:mod:`flowkit.train.sources`), with ``next_batch(step)``,
             ``batches_per_epoch``, ``state_dict()`` and ``load_state_dict(state, step)``.
         o: the resolved shared options.
         plan: the run's length and validation.
-        validate: what computes the validation loss (:class:`Validation`), or None.
+        validate: what computes the validation loss (:class:`HeldOutLoss`), or None.
     """
 
     def __init__(
@@ -147,8 +147,8 @@ class Trainer:
         objective: Objective,
         source: Any,
         o: TrainOptions,
-        plan: Plan,
-        validate: Validation | None,
+        plan: RunPlan,
+        validate: HeldOutLoss | None,
     ):
         self.s, self.model, self.objective, self.source = s, model, objective, source
         self.o, self.plan, self.validate = o, plan, validate

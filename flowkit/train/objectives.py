@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..nn.modes import evaluating
 from ..transforms.bounded import Logit
-from ..validation import ArgumentError, Mention
+from ..validation import ArgumentError, Mention, nonfinite_row_mask
 from .distributed import Dist
 
 
@@ -167,17 +168,12 @@ def rows_outside(
     log-density ``-inf``, and the numbers of the first ``first`` of them (counted across the
     batches): one pass in evaluation mode without gradients."""
     count, rows, offset = 0, [], 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for x, c in batches:
-                hit = (log_prob(model, x, c) == -math.inf).nonzero().flatten()
-                count += hit.numel()
-                rows += (hit[: max(first - len(rows), 0)] + offset).tolist()
-                offset += x.shape[0]
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for x, c in batches:
+            hit = (log_prob(model, x, c) == -math.inf).nonzero().flatten()
+            count += hit.numel()
+            rows += (hit[: max(first - len(rows), 0)] + offset).tolist()
+            offset += x.shape[0]
     return count, rows
 
 
@@ -186,8 +182,7 @@ def count_nonfinite_rows(t: Tensor | None, like: Tensor) -> Tensor:
     data), as a tensor on ``like``'s device."""
     if t is None or not t.is_floating_point():
         return torch.zeros((), dtype=torch.long, device=like.device)
-    bad = ~torch.isfinite(t)
-    return bad.reshape(bad.shape[0], -1).any(1).sum() if bad.dim() else bad.long()
+    return nonfinite_row_mask(t).sum()
 
 
 class NegElbo:

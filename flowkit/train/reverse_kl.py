@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..flows import Flow, spline_edge_shares, spline_layers
 from ..validation import check_int
-from .data import check_same_batch_size, local_batch_size
 from .history import History
-from .loop import Plan, Trainer
+from .loop import RunPlan, Trainer
 from .objectives import NegElbo, Objective, require_method
 from .options import TrainOptions, Unpack, resolve
 from .session import session
+from .sources import ReverseKLSource, local_batch_size
 
 
 def fit_reverse_kl(
@@ -82,32 +81,12 @@ def fit_reverse_kl(
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
-        source = _Draws(batch_size, local_batch_size(batch_size, s.dist))
+        source = ReverseKLSource(batch_size, local_batch_size(batch_size, s.dist))
         objective = Objective(flow, NegElbo(target_log_density))
-        trainer = Trainer(s, flow, objective, source, o, Plan(steps), None)
+        trainer = Trainer(s, flow, objective, source, o, RunPlan(steps), None)
         history = trainer.run(lambda args: _check_target(flow, target_log_density))
     _warn_if_held_by_a_spline_interval(flow)
     return history
-
-
-class _Draws:
-    """The "data" of reverse KL: each step the flow draws ``n`` samples itself (this process's
-    share of ``batch_size``). A resumed run must draw as many (as :func:`~flowkit.train.fit`'s
-    sources check)."""
-
-    batches_per_epoch = None
-
-    def __init__(self, batch_size: int, n: int):
-        self.batch_size, self.n = batch_size, n
-
-    def next_batch(self, step: int) -> tuple[int]:
-        return (self.n,)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size}
-
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        check_same_batch_size(state, self.batch_size)
 
 
 def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:

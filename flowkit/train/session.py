@@ -34,8 +34,8 @@ from torch import nn
 from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, run_lock
 from ..checkpoint.models import check_same_config, model_entry
 from ..validation import ArgumentError, Mention
-from .data import derive_seed
 from .distributed import Dist, resolve_device, setup
+from .sources import derive_seed
 
 CHECKPOINT_NAME = "checkpoint.pt"
 """File name of the training checkpoint inside ``checkpoint_dir``."""

@@ -30,7 +30,14 @@ import torch
 from torch import Tensor, nn
 
 from flowkit.checkpoint import InvalidBuffer, register_check
-from flowkit.validation import check_context, check_int, check_width, is_permutation, reference
+from flowkit.validation import (
+    check_context,
+    check_int,
+    check_permutation,
+    check_width,
+    is_permutation,
+    reference,
+)
 
 
 class Transform(nn.Module):
@@ -152,20 +159,9 @@ class Permutation(Transform):
 
     def __init__(self, permutation: Tensor | Sequence[int]):
         super().__init__()
-        given = torch.as_tensor(permutation, device="cpu")
-        features = given.numel()
-        if (
-            given.is_floating_point()
-            or given.is_complex()
-            or given.dtype == torch.bool
-            or not is_permutation(given.long())
-        ):
-            raise ValueError(
-                f"'permutation' should be a permutation of range({features}) (ints), got "
-                f"{given.tolist()}"
-            )
-        self.features = features
-        self.register_buffer("permutation", given.long().clone())
+        given = check_permutation("permutation", permutation)
+        self.features = given.numel()
+        self.register_buffer("permutation", given.clone())
         self.register_buffer("inverse_permutation", torch.argsort(self.permutation))
 
     @classmethod

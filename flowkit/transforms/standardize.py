@@ -61,6 +61,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from flowkit.nn.modes import evaluating
 from flowkit.nn.optimizer_steps import total_steps
 from flowkit.transforms.base import Transform
 from flowkit.validation import check_int, check_tensor
@@ -410,7 +411,7 @@ class _Moments:
         return self.mean, scale, torch.linalg.cholesky(shrunk)
 
 
-def unset(model: nn.Module) -> list[Standardize]:
+def standardizations_to_set(model: nn.Module) -> list[Standardize]:
     """The :class:`Standardize` modules of ``model`` that data should set: not initialised, or
     set provisionally by a call."""
     return [m for m in model.modules()
@@ -465,37 +466,32 @@ def set_from_data(
                 f"'batches[{i}]' should be a tuple of the call's arguments, e.g. (x_chunk,), "
                 f"got {type(batch).__name__}"
             )
-    pending = unset(model)
+    pending = standardizations_to_set(model)
     if not pending:
         return []
     call = model.log_prob if call is None else call
     done: list[Standardize] = []
     single_row = False  # warned once per call, not once per module (data and context)
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            while pending:
-                collector = _Collector(pending)
-                try:
-                    for batch in batches:
-                        collector.seen.clear()
-                        try:
-                            call(*batch)
-                        except _AllSeen:
-                            pass
-                finally:
-                    for m in pending:
-                        m._collector = None
-                first = collector.first
-                if first is None:  # no module saw data
-                    break
-                single_row |= collector.moments[first].count == 1
-                first._set_from(collector.moments[first])
-                done.append(first)
-                pending = [m for m in pending if m is not first]
-    finally:
-        model.train(training)
+    with evaluating(model):
+        while pending:
+            collector = _Collector(pending)
+            try:
+                for batch in batches:
+                    collector.seen.clear()
+                    try:
+                        call(*batch)
+                    except _AllSeen:
+                        pass
+            finally:
+                for m in pending:
+                    m._collector = None
+            first = collector.first
+            if first is None:  # no module saw data
+                break
+            single_row |= collector.moments[first].count == 1
+            first._set_from(collector.moments[first])
+            done.append(first)
+            pending = [m for m in pending if m is not first]
     if single_row:
         warnings.warn("'batches' hold a single row: it sets the shift, and the scale is 1 (one "
                       "row has no spread to measure); pass more rows", stacklevel=2)

@@ -1,54 +1,34 @@
-"""Batch sources for the fit loop: in-memory arrays, DataLoaders and sampling functions.
+"""Data as the fit loop takes it: conversion, checks and warnings.
 
-Each source hands out the batch of *this process* for a given step and can save and restore its
-position, so that a resumed run sees exactly the batches an uninterrupted run would have seen.
+* conversion: :func:`as_tensor` and :func:`as_batch` (tensors and numpy arrays on the training
+  device, in the model's dtype; :func:`readable` for what torch cannot read as given),
+  :func:`frames_as_arrays` (data frames as the arrays of their columns), :func:`split_pair`
+  (``x`` or ``(x, context)``), :func:`loader_batch` (a DataLoader's batch);
+* checks: :func:`load_arrays` (in-memory data, checked whole as it loads),
+  :func:`check_pair_shapes` and :func:`check_finite` (also run on the first batch of a loader or
+  a sampling function);
+* warnings: :class:`DataWarning` (:func:`warn_if_degenerate`: constant columns, few values,
+  point masses) and :class:`PrecisionWarning` (a cast that rounds a column coarsely).
 
-* :class:`TensorSource`: the dataset lives on the training device. Epoch ``e`` visits the rows in
-  the order ``randperm(N)`` drawn from a generator seeded by ``(seed, e)``; step ``t`` of the
-  epoch takes the ``t``-th block of ``batch_size`` rows (the last ``N % batch_size`` rows of the
-  permutation are skipped). Under ``torchrun`` process ``r`` of ``W`` takes the ``r``-th
-  ``1/W`` of that block, so the global batch is the same for any number of processes. The
-  position is a function of the step, so there is no state to save.
-* :class:`LoaderSource`: a user's :class:`~torch.utils.data.DataLoader`. To resume mid-epoch it
-  records the random state at the start of each epoch, re-creates the epoch's iterator from it and
-  skips the batches already used.
-* :class:`SamplerSource`: a function ``sample(n, generator) -> x`` or ``-> (x, context)`` that
-  draws fresh data every step from a per-process :class:`torch.Generator` on the training device.
+The batch sources that hand the data to the loop are in :mod:`flowkit.train.sources`.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
 from ..data.arrays import native_byte_order
-from ..validation import ArgumentError, Mention
-from .distributed import Dist
+from ..validation import nonfinite_row_mask
 
 Batch = tuple[Tensor, Tensor | None]
-
-
-def derive_seed(*keys: int) -> int:
-    """A well-mixed 63-bit seed from integer keys (e.g. ``(seed, epoch)`` or ``(seed, rank)``)."""
-    return int(np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-def local_batch_size(batch_size: int, dist: Dist) -> int:
-    """This process's share of the global ``batch_size``."""
-    if batch_size % dist.world_size:
-        raise ValueError(
-            f"'batch_size' ({batch_size}) should be divisible by the number of processes "
-            f"({dist.world_size})"
-        )
-    return batch_size // dist.world_size
+"""A batch ``(x, context)``, the context None for unconditional data."""
 
 
 def as_tensor(
@@ -159,6 +139,22 @@ def split_pair(name: str, value: Any) -> tuple[Any, Any]:
     return value, None
 
 
+def loader_batch(name: str, batch: Any, device: torch.device, dtype: torch.dtype) -> Batch:
+    """A batch that the DataLoader passed as ``name`` yielded, as :func:`as_batch` makes it;
+    one that is not ``x`` or ``(x, context)`` of tensors or arrays (a dict, say) is refused
+    naming the loader."""
+    x, c = split_pair(name, batch)
+    if not all(isinstance(t, Tensor | np.ndarray) for t in (x, c) if t is not None):
+        got = type(batch).__name__
+        if isinstance(batch, tuple | list):
+            got += " of " + ", ".join(type(t).__name__ for t in batch)
+        raise TypeError(
+            f"the DataLoader passed as '{name}' should yield batches x or (x, context) of "
+            f"tensors or numpy arrays, got a {got}"
+        )
+    return as_batch(name, x, c, device, dtype)
+
+
 def load_arrays(
     name: str, value: Any, device: torch.device, dtype: torch.dtype, density: bool = False
 ) -> Batch:
@@ -177,20 +173,27 @@ def load_arrays(
     for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
         rounded.append(_warn_if_rounded(label, t, dtype))
     x, c = as_batch(name, *raw, device, dtype)
-    if x.dim() < 2:
-        raise ValueError(f"'{name}' should have shape (N, features), got {tuple(x.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError(f"'{name}' should have at least one row, got shape {tuple(x.shape)}")
-    if c is not None:
-        if c.dim() != 2 or c.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"the context of '{name}' should have shape ({x.shape[0]}, context_features) "
-                f"to pair with x of shape {tuple(x.shape)}, got {tuple(c.shape)}"
-            )
+    check_pair_shapes(name, x, c)
     check_finite(name, x, c)
     if density:
         warn_if_degenerate(name, x, skip=rounded[0])  # columns the cast made constant: warned
     return x, c
+
+
+def check_pair_shapes(name: str, x: Tensor, context: Tensor | None, batch: bool = False) -> None:
+    """Fail unless ``x`` has shape ``(N, ...)``, ``N >= 1``, and ``context``, if any, ``(N, C)``:
+    the shapes any model needs of the data ``name`` (its first batch, with ``batch``); the widths
+    the model needs are checked against the model."""
+    what = f"the first batch of '{name}'" if batch else f"'{name}'"
+    if x.dim() < 2:
+        raise ValueError(f"{what} should have shape (N, features), got {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{what} should have at least one row, got shape {tuple(x.shape)}")
+    if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
+        raise ValueError(
+            f"the context of {what} should have shape ({x.shape[0]}, context_features) to pair "
+            f"with x of shape {tuple(x.shape)}, got {tuple(context.shape)}"
+        )
 
 
 def check_finite(name: str, x: Tensor, context: Tensor | None, batch: bool = False) -> None:
@@ -198,7 +201,7 @@ def check_finite(name: str, x: Tensor, context: Tensor | None, batch: bool = Fal
     naming ``name`` (the first batch of it, with ``batch``) and the first such row."""
     for part, t in (("x", x), ("context", context)):
         if t is not None and t.is_floating_point() and not torch.isfinite(t).all():
-            row = int((~torch.isfinite(t)).reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
+            row = int(nonfinite_row_mask(t).nonzero()[0])
             if batch:
                 raise ValueError(f"the first batch of '{name}' holds NaN or Inf values in "
                                  f"{part} (row {row} of the batch)")
@@ -305,7 +308,7 @@ def _data_warning(
     message: str, category: type[DataWarning] = DataWarning, stacklevel: int = 6
 ) -> None:
     """A warning pointing at the caller of ``fit`` by default, whose checks of array data all
-    run at one depth: fit -> _make_source (or _make_validation) -> load_arrays -> the check ->
+    run at one depth: fit -> _make_source (or held_out.held_out_loss) -> load_arrays -> the check ->
     here."""
     warnings.warn(message, category, stacklevel=stacklevel)
 
@@ -335,249 +338,3 @@ def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> list[int]:
             PrecisionWarning,
         )
     return coarse
-
-
-class TensorSource:
-    """Shuffled mini-batches of an in-memory dataset (see the module docstring)."""
-
-    def __init__(self, data: Batch, batch_size: int, seed: int, dist: Dist,
-                 holdout: float | None = None):
-        self.x, self.c = data
-        self.holdout = holdout  # the fraction of the rows passed held out for validation
-        n = self.x.shape[0]
-        if batch_size > n:
-            raise ValueError(
-                f"'batch_size' ({batch_size}) exceeds the number of training rows ({n}); "
-                f"use batch_size <= {n}"
-            )
-        self.batch_size, self.seed, self.dist = batch_size, seed, dist
-        self.batches_per_epoch = n // batch_size
-        self.local = local_batch_size(batch_size, dist)
-        self._epoch, self._perm = -1, self.x.new_empty(0, dtype=torch.long)
-        self._fingerprint: Tensor | None = None
-
-    def next_batch(self, step: int) -> Batch:
-        epoch, i = divmod(step, self.batches_per_epoch)
-        if epoch != self._epoch:
-            g = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
-            self._perm = torch.randperm(self.x.shape[0], generator=g).to(self.x.device)
-            self._epoch = epoch
-        start = i * self.batch_size + self.dist.rank * self.local
-        idx = self._perm[start : start + self.local]
-        return self.x[idx], None if self.c is None else self.c[idx]
-
-    def state_dict(self) -> dict[str, Any]:
-        """No position to keep (the order follows from the seed and step), but what identifies
-        the data, for a resumed run to check against: rows, batch size, a fingerprint and the
-        fraction held out for validation."""
-        if self._fingerprint is None:
-            self._fingerprint = _fingerprint(self.x, self.c)
-        return {"rows": self.x.shape[0], "batch_size": self.batch_size,
-                "fingerprint": self._fingerprint, "holdout": self.holdout}
-
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        if "rows" not in state:  # written before these were recorded
-            return
-        check_same_batch_size(state, self.batch_size)
-        if state.get("holdout", self.holdout) != self.holdout:  # (recorded since review 19)
-            raise ArgumentError(
-                "valid", "the checkpoint was trained on ", *_held_out(state["holdout"]),
-                ", this run on ", *_held_out(self.holdout), ": other rows train; pass ",
-                *((Mention("valid", state["holdout"]),) if state["holdout"] is not None else
-                  ("no fraction as ", Mention("valid"))),
-                " to resume it",
-            )
-        rows = self.x.shape[0]
-        if state["rows"] != rows or not torch.allclose(
-            state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
-        ):
-            raise ArgumentError(
-                "data", Mention("data"), f" ({rows} rows) is not the data the checkpoint was "
-                f"trained on ({state['rows']} rows"
-                + (")" if state["rows"] != rows else ", other values)")
-                + ": resume with the same data, or start a new run in another ",
-                Mention("checkpoint_dir"),
-            )
-
-
-def _held_out(fraction: float | None) -> tuple[str | Mention, ...]:
-    """Which rows of ``data`` train, for a message: ``'data' less valid=0.1``, or all."""
-    if fraction is None:
-        return ("all of ", Mention("data"))
-    return (Mention("data"), " less ", Mention("valid", fraction))
-
-
-def _fingerprint(x: Tensor, c: Tensor | None) -> Tensor:
-    """Per-column sums and sums of squares of ``x`` (and of ``c``), in float64 on the CPU: the
-    same for the same rows in any order, different for other values. By chunks of rows, so
-    no float64 copy of the whole data is made."""
-    sums = []
-    for t in (x, c):
-        if t is not None:
-            chunks = [(d.sum(0), d.square().sum(0))
-                      for d in (b.double() for b in t.split(8192))]
-            sums += [sum(a for a, _ in chunks), sum(q for _, q in chunks)]
-    return torch.cat(sums).cpu()
-
-
-def check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
-    """Refuse to resume a run written with another batch size (recorded as ``batch_size``; a
-    state without it, written before it was recorded, passes)."""
-    if state.get("batch_size", batch_size) != batch_size:
-        raise ArgumentError(
-            "batch_size", Mention("batch_size"), f" is {batch_size} but the checkpoint was "
-            f"trained with batches of {state['batch_size']}; pass ",
-            Mention("batch_size", state["batch_size"]), " to resume it",
-        )
-
-
-class SamplerSource:
-    """Fresh samples every step from ``sample(n, generator)`` (see the module docstring)."""
-
-    batches_per_epoch = None
-
-    def __init__(
-        self,
-        sample: Callable[[int, torch.Generator], Any],
-        batch_size: int,
-        seed: int,
-        dist: Dist,
-        device: torch.device,
-        dtype: torch.dtype,
-    ):
-        try:
-            signature = inspect.signature(sample)
-        except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
-            signature = None
-        if signature is not None:
-            try:
-                signature.bind(batch_size, None)
-            except TypeError:
-                raise TypeError(
-                    f"'data', a sampling function, should have the signature sample(n, "
-                    f"generator): it is called with the number of rows and a torch.Generator "
-                    f"to draw them from, but its signature is {signature}"
-                ) from None
-        self.sample, self.device, self.dtype = sample, device, dtype
-        self.batch_size, self.local = batch_size, local_batch_size(batch_size, dist)
-        self.generator = torch.Generator(device=device).manual_seed(derive_seed(seed, dist.rank))
-
-    def next_batch(self, step: int) -> Batch:
-        x, c = as_batch("data", *split_pair("data", self.sample(self.local, self.generator)),
-                        self.device, self.dtype)
-        if x.dim() == 0 or x.shape[0] != self.local:
-            raise ValueError(
-                f"'data', a sampling function, should return {self.local} rows when asked for "
-                f"n={self.local}, got shape {tuple(x.shape)}"
-            )
-        return x, c
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "batch_size": self.batch_size}
-
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        check_same_batch_size(state, self.batch_size)
-        self.generator.set_state(state["generator"])
-
-
-def _generators(loader: DataLoader) -> list[torch.Generator]:
-    """The generators a DataLoader's iterator draws from, besides torch's global one."""
-    gens = [loader.generator, getattr(loader.sampler, "generator", None)]
-    return [g for i, g in enumerate(gens) if g is not None and g not in gens[:i]]
-
-
-def loader_batch(name: str, batch: Any, device: torch.device, dtype: torch.dtype) -> Batch:
-    """A batch that the DataLoader passed as ``name`` yielded, as :func:`as_batch` makes it;
-    one that is not ``x`` or ``(x, context)`` of tensors or arrays (a dict, say) is refused
-    naming the loader."""
-    x, c = split_pair(name, batch)
-    if not all(isinstance(t, Tensor | np.ndarray) for t in (x, c) if t is not None):
-        got = type(batch).__name__
-        if isinstance(batch, tuple | list):
-            got += " of " + ", ".join(type(t).__name__ for t in batch)
-        raise TypeError(
-            f"the DataLoader passed as '{name}' should yield batches x or (x, context) of "
-            f"tensors or numpy arrays, got a {got}"
-        )
-    return as_batch(name, x, c, device, dtype)
-
-
-def first_batch(name: str, loader: DataLoader, device: torch.device, dtype: torch.dtype) -> Batch:
-    """The first batch of ``loader`` as :func:`as_batch` makes it, for checks before training.
-
-    Every random state the iterator draws from (torch's global generators, the loader's own) is
-    put back afterwards, so that drawing it changes no result of the run.
-    """
-    states = [g.get_state() for g in _generators(loader)]
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        batch = next(iter(loader), None)
-    for g, state in zip(_generators(loader), states, strict=True):
-        g.set_state(state)
-    if batch is None:
-        raise ValueError(f"the DataLoader passed as '{name}' yields no batches")
-    return loader_batch(name, batch, device, dtype)
-
-
-class LoaderSource:
-    """Batches of a :class:`~torch.utils.data.DataLoader`, resumable mid-epoch.
-
-    Under ``torchrun`` the loader must use a :class:`~torch.utils.data.DistributedSampler`
-    (``set_epoch`` is called for you); its batch size is then per process.
-    """
-
-    def __init__(self, loader: DataLoader, dist: Dist, device: torch.device, dtype: torch.dtype):
-        sampler = getattr(loader, "sampler", None)
-        if dist.enabled and not isinstance(sampler, torch.utils.data.DistributedSampler):
-            raise ValueError(
-                "under torchrun a DataLoader passed as 'data' must use a DistributedSampler so "
-                "that each process sees its own shard (DataLoader(ds, batch_size=b, "
-                "sampler=DistributedSampler(ds))), or pass the data as a tensor"
-            )
-        self.loader, self.device, self.dtype = loader, device, dtype
-        try:
-            self.batches_per_epoch: int | None = len(loader)
-        except TypeError:  # IterableDataset without __len__
-            self.batches_per_epoch = None
-        self._iter: Iterator[Any] | None = None
-        self._epoch, self._position, self._epoch_rng = -1, 0, {}
-
-    def _start_epoch(self, epoch: int) -> None:
-        self._epoch, self._position = epoch, 0
-        self._epoch_rng = {
-            "torch": torch.get_rng_state(),
-            "generators": [g.get_state() for g in _generators(self.loader)],
-        }
-        if hasattr(self.loader.sampler, "set_epoch"):
-            self.loader.sampler.set_epoch(epoch)
-        self._iter = iter(self.loader)
-
-    def next_batch(self, step: int) -> Batch:
-        if self._iter is None:
-            self._start_epoch(0)
-        assert self._iter is not None
-        try:
-            batch = next(self._iter)
-        except StopIteration:
-            if self._position == 0:
-                raise ValueError("the DataLoader passed as 'data' yields no batches") from None
-            self._start_epoch(self._epoch + 1)
-            batch = next(self._iter)
-        self._position += 1
-        return loader_batch("data", batch, self.device, self.dtype)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self._epoch, "position": self._position, "epoch_rng": self._epoch_rng}
-
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        """Re-create the saved epoch's iterator from its starting random state and skip the
-        batches already used. The caller restores the current random state afterwards."""
-        if state["epoch"] < 0:
-            return
-        torch.set_rng_state(state["epoch_rng"]["torch"])
-        for g, s in zip(_generators(self.loader), state["epoch_rng"]["generators"], strict=True):
-            g.set_state(s)
-        self._start_epoch(state["epoch"])
-        assert self._iter is not None
-        for _ in range(state["position"]):
-            next(self._iter)
-        self._position = state["position"]

@@ -1,0 +1,34 @@
+"""Running a module in evaluation mode for a while, then giving it back its mode."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+
+@contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """Inside the ``with`` block, ``module`` is in evaluation mode (``module.eval()``) and no
+    gradients are recorded (:func:`torch.no_grad`); on leaving it, normally or by an exception,
+    ``module.train(mode)`` restores the mode ``module`` had on entering, for it and all its
+    submodules.
+
+    Example:
+        >>> import torch
+        >>> net = torch.nn.Dropout().train()
+        >>> with evaluating(net):
+        ...     net.training
+        False
+        >>> net.training
+        True
+    """
+    training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield module
+    finally:
+        module.train(training)

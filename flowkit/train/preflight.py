@@ -1,0 +1,152 @@
+"""What :func:`~flowkit.train.fit` checks before its first step, and the model's standardization
+it sets there.
+
+* :func:`check_first_batch`: the data (all of an array, or the first batch of a loader or a
+  sampling function) against the model: shapes and widths, context or none, values (NaN/Inf, a
+  discrete model's domain, a bounded flow's box), and that ``log_prob`` takes it;
+* :func:`check_batches_for_batch_norm`: no batch of one row for a model with BatchNorm layers;
+* :func:`check_first_batch_and_standardize`: the first check of a run, then the model's
+  :class:`~flowkit.transforms.Standardize` modules set from the training data.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.modes import evaluating
+from ..transforms.standardize import set_from_data, standardizations_to_set
+from ..validation import ArgumentError, Mention
+from .arrays import check_finite, check_pair_shapes
+from .objectives import is_bounded, log_prob, outside_support, rows_outside
+from .sources import LoaderSource, SamplerSource, TensorSource
+
+
+def check_batches_for_batch_norm(source: TensorSource | LoaderSource | SamplerSource) -> None:
+    """Refuse, before the first step, batches of one row for a model with BatchNorm layers
+    (their training-mode statistics need at least 2): ``batch_size`` 1, or a DataLoader whose
+    epochs end with a batch of one row."""
+    why = ("but the model has BatchNorm layers, whose training-mode statistics need at least 2 "
+           "rows")
+    if isinstance(source, TensorSource | SamplerSource) and source.local < 2:
+        raise ArgumentError("batch_size", Mention("batch_size"), " gives batches of one row (per "
+                            f"process), {why}: pass a larger one")
+    if isinstance(source, LoaderSource):
+        loader = source.loader
+        size = loader.batch_size
+        try:
+            rows = len(loader.dataset)  # type: ignore[arg-type]
+        except TypeError:  # an iterable dataset: its batches show up only while training
+            return
+        sharded = isinstance(loader.sampler, torch.utils.data.DistributedSampler)
+        if size is not None and not loader.drop_last and not sharded and rows % size == 1:
+            raise ArgumentError(
+                "data", "the DataLoader passed as ", Mention("data"), " ends every epoch with a "
+                f"batch of one row ({rows} rows in batches of {size}), {why}: pass "
+                "drop_last=True to the DataLoader, or another batch size",
+            )
+
+
+def takes_context(model: nn.Module) -> bool:
+    """Whether ``model.log_prob`` accepts ``context=`` (by name or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(model.log_prob).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
+        return True
+    return any(p.name == "context" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def check_first_batch(
+    model: nn.Module, x: Tensor, context: Tensor | None, name: str = "data", batch: bool = True
+) -> None:
+    """Fail before the first optimizer step if the data does not fit the model: ``x`` and
+    ``context`` are the first batch (``batch``), or all of array data, whose every value a
+    discrete model then checks, and whose every row a bounded flow scores (one pass without
+    gradients, by chunks: a row outside its box is named now, rather than at the step whose
+    batch holds it)."""
+    check_pair_shapes(name, x, context, batch)
+    features = getattr(model, "features", None)
+    if features is not None and (x.dim() != 2 or x.shape[1] != features):
+        raise ValueError(
+            f"'{name}' should have {features} features to match the model "
+            f"(model.features={features}), got shape {tuple(x.shape)}"
+        )
+    width = getattr(model, "context_features", None)
+    if width and context is None:
+        raise ValueError(
+            f"the model is conditional (context_features={width}) but '{name}' has no context; "
+            f"pass {name}=(x, context)"
+        )
+    if width == 0 and context is not None:
+        raise ValueError(f"'{name}' carries a context but the model has context_features=0")
+    if width is None and context is not None and not takes_context(model):
+        raise ValueError(
+            f"'{name}' carries a context but {type(model).__name__}.log_prob takes no "
+            "'context' argument: pass the data alone"
+        )
+    if width and context.shape[1] != width:
+        raise ValueError(
+            f"the context of '{name}' should have {width} features to match the model "
+            f"(model.context_features={width}), got shape {tuple(context.shape)}"
+        )
+    if batch:  # (arrays were checked whole as they loaded)
+        check_finite(name, x, context, batch=True)
+    check_data = getattr(model, "check_data", None)
+    if check_data is not None:  # a model that knows its data's domain (binary, categories)
+        check_data(x, name)
+    try:
+        with evaluating(model):
+            out = log_prob(model, x[:2], None if context is None else context[:2])
+    except TypeError as e:
+        if x.is_floating_point():
+            raise
+        raise TypeError(
+            f"'{name}' holds {x.dtype} values, which {type(model).__name__}.log_prob refuses "
+            f"({e}). A flow is a density over real values: pass floating data (x.float()); "
+            "for integer-valued data, add uniform noise in [0, 1) to each value "
+            "(dequantization), or a density on them grows without bound"
+        ) from e
+    if not isinstance(out, Tensor) or out.shape != (min(2, x.shape[0]),):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
+    if not batch and is_bounded(model):
+        count, rows = rows_outside(model, chunks(x, context))
+        if count:
+            raise ArgumentError(name, *outside_support((Mention(name),), count, rows))
+
+
+def check_first_batch_and_standardize(
+    model: nn.Module, source: Any, x: Tensor, context: Tensor | None
+) -> None:
+    """Before the first step (after every setting was checked, so a refused call leaves the
+    model as it was): check the first batch (a training array was checked whole as it
+    loaded), then set the model's :class:`~flowkit.transforms.Standardize` modules that are
+    not set yet, or only provisionally by an earlier call (a look at samples), from the whole
+    training set when it is an array, else from the first batch. A resumed model has them set
+    already."""
+    if isinstance(source, TensorSource):
+        x, context = source.x, source.c
+    else:
+        check_first_batch(model, x, context)
+    if not standardizations_to_set(model):
+        return
+    with warnings.catch_warnings():  # a single row: the DataWarning of the data said so
+        warnings.filterwarnings("ignore", message="'batches' hold a single row")
+        set_from_data(model, chunks(x, context), lambda x, c: log_prob(model, x, c))
+
+
+CHUNK = 8192
+"""Rows per forward pass over a whole array (setting the standardization, scoring the rows)."""
+
+
+def chunks(x: Tensor, context: Tensor | None) -> list[tuple[Tensor, Tensor | None]]:
+    """``(x, context)`` in blocks of :data:`CHUNK` rows."""
+    chunks = x.split(CHUNK)
+    contexts = context.split(CHUNK) if context is not None else [None] * len(chunks)
+    return list(zip(chunks, contexts, strict=True))
+
+
