@@ -36,7 +36,13 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from flowkit.flows import MAF
-from flowkit.train import DataWarning, warn_if_degenerate
+from flowkit.train import (
+    MIN_VALID_ROWS,
+    DataWarning,
+    split_rows,
+    warn_if_degenerate,
+    warn_if_duplicated,
+)
 from flowkit.train import fit as fit_flow
 from flowkit.validation import (
     ArgumentError,
@@ -240,7 +246,9 @@ class FlowDensity(DensityMixin, BaseEstimator):
             rng = check_random_state(self.random_state)
             seed = _seed(rng)
             # the checks of fit's data, on the rows the user passed (fit sees standardized ones)
-            warn_if_degenerate("X", torch.tensor(X, dtype=torch.float64), stacklevel=4)
+            rows = torch.tensor(X, dtype=torch.float64)
+            warn_if_degenerate("X", rows, stacklevel=4)
+            groups = warn_if_duplicated("X", rows, stacklevel=4)
             if self.standardize:
                 mean = X.mean(axis=0).astype(np.float64)
                 scale = X.std(axis=0).astype(np.float64)
@@ -253,12 +261,11 @@ class FlowDensity(DensityMixin, BaseEstimator):
                     "X", f"has values beyond the range of {self.dtype} (rows {overflow}, "
                     f"after standardize={self.standardize}): pass standardize=True or "
                     "dtype='float64'")
-            u, valid = self._split(u, rng)
+            u, valid = self._split(u, rng, groups)
             optimizer = "adam"
             if self.weight_decay > 0:
                 optimizer = functools.partial(torch.optim.AdamW, weight_decay=self.weight_decay)
-            with _torch_seed(seed), warnings.catch_warnings():
-                warnings.simplefilter("ignore", DataWarning)  # said above, about X
+            with _torch_seed(seed):
                 flow = MAF(
                     X.shape[1],
                     layers=self.layers,
@@ -283,15 +290,17 @@ class FlowDensity(DensityMixin, BaseEstimator):
                     seed=seed,
                     device=self.device,
                     progress=self.verbose,
+                    data_warnings=False,  # said above, about X
                 )
         self.mean_, self.scale_, self.flow_, self.history_ = mean, scale, flow, history
         return self
 
     def _split(
-        self, u: torch.Tensor, rng: np.random.RandomState
+        self, u: torch.Tensor, rng: np.random.RandomState, groups: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The training and validation rows of ``u`` (``validation_fraction`` of them, at least
-        one, drawn from ``rng``; no validation rows when it is 0)."""
+        one, drawn from ``rng``; whole groups of equal rows when there are ``groups``, as
+        ``fit(valid=<fraction>)`` holds them out; no validation rows when it is 0)."""
         n = len(u)
         n_valid = math.ceil(self.validation_fraction * n) if self.validation_fraction else 0
         if not n_valid:
@@ -311,8 +320,19 @@ class FlowDensity(DensityMixin, BaseEstimator):
                 " needs batches of at least 2 rows: pass more rows, or a smaller ",
                 Mention("validation_fraction"), " (0 trains on all of them)",
             )
-        perm = torch.as_tensor(rng.permutation(n))
-        return u[perm[n_valid:]], u[perm[:n_valid]]
+        if n_valid < MIN_VALID_ROWS:
+            warnings.warn(
+                f"validation_fraction={self.validation_fraction!r} of the {n} rows of 'X' holds "
+                f"out {n_valid}: a validation loss over so few rows is noisy, and it chooses the "
+                "epoch whose weights are kept and when training stops; pass a larger "
+                "validation_fraction, or 0 to train on every row for max_epochs",
+                DataWarning, stacklevel=4,
+            )
+        kept, held = split_rows(torch.as_tensor(rng.permutation(n)), n_valid, groups)
+        if len(kept) == 0:
+            raise ArgumentError("validation_fraction", f"holds out every row of 'X': its {n} "
+                                "rows are all copies of one another")
+        return u[kept], u[held]
 
     def score_samples(self, X: np.ndarray) -> np.ndarray:
         """Log-density ``log p(x)`` of each row of ``X``, ``(n_samples,)`` float64, in nats."""

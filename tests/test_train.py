@@ -1745,3 +1745,56 @@ def test_reverse_kl_warns_when_a_spline_interval_holds_the_samples():
 
     assert any("reach the edge of a spline layer's interval" in m for m in fit_to(far))
     assert not any("spline layer" in m for m in fit_to(near))
+
+
+def test_repeated_rows_warn_and_valid_fraction_holds_out_whole_groups():
+    """A table appended to itself: every held-out row had a copy among the training rows, so
+    validation never saw a new row and early stopping kept an overfitted flow (review 22: test
+    NLL 160 with a validation NLL of 4.4). Now a DataWarning names the repeats, and
+    valid=<fraction> holds out whole groups of equal rows."""
+    g = torch.Generator().manual_seed(0)
+    unique = torch.randn(300, 2, generator=g)
+    x = torch.cat([unique, unique[:150]])  # 150 of 450 rows repeat an earlier one
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    with pytest.warns(flowkit.train.DataWarning, match=r"'data' has 150 rows that repeat an "
+                      r"earlier row \(150 of 450; 300 distinct\).*drop the duplicates"):
+        fit(flow, x, valid=0.2, steps=2, seed=3, **QUIET)
+    from flowkit.train.arrays import equal_row_groups
+    from flowkit.train.likelihood import _hold_out
+
+    groups = equal_row_groups(x)
+    (train, _), (held, _) = _hold_out((x, None), 0.2, 3, groups)
+    assert len(held) >= 90 and len(train) + len(held) == 450
+    train_rows = {tuple(r) for r in train.tolist()}
+    assert not any(tuple(r) in train_rows for r in held.tolist())  # no copy on both sides
+    assert equal_row_groups(unique) is None  # distinct rows: the split of before
+    plain = _hold_out((unique, None), 0.2, 3, None)[1][0]
+    assert torch.equal(plain, _hold_out((unique, None), 0.2, 3, equal_row_groups(unique))[1][0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", flowkit.train.DataWarning)
+        fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), torch.cat([unique, unique[:10]]),
+            steps=1, **QUIET)  # 10 of 310 (3%): below DUPLICATE_ROWS, no warning
+        fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x, steps=1, data_warnings=False,
+            **QUIET)  # the caller checked the rows
+    with pytest.raises(ArgumentError, match=r"'data_warnings' should be True or False"):
+        fit(flowkit.MAF(2), x, steps=1, data_warnings="no", **QUIET)
+
+
+def test_a_data_warning_is_shown_once_for_fits_in_a_loop(tmp_path):
+    """Python shows a warning from one line once, unless the warning filters change between
+    the calls: fit's own catch_warnings (around setting the standardization) made every fit in
+    a loop, or in a grid search, print the same DataWarning again (review 22)."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import numpy as np, flowkit\n"
+        "x = np.random.default_rng(0).normal(size=(300, 2)); x[:, 1] = np.round(x[:, 1])\n"
+        "flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x, steps=1, progress=False)\n"
+        "for lr in (1e-3, 3e-3, 1e-2):\n"
+        "    flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x, steps=1, lr=lr,\n"
+        "                progress=False)\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    # the first fit imports modules that reset the registry once; the loop's three fits, none
+    assert result.stderr.count("DataWarning: 'data', column 1, takes only") <= 2  # 4 before

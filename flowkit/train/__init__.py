@@ -2,12 +2,18 @@
 options (:class:`TrainOptions`), callbacks, checkpoints, resume and ``torchrun`` support. See
 ``docs/training.md``."""
 
-from .arrays import DataWarning, PrecisionWarning, warn_if_degenerate
+from .arrays import (
+    DataWarning,
+    PrecisionWarning,
+    split_rows,
+    warn_if_degenerate,
+    warn_if_duplicated,
+)
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
 from .distributed import is_main_process, resolve_device
 from .history import History
-from .likelihood import default_batch_size, fit
+from .likelihood import MIN_VALID_ROWS, default_batch_size, fit
 from .options import DEFAULTS, TrainOptions
 from .reverse_kl import fit_reverse_kl
 from .session import CHECKPOINT_NAME
@@ -19,6 +25,7 @@ __all__ = [
     "DataWarning",
     "DivergenceError",
     "History",
+    "MIN_VALID_ROWS",
     "NonFiniteLossError",
     "PrecisionWarning",
     "Progress",
@@ -28,5 +35,7 @@ __all__ = [
     "fit_reverse_kl",
     "is_main_process",
     "resolve_device",
+    "split_rows",
     "warn_if_degenerate",
+    "warn_if_duplicated",
 ]

@@ -166,7 +166,7 @@ def load_arrays(
     the model would see them coarsely rounded, before its standardization could help. With
     ``density=True`` (training data of a continuous density, a :class:`~flowkit.Flow`), also
     warns (:class:`DataWarning`) when a column of ``x`` is constant or takes few distinct values
-    (:func:`warn_if_degenerate`)."""
+    (:func:`warn_if_degenerate`), or when many rows repeat others (:func:`warn_if_duplicated`)."""
     x, c = split_pair(name, value)
     raw = readable(name, x), None if c is None else readable(f"{name} context", c)
     rounded = []  # (a loop, not a comprehension: the warnings' stack level counts frames)
@@ -177,6 +177,7 @@ def load_arrays(
     check_finite(name, x, c)
     if density:
         warn_if_degenerate(name, x, skip=rounded[0])  # columns the cast made constant: warned
+        warn_if_duplicated(name, x, c)
     return x, c
 
 
@@ -302,6 +303,70 @@ def warn_if_degenerate(
             "that value apart (e.g. a mixture of the point mass and a density of the other "
             "rows) or add noise of the measurement's resolution", stacklevel=stacklevel
         )
+
+
+DUPLICATE_ROWS = 0.05
+"""A share of a flow's training rows that repeat an earlier row (with its context) from which
+:func:`warn_if_duplicated` raises a :class:`DataWarning`."""
+
+
+def equal_row_groups(x: Tensor, context: Tensor | None = None) -> Tensor | None:
+    """For each row of ``x`` ``(N, ...)`` with its ``context``, the index of its group of equal
+    rows, ``(N,)`` on the CPU; ``None`` when every row is distinct. Rows are compared by their
+    bytes (one sort of the rows, about 0.4 s for 10^6 rows of 10 columns)."""
+    parts = [x.flatten(1)] + ([] if context is None else [context.to(x.dtype)])
+    rows = np.ascontiguousarray(torch.cat(parts, 1).detach().cpu().numpy())
+    if rows.shape[0] < 2:
+        return None
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, groups = np.unique(keys, return_inverse=True)
+    return None if groups.max() + 1 == len(groups) else torch.from_numpy(groups.ravel())
+
+
+def warn_if_duplicated(
+    name: str, x: Tensor, context: Tensor | None = None, stacklevel: int = 6
+) -> Tensor | None:
+    """Warn if at least :data:`DUPLICATE_ROWS` of the rows of ``x`` (with their ``context``)
+    repeat an earlier row: a continuous density has no mass on single points, and one fitted to
+    repeated rows concentrates on them (review 22: a table appended to itself once gave a test
+    NLL of 160 against 4.5, with a validation NLL of 4.4 from held-out rows that had copies
+    among the training rows). Returns the groups of :func:`equal_row_groups`."""
+    groups = equal_row_groups(x, context)
+    if groups is None:
+        return None
+    n, distinct = len(groups), int(groups.max()) + 1
+    if n - distinct >= DUPLICATE_ROWS * n:
+        _data_warning(
+            f"'{name}' has {n - distinct} rows that repeat an earlier row ({n - distinct} of "
+            f"{n}; {distinct} distinct): a continuous density has no mass on single points, and "
+            "one fitted to repeated rows concentrates on them, so the training NLL falls while "
+            "the density elsewhere gets worse; drop the duplicates (np.unique(x, axis=0), "
+            "df.drop_duplicates()) unless they are real repeated measurements (valid=<fraction> "
+            "holds out whole groups of equal rows, so that validation still sees new rows)",
+            stacklevel=stacklevel,
+        )
+    return groups
+
+
+def split_rows(
+    order: Tensor, k: int, groups: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(kept, held_out)`` row indices: the first ``k`` rows of the permutation ``order`` held
+    out, or, with ``groups`` (:func:`equal_row_groups`), whole groups of equal rows in the order
+    in which ``order`` first meets them, until at least ``k`` rows are held out (so that no
+    held-out row has a copy among the kept ones)."""
+    if groups is None:
+        return order[k:], order[:k]
+    n = len(order)
+    position = torch.empty(n, dtype=torch.long)
+    position[order.cpu()] = torch.arange(n)
+    first = torch.full((int(groups.max()) + 1,), n, dtype=torch.long).scatter_reduce(
+        0, groups, position, "amin")  # where the permutation first meets each group
+    key = first[groups]
+    sorted_rows = (key * n + position).argsort()  # group by group, in the permutation's order
+    held = key <= key[sorted_rows[k - 1]]
+    count = int(held.sum())
+    return sorted_rows[count:].to(order.device), sorted_rows[:count].to(order.device)
 
 
 def _data_warning(

@@ -22,7 +22,13 @@ from torch.utils.data import DataLoader
 from ..flows import Flow
 from ..transforms import BatchNorm
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, reference
-from .arrays import DataWarning, frames_as_arrays, load_arrays
+from .arrays import (
+    DataWarning,
+    equal_row_groups,
+    frames_as_arrays,
+    load_arrays,
+    split_rows,
+)
 from .held_out import held_out_loss
 from .history import History
 from .loop import RunPlan, Trainer
@@ -48,6 +54,7 @@ def fit(
     valid_every: int | None = None,
     early_stopping_patience: int | None = None,
     restore_best: bool | None = None,
+    data_warnings: bool = True,
     **options: Unpack[TrainOptions],
 ) -> History:
     r"""Fit ``model`` to data by maximum likelihood.
@@ -80,8 +87,9 @@ def fit(
             per standard deviation in some column raise a
             :class:`~flowkit.train.PrecisionWarning`; for a :class:`~flowkit.Flow`, a single
             row, a constant column, one with at most 5% as many distinct values as rows
-            (counts, pixels, coarse rounding), or one in which a single value holds 20% of the
-            rows (a point mass), raises a :class:`~flowkit.train.DataWarning`.
+            (counts, pixels, coarse rounding), one in which a single value holds 20% of the
+            rows (a point mass), or 5% of the rows repeating earlier ones, raises a
+            :class:`~flowkit.train.DataWarning`.
 
             Before the first step, the model's :class:`~flowkit.transforms.Standardize`
             modules (the builders' default ``standardize=True``) that are not set, or set only
@@ -91,7 +99,8 @@ def fit(
         valid: validation data as a tensor, array, pair or DataLoader, whose mean negative
             log-likelihood is the validation loss; a fraction in (0, 1) of array ``data`` to
             hold out for it (e.g. ``valid=0.1``: a random tenth of the rows, drawn from
-            ``seed``, validates and the rest trains); or a function ``valid(model) -> float``
+            ``seed``, validates and the rest trains; for a flow, whole groups of equal rows,
+            so that no validation row has a copy among the training rows); or a function ``valid(model) -> float``
             returning the validation loss itself (called in evaluation mode without gradients,
             e.g. to score a MADE with one fixed mask set). Computed every ``valid_every`` steps
             and at the end.
@@ -113,6 +122,12 @@ def fit(
             small data set, which a flow overfits within an epoch or two, ends with the weights
             of its best validation rather than the last ones. ``False`` keeps the last step's
             weights; ``True`` needs ``valid``.
+        data_warnings: raise the :class:`~flowkit.train.DataWarning`\ s about array ``data``
+            of a flow (constant or discrete columns, point masses, repeated rows). ``False``
+            when you have checked the rows yourself, as :class:`~flowkit.sklearn.FlowDensity`
+            does on the rows it was given before it standardizes them: the same warning is
+            then not raised twice, and no warnings filter is changed (a change of the filters
+            makes Python show every warning again).
         **options: the options shared with :func:`~flowkit.train.fit_reverse_kl`, described in
             :class:`~flowkit.train.TrainOptions`: ``lr``, ``optimizer``, ``lr_schedule``,
             ``clip_grad_norm``, ``divergence_threshold``, ``seed``, ``device``,
@@ -153,6 +168,7 @@ def fit(
             ("early_stopping_patience", early_stopping_patience), ("batch_size", batch_size)))
     if restore_best is not None:
         check_bool("restore_best", restore_best)
+    check_bool("data_warnings", data_warnings)
     if early_stopping_patience is not None and valid is None:
         raise ArgumentError("early_stopping_patience", Mention("early_stopping_patience"),
                             " needs validation data: pass ", Mention("valid"))
@@ -163,7 +179,8 @@ def fit(
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
         ref = reference(model)
         dtype = torch.get_default_dtype() if ref is None else ref.dtype
-        source, held_out = _make_source(model, data, batch_size, s, dtype, holdout)
+        source, held_out = _make_source(model, data, batch_size, s, dtype, holdout,
+                                        data_warnings)
         if held_out is not None:
             valid = held_out
         if any(isinstance(m, BatchNorm) for m in model.modules()):
@@ -267,13 +284,14 @@ def _make_source(
     s: Session,
     dtype: torch.dtype,
     holdout: float | None,
+    data_warnings: bool,
 ) -> tuple[TensorSource | LoaderSource | SamplerSource, tuple[Tensor, Tensor | None] | None]:
     """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
     fraction) is given: a random subset of array data, drawn from the run's seed. Array data
     is checked whole against ``model`` here
     (:func:`~flowkit.train.preflight.check_first_batch`), before rows are held out, so that a
     message numbers the rows as they were passed; for a :class:`~flowkit.Flow`, also for
-    degenerate columns."""
+    degenerate columns and repeated rows (with ``data_warnings``)."""
     data = frames_as_arrays("data", data)
     if isinstance(data, list) and len(data) == 2 and all(
         isinstance(v, Tensor | np.ndarray) for v in data
@@ -289,11 +307,14 @@ def _make_source(
                                s.device, dtype)
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
-        arrays = load_arrays("data", data, s.device, dtype, density=isinstance(model, Flow))
+        arrays = load_arrays("data", data, s.device, dtype,
+                             density=data_warnings and isinstance(model, Flow))
         check_first_batch(model, *arrays, batch=False)
         held_out = None
         if holdout is not None:
-            arrays, held_out = _hold_out(arrays, holdout, s.seed)
+            # a flow's validation rows without copies among its training rows
+            groups = equal_row_groups(*arrays) if isinstance(model, Flow) else None
+            arrays, held_out = _hold_out(arrays, holdout, s.seed, groups)
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0])
         return TensorSource(arrays, batch_size, s.seed, s.dist, holdout), held_out
@@ -308,10 +329,11 @@ MIN_VALID_ROWS = 20
 
 
 def _hold_out(
-    arrays: tuple[Tensor, Tensor | None], fraction: float, seed: int
+    arrays: tuple[Tensor, Tensor | None], fraction: float, seed: int, groups: Tensor | None
 ) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
     """``(training, held_out)``: a random ``fraction`` of the rows (drawn from ``seed``) held
-    out of ``arrays`` ``(x, context)``."""
+    out of ``arrays`` ``(x, context)``; with ``groups`` of equal rows
+    (:func:`~flowkit.train.arrays.equal_row_groups`), whole groups, at least that many rows."""
     x, c = arrays
     n, k = x.shape[0], round(fraction * x.shape[0])
     if not 1 <= k < n:
@@ -325,11 +347,14 @@ def _hold_out(
             "validation data of your own", DataWarning, stacklevel=4,
         )
     g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
-    rows = torch.randperm(n, generator=g).to(x.device)
+    kept, held = split_rows(torch.randperm(n, generator=g).to(x.device), k, groups)
+    if len(kept) == 0:
+        raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out "
+                            "every row: they are all copies of one another")
 
     def take(r: Tensor) -> tuple[Tensor, Tensor | None]:
         return x[r], None if c is None else c[r]
 
-    return take(rows[k:]), take(rows[:k])
+    return take(kept), take(held)
 
 

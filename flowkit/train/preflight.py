@@ -134,9 +134,15 @@ def check_first_batch_and_standardize(
         check_first_batch(model, x, context)
     if not standardizations_to_set(model):
         return
+    def set_all() -> None:
+        set_from_data(model, chunks(x, context), lambda x, c: log_prob(model, x, c))
+
+    if x.shape[0] > 1:
+        set_all()  # (no catch_warnings: a change of the filters shows every warning again)
+        return
     with warnings.catch_warnings():  # a single row: the DataWarning of the data said so
         warnings.filterwarnings("ignore", message="'batches' hold a single row")
-        set_from_data(model, chunks(x, context), lambda x, c: log_prob(model, x, c))
+        set_all()
 
 
 CHUNK = 8192
