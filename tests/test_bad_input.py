@@ -278,8 +278,8 @@ def test_fit_names_nan_in_the_first_batch_of_a_loader_or_sampling_function():
         with pytest.raises(ValueError, match=message):
             flowkit.fit(flowkit.MAF(2, layers=1), source, steps=2, batch_size=100, progress=False,
                         device="cpu")
-    with pytest.raises(ValueError, match=r"^'data' x contains NaN or Inf values \(first at row "
-                       r"3\)$"):
+    with pytest.raises(ValueError, match=r"^'data' holds NaN or Inf values \(first at row "
+                       r"3, column \d\); drop or fill those rows$"):
         flowkit.fit(flowkit.MAF(2, layers=1), x, steps=2, progress=False, device="cpu")
 
 

@@ -533,7 +533,7 @@ BAD_CALLS = {
             m, torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), steps=1, batch_size=1, **QUIET
         ),
         ValueError,
-        r"'data' x contains NaN or Inf values \(first at row 1\)",
+        r"'data' holds NaN or Inf values \(first at row 1, column 0\); drop or fill",
     ),
     "missing-context": (
         lambda m: fit(
@@ -1798,3 +1798,38 @@ def test_a_data_warning_is_shown_once_for_fits_in_a_loop(tmp_path):
     assert result.returncode == 0, result.stderr
     # the first fit imports modules that reset the registry once; the loop's three fits, none
     assert result.stderr.count("DataWarning: 'data', column 1, takes only") <= 2  # 4 before
+
+
+def test_values_beyond_float32_are_named_as_such_not_as_nan():
+    """A finite float64 column up to 2e40 became Inf in the cast to a float32 model, and fit
+    said the data held NaN or Inf (review 22)."""
+    x = np.random.default_rng(0).normal(size=(50, 2))
+    x[7, 1] = 2e40
+    with pytest.raises(ValueError, match=r"'data' has values beyond the range of torch.float32, "
+                       r"the model's dtype \(first at row 7, column 1\)"):
+        fit(flowkit.MAF(2), x, steps=1, **QUIET)
+    c = np.ones((50, 1))
+    c[3, 0] = np.nan
+    with pytest.raises(ValueError, match=r"the context of 'data' holds NaN or Inf values \(first "
+                       r"at row 3, column 0\)"):
+        fit(flowkit.MAF(2, context_features=1), (x[:, :2] * 0, c), steps=1, **QUIET)
+    with pytest.raises(ValueError, match=r"'data' should have shape \(N, features\), got \(50,\); "
+                       r"one feature per row is x.reshape\(-1, 1\)"):
+        fit(flowkit.MAF(1, transformer="spline"), x[:, 0], steps=1, **QUIET)
+
+
+def test_progress_bar_refreshes_rarely_in_a_log_file(monkeypatch):
+    """tqdm writes ten updates a second; into a log file that is 3.6 MB an hour (review 22)."""
+    from flowkit.train import loop
+
+    class Stream:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    monkeypatch.setattr(loop.sys, "stderr", Stream(False))
+    assert loop._refresh_interval() == loop.LOG_REFRESH_S == 10.0
+    monkeypatch.setattr(loop.sys, "stderr", Stream(True))
+    assert loop._refresh_interval() == 0.1

@@ -76,8 +76,9 @@ def load_file(
         raise ValueError(f"'--key' {key!r} is not an array of '{path}': {sorted(arrays)}")
     loaded = arrays[key]
     if loaded.ndim != 2:
+        hint = ("; one value per row: save it as x.reshape(-1, 1)" if loaded.ndim == 1 else "")
         raise ValueError(
-            f"'{path}' should hold an array of shape (N, D), got {loaded.shape} ({key!r})"
+            f"'{path}' should hold an array of shape (N, D), got {loaded.shape} ({key!r}){hint}"
         )
     named = f"'--data' '{path}'" + ("" if suffix != ".npz" else f" (array {key!r})")
     if 0 in loaded.shape:

@@ -174,7 +174,7 @@ def load_arrays(
         rounded.append(_warn_if_rounded(label, t, dtype))
     x, c = as_batch(name, *raw, device, dtype)
     check_pair_shapes(name, x, c)
-    check_finite(name, x, c)
+    check_finite(name, x, c, given=raw)
     if density:
         warn_if_degenerate(name, x, skip=rounded[0])  # columns the cast made constant: warned
         warn_if_duplicated(name, x, c)
@@ -187,7 +187,8 @@ def check_pair_shapes(name: str, x: Tensor, context: Tensor | None, batch: bool 
     the model needs are checked against the model."""
     what = f"the first batch of '{name}'" if batch else f"'{name}'"
     if x.dim() < 2:
-        raise ValueError(f"{what} should have shape (N, features), got {tuple(x.shape)}")
+        hint = "; one feature per row is x.reshape(-1, 1)" if x.dim() == 1 else ""
+        raise ValueError(f"{what} should have shape (N, features), got {tuple(x.shape)}{hint}")
     if x.shape[0] == 0:
         raise ValueError(f"{what} should have at least one row, got shape {tuple(x.shape)}")
     if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
@@ -197,16 +198,34 @@ def check_pair_shapes(name: str, x: Tensor, context: Tensor | None, batch: bool 
         )
 
 
-def check_finite(name: str, x: Tensor, context: Tensor | None, batch: bool = False) -> None:
+def check_finite(
+    name: str, x: Tensor, context: Tensor | None, batch: bool = False,
+    given: tuple[Any, Any] | None = None,
+) -> None:
     """Fail if a floating ``x`` ``(N, ...)`` or ``context`` ``(N, C)`` holds NaN or Inf,
-    naming ``name`` (the first batch of it, with ``batch``) and the first such row."""
-    for part, t in (("x", x), ("context", context)):
-        if t is not None and t.is_floating_point() and not torch.isfinite(t).all():
-            row = int(nonfinite_row_mask(t).nonzero()[0])
-            if batch:
-                raise ValueError(f"the first batch of '{name}' holds NaN or Inf values in "
-                                 f"{part} (row {row} of the batch)")
-            raise ValueError(f"'{name}' {part} contains NaN or Inf values (first at row {row})")
+    naming ``name`` (the first batch of it, with ``batch``) and the first such row (and column
+    of an ``(N, D)`` array). ``given``: the arrays as passed, before the cast to the model's
+    dtype, to tell values beyond that dtype's range (finite as given) from NaN and Inf."""
+    for i, (part, t) in enumerate((("x", x), ("context", context))):
+        if t is None or not t.is_floating_point() or torch.isfinite(t).all():
+            continue
+        row = int(nonfinite_row_mask(t).nonzero()[0])
+        if batch:
+            raise ValueError(f"the first batch of '{name}' holds NaN or Inf values in "
+                             f"{part} (row {row} of the batch)")
+        what = f"'{name}'" if part == "x" else f"the context of '{name}'"
+        where = f"row {row}"
+        if t.dim() == 2:
+            where += f", column {int((~torch.isfinite(t[row])).nonzero()[0])}"
+        original = None if given is None else given[i]
+        if original is not None and bool(torch.isfinite(torch.as_tensor(original)).all()):
+            raise ValueError(
+                f"{what} has values beyond the range of {t.dtype}, the model's dtype (first at "
+                f"{where}): they became infinite when cast to it; rescale the data, or use a "
+                f"float64 model (model.double()) for float64 data"
+            )
+        raise ValueError(f"{what} holds NaN or Inf values (first at {where}); drop or fill "
+                         "those rows")
 
 
 MIN_LEVELS = 1000

@@ -20,6 +20,7 @@ Implementation notes:
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,13 +95,26 @@ class _Best:
         )
 
 
+LOG_REFRESH_S = 10.0
+"""Seconds between progress-bar updates written to a file or pipe rather than a terminal or a
+notebook: each update is a line's worth of text, ten a second by tqdm's default (review 22: a
+log grew by 3.6 MB an hour)."""
+
+
+def _refresh_interval() -> float:
+    """tqdm's ``mininterval``: its default 0.1 s on a terminal or in a notebook (IPython's
+    kernel), :data:`LOG_REFRESH_S` when standard error goes to a file or pipe."""
+    interactive = sys.stderr.isatty() if hasattr(sys.stderr, "isatty") else False
+    return 0.1 if interactive or "ipykernel" in sys.modules else LOG_REFRESH_S
+
+
 class _Bar:
     """The tqdm progress bar and its postfix: the loss (the ELBO for reverse-KL runs) and the
     last validation loss."""
 
     def __init__(self, steps: int, step: int, objective: str, enabled: bool):
         self.tqdm = tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True,
-                         desc=objective, disable=not enabled)
+                         desc=objective, disable=not enabled, mininterval=_refresh_interval())
         self.postfix: dict[str, str] = {}
         self.label, self.sign = ("elbo", -1.0) if objective == "neg_elbo" else ("loss", 1.0)
 
