@@ -100,10 +100,10 @@ def fit(
             log-likelihood is the validation loss; a fraction in (0, 1) of array ``data`` to
             hold out for it (e.g. ``valid=0.1``: a random tenth of the rows, drawn from
             ``seed``, validates and the rest trains; for a flow, whole groups of equal rows,
-            so that no validation row has a copy among the training rows); or a function ``valid(model) -> float``
-            returning the validation loss itself (called in evaluation mode without gradients,
-            e.g. to score a MADE with one fixed mask set). Computed every ``valid_every`` steps
-            and at the end.
+            so that no validation row has a copy among the training rows); or a function
+            ``valid(model) -> float`` returning the validation loss itself (called in
+            evaluation mode without gradients, e.g. to score a MADE with one fixed mask set).
+            Computed every ``valid_every`` steps and at the end.
         steps: number of optimizer steps. Exactly one of ``steps`` and ``epochs`` is required.
         epochs: number of passes over finite ``data`` (``len(data) // batch_size`` steps each for
             arrays, ``len(loader)`` for DataLoaders).
