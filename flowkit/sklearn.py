@@ -247,7 +247,9 @@ class FlowDensity(DensityMixin, BaseEstimator):
             seed = _seed(rng)
             # the checks of fit's data, on the rows the user passed (fit sees standardized ones)
             rows = torch.tensor(X, dtype=torch.float64)
-            warn_if_degenerate("X", rows, stacklevel=4)
+            labels = getattr(self, "feature_names_in_", None)  # a data frame's columns
+            warn_if_degenerate("X", rows, stacklevel=4,
+                               labels=None if labels is None else [str(v) for v in labels])
             groups = warn_if_duplicated("X", rows, stacklevel=4)
             if self.standardize:
                 mean = X.mean(axis=0).astype(np.float64)

@@ -357,3 +357,14 @@ def test_a_small_validation_fraction_warns():
     with pytest.warns(DataWarning, match=r"validation_fraction=0.1 of the 60 rows of 'X' holds "
                                          r"out 6: a validation loss over so few rows is noisy"):
         est.fit(X)
+
+
+def test_warnings_name_a_data_frames_columns():
+    """FlowDensity records feature_names_in_ but warned about 'column 0' (review 22)."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"age": rng.integers(18, 30, 300).astype(float),
+                          "income": rng.normal(size=300)})
+    est = FlowDensity(layers=1, hidden_features=(8,), max_epochs=1, random_state=0)
+    with pytest.warns(DataWarning, match=r"'X', column 0 \('age'\), takes only 12 distinct"):
+        est.fit(frame)

@@ -259,7 +259,8 @@ bounds its temporaries (the sort's int64 indices among them) whatever the data's
 
 
 def warn_if_degenerate(
-    name: str, x: Tensor, stacklevel: int = 6, skip: Sequence[int] = ()
+    name: str, x: Tensor, stacklevel: int = 6, skip: Sequence[int] = (),
+    labels: Sequence[str] | None = None,
 ) -> None:
     """Warn if a floating column of ``x`` ``(N, D)`` (other than those in ``skip``) holds one
     value; few distinct values (at least two, at most ``max(FEW_VALUES * N, 10)`` and at most
@@ -270,9 +271,14 @@ def warn_if_degenerate(
     between or outside them means nothing. A column of sorted values ``v`` holds a value in ``T``
     rows when ``v[i] == v[i + T - 1]`` for some ``i``. ``stacklevel`` as
     :func:`warnings.warn` counts it from the helper this calls (2: this function's caller; the
-    default 6, fit's caller)."""
+    default 6, fit's caller). ``labels``: the columns' names (a data frame's), which the
+    messages give beside their numbers."""
     if not x.is_floating_point() or x.dim() != 2:
         return
+
+    def column(j: int) -> str:
+        return f"column {j}" if labels is None else f"column {j} ({labels[j]!r})"
+
     n = x.shape[0]
     if n == 1:
         _data_warning(
@@ -294,7 +300,7 @@ def warn_if_degenerate(
     if constant:
         j = constant[0]
         _data_warning(
-            f"'{name}', column {j}, holds a single value ({x[0, j].item():.6g}) in all "
+            f"'{name}', {column(j)}, holds a single value ({x[0, j].item():.6g}) in all "
             f"{n} rows ({len(constant)} constant column(s): {constant[:10]}): a density "
             "over it is a point mass, so the training NLL falls without bound while the model "
             "contracts that column; drop constant columns before fitting", stacklevel=stacklevel
@@ -303,7 +309,7 @@ def warn_if_degenerate(
     if few := few_mask.nonzero().flatten().tolist():
         j = few[0]
         _data_warning(
-            f"'{name}', column {j}, takes only {int(distinct[j])} distinct values in "
+            f"'{name}', {column(j)}, takes only {int(distinct[j])} distinct values in "
             f"{n} rows ({len(few)} column(s) like it: {few[:10]}): a continuous density "
             "concentrates on such values as it trains, so its log-density there grows and "
             "means little; add uniform noise of one quantization step to the column "
@@ -315,7 +321,7 @@ def warn_if_degenerate(
         values, counts = x[:, j].unique(return_counts=True)
         count, k = counts.max(dim=0)
         _data_warning(
-            f"'{name}', column {j}, holds the value {values[k].item():.6g} in "
+            f"'{name}', {column(j)}, holds the value {values[k].item():.6g} in "
             f"{int(count)} of its {n} rows ({len(massed)} column(s) like it: "
             f"{massed[:10]}): a point mass inside a continuous column, which a flow approaches "
             "by contracting the column there, so the training NLL falls without bound; model "
