@@ -313,27 +313,27 @@ class FlowDensity(DensityMixin, BaseEstimator):
                 f"({self.validation_fraction}) leaves no training rows out of the {n} rows of "
                 "'X'",
             )
-        if self.batch_norm and n - n_valid < 2:
-            raise ArgumentError(
-                "validation_fraction",
-                Mention("validation_fraction", self.validation_fraction),
-                f" holds out {n_valid} of the {n} rows of 'X', which leaves {n - n_valid} to "
-                "train on, but ", Mention("batch_norm", True),
-                " needs batches of at least 2 rows: pass more rows, or a smaller ",
-                Mention("validation_fraction"), " (0 trains on all of them)",
-            )
-        if n_valid < MIN_VALID_ROWS:
-            warnings.warn(
-                f"validation_fraction={self.validation_fraction!r} of the {n} rows of 'X' holds "
-                f"out {n_valid}: a validation loss over so few rows is noisy, and it chooses the "
-                "epoch whose weights are kept and when training stops; pass a larger "
-                "validation_fraction, or 0 to train on every row for max_epochs",
-                DataWarning, stacklevel=4,
-            )
         kept, held = split_rows(torch.as_tensor(rng.permutation(n)), n_valid, groups)
         if len(kept) == 0:
             raise ArgumentError("validation_fraction", f"holds out every row of 'X': its {n} "
                                 "rows are all copies of one another")
+        if self.batch_norm and len(kept) < 2:
+            raise ArgumentError(
+                "validation_fraction",
+                Mention("validation_fraction", self.validation_fraction),
+                f" holds out {len(held)} of the {n} rows of 'X', which leaves {len(kept)} to "
+                "train on, but ", Mention("batch_norm", True),
+                " needs batches of at least 2 rows: pass more rows, or a smaller ",
+                Mention("validation_fraction"), " (0 trains on all of them)",
+            )
+        if len(held) < MIN_VALID_ROWS:
+            warnings.warn(
+                f"validation_fraction={self.validation_fraction!r} of the {n} rows of 'X' holds "
+                f"out {len(held)}: a validation loss over so few rows is noisy, and it chooses "
+                "the epoch whose weights are kept and when training stops; pass a larger "
+                "validation_fraction, or 0 to train on every row for max_epochs",
+                DataWarning, stacklevel=4,
+            )
         return u[kept], u[held]
 
     def score_samples(self, X: np.ndarray) -> np.ndarray:

@@ -1747,29 +1747,36 @@ def test_reverse_kl_warns_when_a_spline_interval_holds_the_samples():
     assert not any("spline layer" in m for m in fit_to(near))
 
 
-def test_repeated_rows_warn_and_valid_fraction_holds_out_whole_groups():
+def test_repeated_rows_warn_and_valid_fraction_holds_out_whole_groups(monkeypatch):
     """A table appended to itself: every held-out row had a copy among the training rows, so
     validation never saw a new row and early stopping kept an overfitted flow (review 22: test
     NLL 160 with a validation NLL of 4.4). Now a DataWarning names the repeats, and
-    valid=<fraction> holds out whole groups of equal rows."""
+    valid=<fraction> holds out whole groups of equal rows, each that fits in the fraction (a
+    large group stays with the training rows, review 24)."""
+    from flowkit.train import likelihood
+    from flowkit.train.arrays import equal_row_groups
+
+    splits = []
+    hold_out = likelihood._hold_out
+    monkeypatch.setattr(likelihood, "_hold_out",
+                        lambda *args: splits.append(hold_out(*args)) or splits[-1])
     g = torch.Generator().manual_seed(0)
     unique = torch.randn(300, 2, generator=g)
     x = torch.cat([unique, unique[:150]])  # 150 of 450 rows repeat an earlier one
-    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
     with pytest.warns(flowkit.train.DataWarning, match=r"'data' has 150 rows that repeat an "
                       r"earlier row \(150 of 450; 300 distinct\).*drop the duplicates"):
-        fit(flow, x, valid=0.2, steps=2, seed=3, **QUIET)
-    from flowkit.train.arrays import equal_row_groups
-    from flowkit.train.likelihood import _hold_out
-
-    groups = equal_row_groups(x)
-    (train, _), (held, _) = _hold_out((x, None), 0.2, 3, groups)
-    assert len(held) >= 90 and len(train) + len(held) == 450
+        history = fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x, valid=0.2, steps=2,
+                      seed=3, **QUIET)
+    (train, _), (held, _) = splits[-1]
+    assert len(held) == 90 and len(train) == 360 == history.train_rows
     train_rows = {tuple(r) for r in train.tolist()}
     assert not any(tuple(r) in train_rows for r in held.tolist())  # no copy on both sides
+    point_mass = torch.cat([torch.zeros(60, 2), torch.randn(40, 2, generator=g)])
+    fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), point_mass, valid=0.1, steps=1,
+        data_warnings=False, **QUIET)
+    (train, _), (held, _) = splits[-1]
+    assert len(held) == 10 and (held != 0).any(1).all()  # the 60 copies stay to train on
     assert equal_row_groups(unique) is None  # distinct rows: the split of before
-    plain = _hold_out((unique, None), 0.2, 3, None)[1][0]
-    assert torch.equal(plain, _hold_out((unique, None), 0.2, 3, equal_row_groups(unique))[1][0])
     with warnings.catch_warnings():
         warnings.simplefilter("error", flowkit.train.DataWarning)
         fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), torch.cat([unique, unique[:10]]),

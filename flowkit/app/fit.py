@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.batch_size is None:
             args.batch_size = default_batch_size(None)  # fresh samples: fit's 256
         shown = valid  # the rows the samples are plotted over
-        context_features, labels, rows = 0, None, None
+        context_features, labels = 0, None
     else:
         if args.valid_size is not None:
             raise ValueError(
@@ -328,11 +328,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         valid = args.valid_fraction or None  # fit holds out that share of the rows
         shown = data
+        # fit chooses the default batch size from the rows it trains on (valid=<fraction>
+        # holds out whole groups of equal rows, so their number is fit's to count); a given one
+        # above the rows left after the fraction is lowered to them
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
         rows -= round(args.valid_fraction * rows)
-        if args.batch_size is None:
-            args.batch_size = default_batch_size(rows)  # what fit would choose, recorded
-        elif args.batch_size > rows:
+        if args.batch_size is not None and args.batch_size > rows:
             print(
                 f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "
                 f"training rows; using {rows}",
@@ -383,13 +384,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "features": features,
         "context_features": context_features,
         "standardize": flow.config["kwargs"]["standardize"],  # the kind, or False
-        "batch_size": args.batch_size,
+        "batch_size": history.batch_size,  # as given or as fit chose it
         "parameters": sum(p.numel() for p in flow.parameters()),
         "steps": len(history.train_loss),
         # passes over a file's training rows, fit's N // batch_size steps each (None for a toy
         # dataset, sampled afresh)
-        "epochs": (None if rows is None
-                   else len(history.train_loss) / max(1, rows // args.batch_size)),
+        "epochs": (None if history.train_rows is None else
+                   len(history.train_loss) / max(1, history.train_rows // history.batch_size)),
         "train_nll_last_100": float(np.mean(history.train_loss[-100:])),  # of all, if fewer
         # fit ends with the best validation's weights: the saved flow's NLL is the best one
         "valid_nll": history.best_valid_loss,

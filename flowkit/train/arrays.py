@@ -377,9 +377,11 @@ def split_rows(
     order: Tensor, k: int, groups: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """``(kept, held_out)`` row indices: the first ``k`` rows of the permutation ``order`` held
-    out, or, with ``groups`` (:func:`equal_row_groups`), whole groups of equal rows in the order
-    in which ``order`` first meets them, until at least ``k`` rows are held out (so that no
-    held-out row has a copy among the kept ones)."""
+    out; or, with ``groups`` (:func:`equal_row_groups`), whole groups of equal rows, taken in
+    the order in which ``order`` first meets them, each one that still fits in ``k`` rows (so
+    that no held-out row has a copy among the kept ones, and a large group, a point mass, stays
+    with the kept rows rather than taking the place of many held-out ones). When no group fits,
+    the first one is held out."""
     if groups is None:
         return order[k:], order[:k]
     n = len(order)
@@ -388,10 +390,22 @@ def split_rows(
     first = torch.full((int(groups.max()) + 1,), n, dtype=torch.long).scatter_reduce(
         0, groups, position, "amin")  # where the permutation first meets each group
     key = first[groups]
-    sorted_rows = (key * n + position).argsort()  # group by group, in the permutation's order
-    held = key <= key[sorted_rows[k - 1]]
-    count = int(held.sum())
-    return sorted_rows[count:].to(order.device), sorted_rows[:count].to(order.device)
+    by_group = (key * n + position).argsort()  # group by group, in the permutation's order
+    starts = torch.cat([torch.tensor([0]), (key[by_group].diff() != 0).nonzero().flatten() + 1])
+    sizes = torch.diff(starts, append=torch.tensor([n])).tolist()
+    taken, held = [], 0
+    for start, size in zip(starts.tolist(), sizes, strict=True):
+        if held + size <= k:
+            taken.append(by_group[start : start + size])
+            held += size
+            if held == k:
+                break
+    if not taken:
+        taken = [by_group[: sizes[0]]]
+    held_rows = torch.cat(taken)
+    kept = torch.ones(n, dtype=torch.bool)
+    kept[held_rows] = False
+    return kept.nonzero().flatten().to(order.device), held_rows.to(order.device)
 
 
 def _data_warning(

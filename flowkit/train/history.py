@@ -29,6 +29,11 @@ class History:
             included).
         valid_time: the part of ``wall_time`` spent computing validation losses.
         seed: the seed the run used (drawn at random when none was given).
+        batch_size: rows per step of array data or of a sampling function, as given or as
+            :func:`~flowkit.train.default_batch_size` chose it (``None`` for a DataLoader and
+            for reverse KL).
+        train_rows: rows of array training data, after ``valid=<fraction>`` held out its
+            share (``None`` for other data).
     """
 
     objective: str = "nll"
@@ -42,6 +47,8 @@ class History:
     wall_time: float = 0.0
     valid_time: float = 0.0
     seed: int | None = None
+    batch_size: int | None = None
+    train_rows: int | None = None
 
     @property
     def steps(self) -> list[int]:

@@ -203,6 +203,10 @@ def fit(
         plan = RunPlan(steps, valid_every, early_stopping_patience, keep_best)
         trainer = Trainer(s, model, Objective(model, NegLogLikelihood()), source, o, plan, validate)
         history = trainer.run(lambda args: check_first_batch_and_standardize(model, source, *args))
+    if not isinstance(source, LoaderSource):
+        history.batch_size = source.batch_size
+    if isinstance(source, TensorSource):
+        history.train_rows = source.x.shape[0]
     if keep_best:
         _warn_if_never_improved(history)
     return history
@@ -339,18 +343,18 @@ def _hold_out(
     if not 1 <= k < n:
         raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out {k}; "
                             "at least one row should validate and one train")
-    if k < MIN_VALID_ROWS:
-        warnings.warn(
-            f"holding out a fraction {fraction!r} of the {n} rows for validation leaves {k}: a "
-            "validation loss over so few rows is noisy, and it chooses the weights returned "
-            "and when early stopping ends the run; hold out a larger fraction or pass "
-            "validation data of your own", DataWarning, stacklevel=4,
-        )
     g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
     kept, held = split_rows(torch.randperm(n, generator=g).to(x.device), k, groups)
     if len(kept) == 0:
         raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out "
                             "every row: they are all copies of one another")
+    if len(held) < MIN_VALID_ROWS:
+        warnings.warn(
+            f"holding out a fraction {fraction!r} of the {n} rows for validation leaves "
+            f"{len(held)}: a validation loss over so few rows is noisy, and it chooses the "
+            "weights returned and when early stopping ends the run; hold out a larger fraction "
+            "or pass validation data of your own", DataWarning, stacklevel=4,
+        )
 
     def take(r: Tensor) -> tuple[Tensor, Tensor | None]:
         return x[r], None if c is None else c[r]
