@@ -206,6 +206,7 @@ def test_resume_with_other_model_or_data_options_names_them_as_typed(tmp_path, c
          "line 3 has 3 fields, the lines before it 2"),
         ("header.csv", lambda p: p.write_text("a,b,c\n1,2\n"), "a header of 3 names and rows of 2"),
         ("blank.csv", lambda p: p.write_text("\n# nothing\n"), "is empty: it holds no rows"),
+        ("header-only.csv", lambda p: p.write_text("a,b\n"), "has a header but no rows"),
         ("nan.csv", lambda p: p.write_text("a,b\n1,2\n3,nan\n"),
          r"holds NaN or Inf values \(first at row 1, column 1\)"),
         ("renamed.npy", lambda p: p.write_text("a,b\n1,2\n"), "is not a numpy .npy file"),
@@ -454,3 +455,21 @@ def test_epochs_instead_of_steps_and_the_passes_a_run_covered(tmp_path, capsys):
         cli.main(["fit", "--data", "moons", "--epochs", "2", "--steps", "3",
                   "--out", str(tmp_path / "u")])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_csv_byte_order_marks_and_numbers_that_are_also_names(tmp_path):
+    """A byte-order mark (as spreadsheets write) made a headerless file's first row a header;
+    --context 0 took a column named "0" where numbers are positions, as for .npy (review 24)."""
+    from pathlib import Path
+
+    from flowkit.app.fit_data import load_file, read_csv
+
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf1,2,3\n4,5,6\n")
+    table, names = read_csv(path)
+    assert names is None and table.tolist() == [[1, 2, 3], [4, 5, 6]]
+    path.write_bytes(b"\xef\xbb\xbfa,0,1\n20,1,2\n50,3,4\n")
+    (x, c), features, context_features, labels = load_file(Path(path), None, ["0"])
+    assert c.ravel().tolist() == [20.0, 50.0] and labels == ["0", "1"]
+    (x, c), *_ = load_file(Path(path), None, ["a"])
+    assert c.ravel().tolist() == [20.0, 50.0]

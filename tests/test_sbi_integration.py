@@ -161,6 +161,12 @@ def test_misuse_is_named_in_sbis_terms():
     boxed = posterior_nn("maf", layers=2, hidden_features=(8,), bounds=([-1.0, -1.0], [1, 1]))
     with pytest.raises(ValueError, match="'bounds' should contain every simulated theta: "):
         boxed(theta, x)  # theta lies in [-3, 3]^2
+    # an open end (None), which the builders take: a TypeError before (review 24)
+    half = posterior_nn("maf", layers=2, hidden_features=(8,), bounds=([-5.0, None], [None, 5]))
+    half(theta, x)
+    with pytest.raises(ValueError, match="'bounds' should contain every simulated theta: "):
+        posterior_nn("maf", layers=2, hidden_features=(8,), bounds=([0.0, None], [None, None]))(
+            theta, x)
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, conte
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,8 @@ def load_file(
     _check_values(named, loaded, real=True)
     c = None
     if context is not None:
-        if names is not None and all(n in names for n in context):
+        numbers = all(c.lstrip("-").isdigit() for c in context)  # positions, as for .npy
+        if names is not None and not numbers and all(n in names for n in context):
             context = [str(names.index(n)) for n in context]
         loaded, c, kept = _split_context(loaded, arrays, context, key, path, names)
         names = None if names is None else [names[i] for i in kept]
@@ -105,13 +107,17 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
     fields = [field.strip().strip("\"'") for field in first.rstrip("\r\n").split(",")]
     header = not all(_is_number(field) for field in fields)
     try:
-        table = np.loadtxt(path, delimiter=",", comments="#", ndmin=2, dtype=np.float64,
-                           skiprows=number + 1 if header else 0, encoding="utf-8")
+        with warnings.catch_warnings():  # a header and no rows: said below, by name
+            warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
+            table = np.loadtxt(path, delimiter=",", comments="#", ndmin=2, dtype=np.float64,
+                               skiprows=number + 1 if header else 0, encoding="utf-8-sig")
     except ValueError:
         raise ValueError(
             f"'--data' '{path}' should hold numbers separated by commas (a header row of column "
             f"names may come first): {_first_bad_field(path, number + 1 if header else 0)}"
         ) from None
+    if header and table.shape[0] == 0:
+        raise ValueError(f"'--data' '{path}' has a header but no rows")
     if header and table.size and len(fields) != table.shape[1]:
         raise ValueError(f"'--data' '{path}' has a header of {len(fields)} names and rows of "
                          f"{table.shape[1]} values")
@@ -120,7 +126,7 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
 
 def _first_bad_field(path: Path, skip: int) -> str:
     """Where the first row of ``path`` (after ``skip`` lines) that is not all numbers is."""
-    with path.open(encoding="utf-8", errors="replace") as f:
+    with path.open(encoding="utf-8-sig", errors="replace") as f:
         width = None
         for number, line in enumerate(f, start=1):
             if number <= skip or not line.strip() or line.startswith("#"):
@@ -141,7 +147,7 @@ def _first_bad_field(path: Path, skip: int) -> str:
 def _first_line(path: Path) -> tuple[int, str]:
     """The 0-based number and the text of the first line of ``path`` that is neither blank nor
     a comment (``(0, "")`` for a file without one)."""
-    with path.open(encoding="utf-8", errors="replace") as f:
+    with path.open(encoding="utf-8-sig", errors="replace") as f:
         for number, line in enumerate(f):
             if line.strip() and not line.startswith("#"):
                 return number, line

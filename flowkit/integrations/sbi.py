@@ -66,7 +66,7 @@ except ImportError as e:  # pragma: no cover - exercised only without sbi
     ) from e
 
 from flowkit.flows import IAF, MAF, Flow
-from flowkit.transforms import set_from_data
+from flowkit.transforms import Logit, set_from_data
 from flowkit.validation import check_batch, check_batch_context, nonfinite_rows, reference
 
 __all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn"]
@@ -237,7 +237,7 @@ def _builder(
             **flow_kwargs,
         ).to(inputs.dtype)
         if flow_kwargs.get("bounds") is not None:  # checked by the flow's builder
-            _check_inside(names[0], inputs.reshape(len(inputs), -1), flow_kwargs["bounds"])
+            _check_inside(names[0], inputs.reshape(len(inputs), -1), flow)
         # The flow's Standardize modules (if standardize=True) from the whole batch.
         set_from_data(flow, [(inputs.reshape(len(inputs), -1),
                               conditions.reshape(len(conditions), -1))])
@@ -246,10 +246,12 @@ def _builder(
     return build
 
 
-def _check_inside(name: str, values: Tensor, bounds: Any) -> None:
+def _check_inside(name: str, values: Tensor, flow: Flow) -> None:
     """Refuse ``bounds=(low, high)`` that leave simulated rows outside (a density of zero there
-    gives a NaN loss, which sbi reports without saying why)."""
-    low, high = (torch.as_tensor(b, dtype=values.dtype) for b in bounds)
+    gives a NaN loss, which sbi reports without saying why): the flow's
+    :class:`~flowkit.transforms.Logit` holds them as built (open ends infinite)."""
+    box = next(m for m in flow.modules() if isinstance(m, Logit))
+    low, high = box.low.to(values.dtype), box.high.to(values.dtype)
     outside = ((values < low) | (values > high)).any(-1)
     if outside.any():
         row = int(outside.nonzero()[0])

@@ -93,37 +93,46 @@ def as_batch(
 
 def frames_as_arrays(name: str, value: Any) -> Any:
     """``value`` with a data frame, or each data frame of a pair ``(x, context)``, replaced by
-    the numpy array of its values, column by column (exact: the array numpy makes of those
-    columns, of integers if every column holds integers); anything else as it is.
+    the numpy array of its values, column by column in their order (exact: the array numpy
+    makes of those columns, of integers if every column holds integers); anything else as it
+    is.
 
-    A data frame is anything with ``to_numpy`` and ``columns`` (pandas, polars), or a pandas
-    ``Series`` (``to_numpy`` and ``dtype``), so a table is taken as users hold it; its columns
-    must hold numbers: one of strings, categories or missing values of a nullable type is
-    refused, named, rather than converted to Python objects."""
+    A data frame is anything with ``to_numpy`` and ``columns`` (pandas, polars); a pandas
+    ``Series`` (``to_numpy`` and ``dtype``) is one column, ``(N, 1)``. Its columns must hold
+    numbers: a column of text (or of anything numpy holds as Python objects) is refused, named;
+    missing values become NaN, which the checks of the data then refuse with their row."""
     if isinstance(value, tuple | list) and len(value) == 2:
         pair = frames_as_arrays(name, value[0]), frames_as_arrays(f"{name} context", value[1])
         changed = any(a is not b for a, b in zip(pair, value, strict=True))
         return (pair if isinstance(value, tuple) else list(pair)) if changed else value
     if isinstance(value, Tensor | np.ndarray) or not hasattr(value, "to_numpy"):
         return value
-    if hasattr(value, "columns"):
-        columns = {str(c): np.asarray(value[c].to_numpy()) for c in value.columns}
-    elif hasattr(value, "dtype"):
-        columns = {str(getattr(value, "name", None) or "values"): np.asarray(value.to_numpy())}
+    if hasattr(value, "columns"):  # by position: names may repeat, or differ only in type
+        columns = [(str(c), np.asarray(_column(value, j, c).to_numpy()))
+                   for j, c in enumerate(value.columns)]
+    elif hasattr(value, "dtype"):  # a Series: one column
+        columns = [(str(getattr(value, "name", None) or "values"), np.asarray(value.to_numpy()))]
     else:
         return value
-    not_numbers = [name for name, column in columns.items() if column.dtype.kind not in "biuf"]
+    not_numbers = [label for label, column in columns if column.dtype.kind not in "biuf"]
     if not_numbers:
         raise ValueError(
             f"'{name}' is a {type(value).__name__} whose columns {not_numbers} do not hold "
-            "numbers (text, categories, or missing values of a nullable type): encode or drop "
-            "them, and drop or fill the rows with missing values, before fitting"
+            "numbers (text, or values numpy holds as Python objects): encode or drop them "
+            "before fitting"
         )
-    if not hasattr(value, "columns"):
-        return next(iter(columns.values()))
     if not columns:
         return np.empty((len(value), 0))
-    return np.column_stack(list(columns.values()))
+    return np.column_stack([column for _, column in columns])
+
+
+def _column(frame: Any, j: int, label: Any) -> Any:
+    """Column ``j`` of a data frame, by position: pandas' ``iloc``, polars' ``to_series``."""
+    if hasattr(frame, "iloc"):
+        return frame.iloc[:, j]
+    if hasattr(frame, "to_series"):
+        return frame.to_series(j)
+    return frame[label]
 
 
 def split_pair(name: str, value: Any) -> tuple[Any, Any]:
@@ -166,7 +175,7 @@ def load_arrays(
     the model would see them coarsely rounded, before its standardization could help. With
     ``density=True`` (training data of a continuous density, a :class:`~flowkit.Flow`), also
     warns (:class:`DataWarning`) when a column of ``x`` is constant or takes few distinct values
-    (:func:`warn_if_degenerate`), or when many rows repeat others (:func:`warn_if_duplicated`)."""
+    (:func:`warn_if_degenerate`)."""
     x, c = split_pair(name, value)
     raw = readable(name, x), None if c is None else readable(f"{name} context", c)
     rounded = []  # (a loop, not a comprehension: the warnings' stack level counts frames)
@@ -177,7 +186,6 @@ def load_arrays(
     check_finite(name, x, c, given=raw)
     if density:
         warn_if_degenerate(name, x, skip=rounded[0])  # columns the cast made constant: warned
-        warn_if_duplicated(name, x, c)
     return x, c
 
 
@@ -340,10 +348,13 @@ def equal_row_groups(x: Tensor, context: Tensor | None = None) -> Tensor | None:
     rows, ``(N,)`` on the CPU; ``None`` when every row is distinct. Rows are compared by their
     bytes (one sort of the rows, about 0.4 s for 10^6 rows of 10 columns)."""
     parts = [x.flatten(1)] + ([] if context is None else [context.to(x.dtype)])
-    rows = np.ascontiguousarray(torch.cat(parts, 1).detach().cpu().numpy())
-    if rows.shape[0] < 2:
+    if x.shape[0] < 2:
         return None
-    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    # the bytes of each row (+ 0.0 makes -0.0 into 0.0, equal by ==), as numpy sees uint8: it
+    # has no bfloat16
+    table = (torch.cat(parts, 1).detach() + 0.0).contiguous().cpu()
+    rows = table.view(torch.uint8).numpy().reshape(table.shape[0], -1)
+    keys = rows.view(np.dtype((np.void, rows.shape[1]))).ravel()
     _, groups = np.unique(keys, return_inverse=True)
     return None if groups.max() + 1 == len(groups) else torch.from_numpy(groups.ravel())
 

@@ -28,6 +28,7 @@ from .arrays import (
     frames_as_arrays,
     load_arrays,
     split_rows,
+    warn_if_duplicated,
 )
 from .held_out import held_out_loss
 from .history import History
@@ -311,13 +312,16 @@ def _make_source(
                                s.device, dtype)
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
-        arrays = load_arrays("data", data, s.device, dtype,
-                             density=data_warnings and isinstance(model, Flow))
+        density = isinstance(model, Flow)  # a density of real values: no mass on points
+        arrays = load_arrays("data", data, s.device, dtype, density=density and data_warnings)
+        groups = None  # of equal rows, from one sort of the rows
+        if density and data_warnings:
+            groups = warn_if_duplicated("data", *arrays, stacklevel=5)
+        elif density and holdout is not None:
+            groups = equal_row_groups(*arrays)
         check_first_batch(model, *arrays, batch=False)
         held_out = None
-        if holdout is not None:
-            # a flow's validation rows without copies among its training rows
-            groups = equal_row_groups(*arrays) if isinstance(model, Flow) else None
+        if holdout is not None:  # a flow's validation rows without copies among its training rows
             arrays, held_out = _hold_out(arrays, holdout, s.seed, groups)
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0])

@@ -156,8 +156,8 @@ def outside_support(
         listed = f" ({'row' if count == 1 else 'rows'} {', '.join(map(str, rows))}{more})"
     return (
         *where, f" holds {count} row(s){listed} that the model gives log-density -inf: points "
-        "outside its support (a flow built with 'bounds' is zero outside its box), so the loss "
-        "is infinite. Keep the data inside the box, or widen it.",
+        "outside its support (a flow built with 'bounds' is zero outside them), so the loss "
+        "is infinite. Keep the data inside the bounds, or widen them.",
     )
 
 
