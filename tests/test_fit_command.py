@@ -473,3 +473,27 @@ def test_csv_byte_order_marks_and_numbers_that_are_also_names(tmp_path):
     assert c.ravel().tolist() == [20.0, 50.0] and labels == ["0", "1"]
     (x, c), *_ = load_file(Path(path), None, ["a"])
     assert c.ravel().tolist() == [20.0, 50.0]
+
+
+def test_bounds_of_columns_by_name_or_number(tmp_path, capsys):
+    """--bounds COL=LOW:HIGH: a positive column and a box from the command line, as the
+    builders' bounds= (the CLI could not say that a column is positive)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "t.csv"
+    rows = np.column_stack([rng.uniform(20, 70, 80), np.exp(rng.normal(10, 0.5, 80)),
+                            rng.normal(size=80)])
+    path.write_text("age,income,z\n" + "\n".join(",".join(map(repr, r)) for r in rows) + "\n")
+    out = tmp_path / "b"
+    assert cli.main(["fit", "--data", str(path), "--bounds", "income=0:", "0=18:90", *FAST,
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+    flow = flowkit.load_model(out / "checkpoint.pt")
+    assert flow.config["kwargs"]["bounds"] == [[18.0, 0.0, None], [90.0, None, None]]
+    samples = flow.sample(500)
+    assert (samples[:, 1] > 0).all() and ((samples[:, 0] > 18) & (samples[:, 0] < 90)).all()
+    for spec, message in (("weight=0:", r"the column should be a number in \[0, 3\) or one of "
+                                        r"\['age', 'income', 'z'\]"),
+                          ("income=a:", "LOW and HIGH should be numbers or empty"),
+                          ("income", r"takes COL=LOW:HIGH")):
+        assert cli.main(["fit", "--data", str(path), "--bounds", spec, *FAST,
+                         "--out", str(tmp_path / "x")]) == 2
+        assert re.search(message, capsys.readouterr().err)

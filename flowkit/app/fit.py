@@ -34,6 +34,7 @@ examples:
   flowkit fit --data table.npz --key x --context y --transformer spline --out runs/conditional
   flowkit fit --data table.npy --context 0 --out runs/columns
   flowkit fit --data table.csv --context age --transformer spline --out runs/csv
+  flowkit fit --data table.csv --bounds income=0: share=0:1 --transformer spline --out runs/b
   flowkit fit --data moons --steps 500 --hidden 16 --threads 1 --out runs/small
   torchrun --standalone --nproc_per_node 2 -m flowkit fit --data moons --out runs/moons-2p
 """
@@ -159,6 +160,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="elementwise map of each layer (default: %(default)s)",
     )
     model.add_argument("--batch-norm", action="store_true", help="batch norm between layers")
+    model.add_argument(
+        "--bounds",
+        nargs="+",
+        default=None,
+        metavar="COL=LOW:HIGH",
+        help="the range of some modelled columns: COL a CSV header's name or the column's "
+        "number among the modelled ones, LOW or HIGH empty where the range is open (e.g. "
+        "--bounds income=0: share=0:1); the flow then has no mass outside and samples inside "
+        "(flowkit.MAF's bounds=). Default: every column on the whole real line",
+    )
     standardization = model.add_mutually_exclusive_group()
     standardization.add_argument(
         "--standardize",
@@ -237,7 +248,7 @@ RUN_OPTIONS = {
     "valid_fraction": "--valid-fraction", "flow": "--flow", "layers": "--layers",
     "hidden": "--hidden", "transformer": "--transformer", "batch_norm": "--batch-norm",
     "standardize": "--standardize", "no_standardize": "--no-standardize", "seed": "--seed",
-    "batch_size": "--batch-size",
+    "batch_size": "--batch-size", "bounds": "--bounds",
 }
 """The options that define a run's model and data, as typed: a ``--resume`` must repeat them
 (the training options, ``--lr`` and ``--steps`` among them, may change)."""
@@ -354,6 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             transformer=args.transformer,
             batch_norm=args.batch_norm,
             standardize=_standardize(args),
+            bounds=_bounds(args.bounds, features, labels),
             seed=args.seed,
         )
         history = fit(
@@ -445,6 +457,37 @@ def _standardize(args: argparse.Namespace) -> bool | str:
     if args.no_standardize:
         return False
     return True if args.standardize is None else args.standardize
+
+
+def _bounds(
+    specs: list[str] | None, features: int, labels: list[str] | None
+) -> tuple[list[float | None], list[float | None]] | None:
+    """The builders' ``bounds=(low, high)`` for ``--bounds COL=LOW:HIGH ...`` (``None`` for an
+    open end and for the columns not named), or ``None`` without the option."""
+    if specs is None:
+        return None
+    low: list[float | None] = [None] * features
+    high: list[float | None] = [None] * features
+    for spec in specs:
+        column, _, interval = spec.partition("=")
+        ends = interval.split(":")
+        if not column or len(ends) != 2:
+            raise ValueError(f"'--bounds' takes COL=LOW:HIGH (LOW or HIGH may be empty), got "
+                             f"{spec!r}")
+        if labels is not None and column in labels:
+            j = labels.index(column)
+        elif column.isdigit() and int(column) < features:
+            j = int(column)
+        else:
+            named = "" if labels is None else f" or one of {labels}"
+            raise ValueError(f"'--bounds' {spec!r}: the column should be a number in "
+                             f"[0, {features}){named}")
+        try:
+            low[j], high[j] = (float(end) if end.strip() else None for end in ends)
+        except ValueError:
+            raise ValueError(f"'--bounds' {spec!r}: LOW and HIGH should be numbers or "
+                             "empty") from None
+    return low, high
 
 
 def number_or_off(text: str) -> float | None:
