@@ -482,7 +482,8 @@ def test_bounds_of_columns_by_name_or_number(tmp_path, capsys):
     path = tmp_path / "t.csv"
     rows = np.column_stack([rng.uniform(20, 70, 80), np.exp(rng.normal(10, 0.5, 80)),
                             rng.normal(size=80)])
-    path.write_text("age,income,z\n" + "\n".join(",".join(map(repr, r)) for r in rows) + "\n")
+    path.write_text("age,income,z\n" + "\n".join(",".join(map(str, r.tolist())) for r in rows)
+                    + "\n")
     out = tmp_path / "b"
     assert cli.main(["fit", "--data", str(path), "--bounds", "income=0:", "0=18:90", *FAST,
                      "--out", str(out)]) == 0, capsys.readouterr().err
