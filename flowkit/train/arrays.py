@@ -403,16 +403,18 @@ def split_rows(
     key = first[groups]
     by_group = (key * n + position).argsort()  # group by group, in the permutation's order
     starts = torch.cat([torch.tensor([0]), (key[by_group].diff() != 0).nonzero().flatten() + 1])
-    sizes = torch.diff(starts, append=torch.tensor([n])).tolist()
-    taken, held = [], 0
-    for start, size in zip(starts.tolist(), sizes, strict=True):
-        if held + size <= k:
+    sizes = torch.diff(starts, append=torch.tensor([n]))
+    fitting = int((sizes.cumsum(0) <= k).sum())  # the first groups, which all fit: at once
+    held = int(sizes[:fitting].sum())
+    taken = [by_group[:held]]
+    for start, size in zip(starts[fitting:].tolist(), sizes[fitting:].tolist(), strict=True):
+        if held == k:
+            break
+        if held + size <= k:  # a later group that still fits, after one that did not
             taken.append(by_group[start : start + size])
             held += size
-            if held == k:
-                break
-    if not taken:
-        taken = [by_group[: sizes[0]]]
+    if held == 0:
+        taken = [by_group[: int(sizes[0])]]
     held_rows = torch.cat(taken)
     kept = torch.ones(n, dtype=torch.bool)
     kept[held_rows] = False
