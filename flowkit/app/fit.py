@@ -474,10 +474,10 @@ def _bounds(
         if not column or len(ends) != 2:
             raise ValueError(f"'--bounds' takes COL=LOW:HIGH (LOW or HIGH may be empty), got "
                              f"{spec!r}")
-        if labels is not None and column in labels:
-            j = labels.index(column)
-        elif column.isdigit() and int(column) < features:
+        if column.isdigit() and int(column) < features:  # a number is a position, as in --context
             j = int(column)
+        elif labels is not None and column in labels:
+            j = labels.index(column)
         else:
             named = "" if labels is None else f" or one of {labels}"
             raise ValueError(f"'--bounds' {spec!r}: the column should be a number in "
