@@ -628,3 +628,21 @@ def test_one_affine_feature_without_context_warns_that_it_is_a_gaussian(builder,
     builder(1, bounds=([0.0], [1.0]))
     builder(2)
     assert not [w for w in recwarn if "is a Gaussian" in str(w.message)]
+
+
+def test_rows_on_a_bound_warn_and_rows_outside_name_their_column():
+    """A zero on bounds from 0 is scored 1e-38 inside (review 25: 10% zero incomes gave a
+    validation NLL of 8.2 where the positive rows scored 18.5 against 14.9 without them);
+    a row outside was named without its column or value."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.stack([torch.randn(400, generator=g), torch.randn(400, generator=g).exp()], -1)
+    x[:40, 1] = 0.0
+    flow = MAF(2, layers=1, hidden_features=(8,), bounds=([None, 0.0], [None, None]))
+    with pytest.warns(flowkit.train.DataWarning, match=r"'data' has 40 of its 400 rows exactly "
+                      r"on a bound \(column 1 = 0, for one\)") as w:
+        flowkit.fit(flow, x, steps=1, progress=False)
+    assert w[0].filename == __file__
+    x[7, 1] = -2.0
+    with pytest.raises(ValueError, match=r"\(row 7\).*The first of them has column 1 = -2, "
+                                         r"outside \[0, inf\]"):
+        flowkit.fit(flow, x, steps=1, progress=False)

@@ -19,9 +19,10 @@ import torch
 from torch import Tensor, nn
 
 from ..nn.modes import evaluating
+from ..transforms.bounded import Logit
 from ..transforms.standardize import set_from_data, standardizations_to_set
 from ..validation import ArgumentError, Mention
-from .arrays import check_finite, check_pair_shapes
+from .arrays import DataWarning, check_finite, check_pair_shapes
 from .objectives import is_bounded, log_prob, outside_support, rows_outside
 from .sources import LoaderSource, SamplerSource, TensorSource
 
@@ -115,8 +116,51 @@ def check_first_batch(
         raise ValueError(f"model.log_prob should return shape (N,), got {got} for N=2")
     if not batch and is_bounded(model):
         count, rows = rows_outside(model, chunks(x, context))
+        box = input_bounds(model)
         if count:
-            raise ArgumentError(name, *outside_support((Mention(name),), count, rows))
+            where = "" if box is None else _first_outside(x[rows[0]], box)
+            raise ArgumentError(name, *outside_support((Mention(name),), count, rows), where)
+        if box is not None:
+            warn_if_on_bounds(name, x, box)
+
+
+def input_bounds(model: nn.Module) -> Logit | None:
+    """The :class:`~flowkit.transforms.Logit` that reads ``model``'s data as given (the first
+    transform of a flow built with ``bounds``), or None."""
+    transforms = getattr(getattr(model, "transform", None), "transforms", None)
+    first = transforms[0] if transforms else None
+    return first if isinstance(first, Logit) else None
+
+
+def _first_outside(row: Tensor, box: Logit) -> str:
+    """Where ``row`` leaves ``box``: its first column outside, with the value and the bounds."""
+    low, high = box.low.to(row.dtype), box.high.to(row.dtype)
+    j = int(((row < low) | (row > high)).nonzero()[0])
+    return (f" The first of them has column {j} = {row[j].item():.6g}, outside "
+            f"[{low[j].item():.6g}, {high[j].item():.6g}].")
+
+
+def warn_if_on_bounds(name: str, x: Tensor, box: Logit, stacklevel: int = 5) -> None:
+    """Warn if rows of ``x`` lie exactly on a finite bound of ``box``: an open interval has no
+    mass on its ends, and such a row is scored one rounding step inside, where the interval's
+    map (a logit, or the log of the distance to the end) is extreme (``log`` of 1e-38 for a
+    float32 end at 0), which also skews the standardization after it (review 25: 10% zero
+    incomes on ``bounds`` from 0 gave a validation NLL of 8.2 where the positive rows scored
+    18.5 against 14.9 without them)."""
+    low, high = box.low.to(x.dtype), box.high.to(x.dtype)
+    on = (x == low) | (x == high)
+    if not on.any():
+        return
+    rows = on.any(1)
+    j = int(on.any(0).nonzero()[0])
+    value = x[on[:, j].nonzero()[0, 0], j].item()
+    warnings.warn(
+        f"'{name}' has {int(rows.sum())} of its {x.shape[0]} rows exactly on a bound (column "
+        f"{j} = {value:.6g}, for one): a density on the open interval has no mass there, and "
+        "such a row is scored one rounding step inside, where the log-density is extreme; "
+        "move the bound past the data (a little below the smallest value), or model the values "
+        "on the bound apart (a point mass)", DataWarning, stacklevel=stacklevel,
+    )
 
 
 def check_first_batch_and_standardize(
