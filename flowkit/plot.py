@@ -242,10 +242,11 @@ def pairs_figure(
     it is written above its histogram when there are any.
 
     Args:
-        data: ``(N, D)`` rows of the data.
+        data: ``(N, D)`` rows of the data (an array, a tensor or a data frame).
         samples: ``(M, D)`` samples of the model, in the data's units.
         features: the features to show, in order (default: the first ``min(D, 6)``).
-        labels: a name for each of the ``D`` features (default: ``x0, x1, ...``).
+        labels: a name for each of the ``D`` features (default: a data frame's column names,
+            else ``x0, x1, ...``).
         title: figure title.
         bins: histogram bins on the diagonal.
         size: side of one panel in inches.
@@ -258,6 +259,8 @@ def pairs_figure(
         >>> len(fig.axes)  # 3 x 3 panels
         9
     """
+    if labels is None and hasattr(data, "columns"):  # a data frame: its column names
+        labels = [str(c) for c in data.columns]
     x, y = _numpy(data), _numpy(samples)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"'data' should have shape (N, D) with N, D >= 1, got {x.shape}")
@@ -296,10 +299,11 @@ def pairs_figure(
                 continue
             if col == row:
                 edges = np.linspace(low[i], high[i], bins + 1)
-                ax.hist(x[:, i], bins=edges, density=True, histtype="stepfilled",
-                        color=DATA_COLOR, alpha=0.6)
-                ax.hist(y[:, i], bins=edges, density=True, histtype="step", color=SAMPLE_COLOR,
-                        lw=1.2)
+                with np.errstate(invalid="ignore", divide="ignore"):  # no values in range
+                    ax.hist(x[:, i], bins=edges, density=True, histtype="stepfilled",
+                            color=DATA_COLOR, alpha=0.6)
+                    ax.hist(y[:, i], bins=edges, density=True, histtype="step",
+                            color=SAMPLE_COLOR, lw=1.2)
                 outside = np.mean((y[:, i] < low[i]) | (y[:, i] > high[i]) | ~np.isfinite(y[:, i]))
                 if outside > 0:
                     ax.set_title(f"{outside:.1%} of samples outside", fontsize=7)

@@ -207,6 +207,12 @@ def test_resume_with_other_model_or_data_options_names_them_as_typed(tmp_path, c
         ("header.csv", lambda p: p.write_text("a,b,c\n1,2\n"), "a header of 3 names and rows of 2"),
         ("blank.csv", lambda p: p.write_text("\n# nothing\n"), "is empty: it holds no rows"),
         ("header-only.csv", lambda p: p.write_text("a,b\n"), "has a header but no rows"),
+        ("index.csv", lambda p: p.write_text(",a,b\n0,1,2\n"),
+         r"the header names no column 0 \(pandas' to_csv writes the frame's index"),
+        ("twice.csv", lambda p: p.write_text("a,a\n1,2\n"),
+         r"the header names several columns \['a'\]"),
+        ("gap-first.csv", lambda p: p.write_text("1,,3\n4,5,6\n"),
+         r"line 1, field 2 is empty"),
         ("nan.csv", lambda p: p.write_text("a,b\n1,2\n3,nan\n"),
          r"holds NaN or Inf values \(first at row 1, column 1\)"),
         ("renamed.npy", lambda p: p.write_text("a,b\n1,2\n"), "is not a numpy .npy file"),
@@ -469,8 +475,8 @@ def test_csv_byte_order_marks_and_numbers_that_are_also_names(tmp_path):
     table, names = read_csv(path)
     assert names is None and table.tolist() == [[1, 2, 3], [4, 5, 6]]
     path.write_bytes(b"\xef\xbb\xbfa,0,1\n20,1,2\n50,3,4\n")
-    (x, c), features, context_features, labels = load_file(Path(path), None, ["0"])
-    assert c.ravel().tolist() == [20.0, 50.0] and labels == ["0", "1"]
+    (x, c), positions, context_features, labels = load_file(Path(path), None, ["0"])
+    assert c.ravel().tolist() == [20.0, 50.0] and labels == ["0", "1"] and positions == [1, 2]
     (x, c), *_ = load_file(Path(path), None, ["a"])
     assert c.ravel().tolist() == [20.0, 50.0]
 
@@ -491,10 +497,33 @@ def test_bounds_of_columns_by_name_or_number(tmp_path, capsys):
     assert flow.config["kwargs"]["bounds"] == [[18.0, 0.0, None], [90.0, None, None]]
     samples = flow.sample(500)
     assert (samples[:, 1] > 0).all() and ((samples[:, 0] > 18) & (samples[:, 0] < 90)).all()
-    for spec, message in (("weight=0:", r"the column should be a number in \[0, 3\) or one of "
-                                        r"\['age', 'income', 'z'\]"),
-                          ("income=a:", "LOW and HIGH should be numbers or empty"),
-                          ("income", r"takes COL=LOW:HIGH")):
-        assert cli.main(["fit", "--data", str(path), "--bounds", spec, *FAST,
+    for specs, message in ((["weight=0:"], r"the column should be one of the modelled columns, "
+                                           r"by position \[0, 1, 2\] or one of \['age', "),
+                           (["income=a:"], "LOW and HIGH should be numbers or empty"),
+                           (["income"], r"takes COL=LOW:HIGH"),
+                           (["1=0:", "income=1:"], r"'--bounds' names column 'income' twice")):
+        assert cli.main(["fit", "--data", str(path), "--bounds", *specs, *FAST,
                          "--out", str(tmp_path / "x")]) == 2
         assert re.search(message, capsys.readouterr().err)
+    # numbers are positions in the file, as in --context (review 25: they counted the modelled
+    # columns, so --context 0 --bounds 1=0: bounded the wrong one)
+    out = tmp_path / "c"
+    assert cli.main(["fit", "--data", str(path), "--context", "0", "--bounds", "1=0:", *FAST,
+                     "--out", str(out)]) == 0
+    assert flowkit.load_model(out / "checkpoint.pt").config["kwargs"]["bounds"] == [
+        [0.0, None], [None, None]]
+    assert cli.main(["fit", "--data", str(path), "--context", "0", "--bounds", "0=18:", *FAST,
+                     "--out", str(tmp_path / "d")]) == 2
+    assert "(not a --context one)" in capsys.readouterr().err
+
+
+def test_a_commented_header_as_numpy_writes_it_names_the_columns(tmp_path):
+    """np.savetxt(..., header="a,b") writes '# a,b': the names were lost (review 25)."""
+    from flowkit.app.fit_data import read_csv
+
+    path = tmp_path / "saved.csv"
+    np.savetxt(path, np.arange(6.0).reshape(3, 2), delimiter=",", header="age,income")
+    table, names = read_csv(path)
+    assert names == ["age", "income"] and table.shape == (3, 2)
+    path.write_text("# written by a script\n1,2\n")  # one field above two: not a header
+    assert read_csv(path)[1] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -287,3 +288,15 @@ def test_grid_log_density_refuses_the_flow_itself():
                                         r"such as flow.log_prob; got the Flow itself"):
         grid_log_density(flow, BOX, 4)
     assert grid_log_density(flow.log_prob, BOX, 4).shape == (4, 4)
+
+
+def test_pairs_figure_names_a_data_frames_columns_and_stays_quiet_without_samples_in_range():
+    """A frame's column names label the panels; samples all outside the data's range drew a
+    numpy RuntimeWarning from an empty density histogram (review 25)."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"age": np.linspace(20, 70, 50), "income": np.linspace(1, 2, 50)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fig = pairs_figure(frame, np.full((40, 2), 1e6))
+    assert [ax.get_xlabel() for ax in fig.axes[2:]] == ["age", "income"]
+    assert fig.axes[0].get_title() == "100.0% of samples outside"

@@ -166,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="COL=LOW:HIGH",
         help="the range of some modelled columns: COL a CSV header's name or the column's "
-        "number among the modelled ones, LOW or HIGH empty where the range is open (e.g. "
+        "position in the file (as in --context), LOW or HIGH empty where the range is open (e.g. "
         "--bounds income=0: share=0:1); the flow then has no mass outside and samples inside "
         "(flowkit.MAF's bounds=). Default: every column on the whole real line",
     )
@@ -321,7 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.batch_size is None:
             args.batch_size = default_batch_size(None)  # fresh samples: fit's 256
         shown = valid  # the rows the samples are plotted over
-        context_features, labels = 0, None
+        context_features, labels, positions = 0, None, list(range(features))
     else:
         if args.valid_size is not None:
             raise ValueError(
@@ -334,9 +334,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(
                 f"'--valid-fraction' should be in [0, 1), got {args.valid_fraction}"
             )
-        data, features, context_features, labels = load_file(
+        data, positions, context_features, labels = load_file(
             Path(args.data), args.key, args.context
         )
+        features = len(positions)
         valid = args.valid_fraction or None  # fit holds out that share of the rows
         shown = data
         # fit chooses the default batch size from the rows it trains on (valid=<fraction>
@@ -365,7 +366,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             transformer=args.transformer,
             batch_norm=args.batch_norm,
             standardize=_standardize(args),
-            bounds=_bounds(args.bounds, features, labels),
+            bounds=_bounds(args.bounds, positions, labels),
             seed=args.seed,
         )
         history = fit(
@@ -460,28 +461,35 @@ def _standardize(args: argparse.Namespace) -> bool | str:
 
 
 def _bounds(
-    specs: list[str] | None, features: int, labels: list[str] | None
+    specs: list[str] | None, positions: list[int], labels: list[str] | None
 ) -> tuple[list[float | None], list[float | None]] | None:
     """The builders' ``bounds=(low, high)`` for ``--bounds COL=LOW:HIGH ...`` (``None`` for an
-    open end and for the columns not named), or ``None`` without the option."""
+    open end and for the columns not named), or ``None`` without the option. ``COL`` is a
+    column's position in the file (as in ``--context``), or its name; ``positions`` are those
+    of the modelled columns, ``labels`` their names."""
     if specs is None:
         return None
+    features = len(positions)
     low: list[float | None] = [None] * features
     high: list[float | None] = [None] * features
+    given: set[int] = set()
     for spec in specs:
         column, _, interval = spec.partition("=")
         ends = interval.split(":")
         if not column or len(ends) != 2:
             raise ValueError(f"'--bounds' takes COL=LOW:HIGH (LOW or HIGH may be empty), got "
                              f"{spec!r}")
-        if column.isdigit() and int(column) < features:  # a number is a position, as in --context
-            j = int(column)
+        if column.isdigit() and int(column) in positions:  # a position, as in --context
+            j = positions.index(int(column))
         elif labels is not None and column in labels:
             j = labels.index(column)
         else:
-            named = "" if labels is None else f" or one of {labels}"
-            raise ValueError(f"'--bounds' {spec!r}: the column should be a number in "
-                             f"[0, {features}){named}")
+            names = "" if labels is None else f" or one of {labels}"
+            raise ValueError(f"'--bounds' {spec!r}: the column should be one of the modelled "
+                             f"columns, by position {positions}{names} (not a --context one)")
+        if j in given:
+            raise ValueError(f"'--bounds' names column {column!r} twice")
+        given.add(j)
         try:
             low[j], high[j] = (float(end) if end.strip() else None for end in ends)
         except ValueError:

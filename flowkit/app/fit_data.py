@@ -36,10 +36,11 @@ def load_toy(name: str, valid_size: int, seed: int) -> tuple[Any, torch.Tensor, 
 
 def load_file(
     path: Path, key: str | None, context: list[str] | None
-) -> tuple[Any, int, int, list[str] | None]:
-    """The data of a file (``x`` or ``(x, context)``), ``D``, ``C``, and the names of the ``D``
-    modelled columns (a CSV file's header; ``None`` for numpy files and CSV files without
-    one)."""
+) -> tuple[Any, list[int], int, list[str] | None]:
+    """The data of a file (``x`` or ``(x, context)``); the positions in the file of the ``D``
+    modelled columns (the columns of the array that ``--context`` columns did not take); ``C``;
+    and the names of the modelled columns (a CSV file's header; ``None`` for numpy files and
+    CSV files without one)."""
     suffix = path.suffix.lower()
     if not path.is_file():
         from flowkit.data import TOY_DATASETS
@@ -85,7 +86,7 @@ def load_file(
     if 0 in loaded.shape:
         raise ValueError(f"{named} is empty: shape {loaded.shape}")
     _check_values(named, loaded, real=True)
-    c = None
+    c, kept = None, list(range(loaded.shape[1]))
     if context is not None:
         numbers = all(c.lstrip("-").isdigit() for c in context)  # positions, as for .npy
         if names is not None and not numbers and all(n in names for n in context):
@@ -93,19 +94,33 @@ def load_file(
         loaded, c, kept = _split_context(loaded, arrays, context, key, path, names)
         names = None if names is None else [names[i] for i in kept]
     data = loaded if c is None else (loaded, c)
-    return data, loaded.shape[1], 0 if c is None else c.shape[1], names
+    return data, kept, 0 if c is None else c.shape[1], names
 
 
 def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
     """The ``(N, D)`` float64 table of a CSV file (numbers separated by commas; blank lines and
     lines starting with ``#`` skipped) and its column names: the first line is a header when
-    one of its fields is not a number. A field that is not a number (an empty one included) is
-    an error naming its line and column."""
-    number, first = _first_line(path)
+    one of its fields is neither a number nor empty, or else the comment line just above it
+    when that holds as many names (``np.savetxt(..., header="a,b")`` writes ``# a,b``). A field
+    that is not a number (an empty one included) is an error naming its line and column; so
+    are empty or repeated names (pandas' ``to_csv`` writes its index as a first, unnamed
+    column)."""
+    number, first, comment = _first_line(path)
     if not first:
         raise ValueError(f"'--data' '{path}' is empty: it holds no rows")
-    fields = [field.strip().strip("\"'") for field in first.rstrip("\r\n").split(",")]
-    header = not all(_is_number(field) for field in fields)
+
+    def fields_of(line: str) -> list[str]:
+        return [field.strip().strip("\"'") for field in line.rstrip("\r\n").split(",")]
+
+    fields = fields_of(first)
+    header = any(field and not _is_number(field) for field in fields)
+    names = fields if header else None
+    if not header and comment is not None:
+        above = fields_of(comment.lstrip("#"))
+        if len(above) == len(fields) and not any(_is_number(name) for name in above):
+            names = above
+    if names is not None:
+        _check_names(path, names)
     try:
         with warnings.catch_warnings():  # a header and no rows: said below, by name
             warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
@@ -118,10 +133,22 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
         ) from None
     if header and table.shape[0] == 0:
         raise ValueError(f"'--data' '{path}' has a header but no rows")
-    if header and table.size and len(fields) != table.shape[1]:
-        raise ValueError(f"'--data' '{path}' has a header of {len(fields)} names and rows of "
+    if names is not None and table.size and len(names) != table.shape[1]:
+        raise ValueError(f"'--data' '{path}' has a header of {len(names)} names and rows of "
                          f"{table.shape[1]} values")
-    return table, fields if header else None
+    return table, names
+
+
+def _check_names(path: Path, names: list[str]) -> None:
+    """Refuse a header with an empty or a repeated name, naming the column."""
+    if "" in names:
+        j = names.index("")
+        index = (" (pandas' to_csv writes the frame's index as an unnamed first column: write "
+                 "it with index=False)" if j == 0 else "")
+        raise ValueError(f"'--data' '{path}': the header names no column {j}{index}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"'--data' '{path}': the header names several columns {repeated}")
 
 
 def _first_bad_field(path: Path, skip: int) -> str:
@@ -144,14 +171,20 @@ def _first_bad_field(path: Path, skip: int) -> str:
     return "numpy could not read it as such"
 
 
-def _first_line(path: Path) -> tuple[int, str]:
+def _first_line(path: Path) -> tuple[int, str, str | None]:
     """The 0-based number and the text of the first line of ``path`` that is neither blank nor
-    a comment (``(0, "")`` for a file without one)."""
+    a comment (``(0, "", None)`` for a file without one), and the comment line just above it,
+    if any."""
+    comment = None
     with path.open(encoding="utf-8-sig", errors="replace") as f:
         for number, line in enumerate(f):
-            if line.strip() and not line.startswith("#"):
-                return number, line
-    return 0, ""
+            if line.startswith("#"):
+                comment = line
+            elif line.strip():
+                return number, line, comment
+            else:
+                comment = None
+    return 0, "", None
 
 
 def _is_number(text: str) -> bool:
