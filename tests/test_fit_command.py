@@ -209,6 +209,8 @@ def test_resume_with_other_model_or_data_options_names_them_as_typed(tmp_path, c
         ("header-only.csv", lambda p: p.write_text("a,b\n"), "has a header but no rows"),
         ("index.csv", lambda p: p.write_text(",a,b\n0,1,2\n"),
          r"the header names no column 0 \(pandas' to_csv writes the frame's index"),
+        ("semicolons.csv", lambda p: p.write_text("1;2\n3;4\n"),
+         r"seems separated by ';' \(line 1\): only commas are read"),
         ("twice.csv", lambda p: p.write_text("a,a\n1,2\n"),
          r"the header names several columns \['a'\]"),
         ("gap-first.csv", lambda p: p.write_text("1,,3\n4,5,6\n"),

@@ -113,6 +113,10 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
         return [field.strip().strip("\"'") for field in line.rstrip("\r\n").split(",")]
 
     fields = fields_of(first)
+    other = next((sep for sep in (";", "\t", "|") if sep in first), None)
+    if len(fields) == 1 and other is not None:
+        raise ValueError(f"'--data' '{path}' seems separated by {other!r} (line {number + 1}): "
+                         "only commas are read")
     header = any(field and not _is_number(field) for field in fields)
     names = fields if header else None
     if not header and comment is not None:
@@ -167,7 +171,10 @@ def _first_bad_field(path: Path, skip: int) -> str:
                     return (f"line {number}, field {column} is empty (a missing value: drop or "
                             "fill such rows first)")
                 if not _is_number(field):
-                    return f"line {number}, field {column} is {field.strip()!r}"
+                    other = next((sep for sep in (";", "\t", "|") if sep in field), None)
+                    hint = ("" if other is None else
+                            f" (the file seems separated by {other!r}: only commas are read)")
+                    return f"line {number}, field {column} is {field.strip()!r}{hint}"
     return "numpy could not read it as such"
 
 
