@@ -529,3 +529,22 @@ def test_a_commented_header_as_numpy_writes_it_names_the_columns(tmp_path):
     assert names == ["age", "income"] and table.shape == (3, 2)
     path.write_text("# written by a script\n1,2\n")  # one field above two: not a header
     assert read_csv(path)[1] is None
+
+
+def test_resume_takes_the_same_bounds_spelled_another_way(tmp_path, capsys):
+    """--resume compared --bounds as typed: 'income=0:' against '1=0.0:' was refused
+    (review 25); now the bounds themselves are recorded and compared."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "t.csv"
+    rows = np.column_stack([rng.uniform(20, 70, 60), np.exp(rng.normal(10, 0.5, 60))])
+    path.write_text("age,income\n" + "\n".join(",".join(map(str, r.tolist())) for r in rows)
+                    + "\n")
+    out = str(tmp_path / "r")
+    fast = [a for a in FAST if a not in ("--steps", "3")]
+    base = ["fit", "--data", str(path), "--lr-schedule", "none", "--checkpoint-every", "2",
+            *fast, "--out", out]
+    assert cli.main([*base, "--steps", "2", "--bounds", "income=0:"]) == 0
+    assert cli.main([*base, "--steps", "4", "--bounds", "1=0.0:", "--resume"]) == 0, (
+        capsys.readouterr().err)
+    assert cli.main([*base, "--steps", "6", "--bounds", "1=1:", "--resume"]) == 2
+    assert "these differ: --bounds" in capsys.readouterr().err

@@ -354,6 +354,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.batch_size = rows
     if args.steps is None and args.epochs is None:
         args.steps = DEFAULT_STEPS
+    bounds = _bounds(args.bounds, positions, labels)
+    if bounds is not None:  # recorded as the bounds, however the columns were named
+        typed["bounds"] = [list(bounds[0]), list(bounds[1])]
     record_options = _check_same_run(args, typed)
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     with as_options(OPTIONS, NONES):
@@ -366,7 +369,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             transformer=args.transformer,
             batch_norm=args.batch_norm,
             standardize=_standardize(args),
-            bounds=_bounds(args.bounds, positions, labels),
+            bounds=bounds,
             seed=args.seed,
         )
         history = fit(
