@@ -10,7 +10,7 @@ A typical density-estimation figure has one row per dataset::
     truth (or data histogram) | model density | model samples
 
 built from :class:`Panel` objects by :func:`panel_figure`; :func:`grid_log_density` evaluates a
-model on the grid that a density panel shows. For data of more than two features,
+model on the grid that a density panel shows. For data of any number of features,
 :func:`pairs_figure` shows a model's samples over the data in a grid of histograms and scatter
 plots, one panel per feature and per pair of features.
 """

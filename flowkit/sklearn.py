@@ -126,7 +126,8 @@ class FlowDensity(DensityMixin, BaseEstimator):
             :func:`flowkit.train.fit`, whose own default is ``"cosine"`` at ``lr=3e-3``).
         weight_decay: decoupled weight decay (AdamW) when positive.
         validation_fraction: fraction of the rows held out to choose the epoch whose weights
-            are kept and to stop early; 0 trains on all rows for ``max_epochs``.
+            are kept and to stop early (whole groups of equal rows, when ``X`` repeats rows); 0
+            trains on all rows for ``max_epochs``.
         n_iter_no_change: stop after this many epochs without a better validation
             log-likelihood (None: run all epochs, keep the best).
         dtype: ``"float32"`` or ``"float64"``, the precision of the flow. Inputs of any

@@ -59,7 +59,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     (
         "fit",
         "flowkit.app.fit",
-        "fit a MAF or IAF to a 2-D toy dataset or to samples in a .npy/.npz file",
+        "fit a MAF or IAF to a 2-D toy dataset or to samples in a .csv, .npy or .npz file",
     ),
     ("toy", "flowkit.app.toy", "MAF/IAF density estimation on the 2-D toy datasets"),
     ("energy", "flowkit.app.energy", "IAF fitted by reverse KL to the energies U1-U4"),

@@ -3,7 +3,8 @@
 Toy datasets (--data moons, ...) are sampled afresh at every step from a seeded generator; a fixed
 validation set of --valid-size points is drawn once. A .npy file holds an (N, D) array, a .npz
 file an array named by --key (default 'x', or its only array), a .csv file rows of numbers
-separated by commas (a first line that is not all numbers is a header of column names); a random
+separated by commas (the first line is a header of column names when a field is neither a number
+nor empty, or the '#' line just above the rows when it holds as many names); a random
 --valid-fraction of its rows is held out for validation. --context names what the flow is
 conditioned on: columns of the array (--context 2 3: the flow models the other columns given
 these; in a CSV file with a header, also by name: --context age income), or another array of
@@ -340,9 +341,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         features = len(positions)
         valid = args.valid_fraction or None  # fit holds out that share of the rows
         shown = data
-        # fit chooses the default batch size from the rows it trains on (valid=<fraction>
-        # holds out whole groups of equal rows, so their number is fit's to count); a given one
-        # above the rows left after the fraction is lowered to them
+        # fit chooses the default batch size from the rows it trains on; a given one above the
+        # rows the fraction leaves is lowered to them (valid=<fraction> holds out whole groups
+        # of equal rows, so fit may keep a few more)
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
         rows -= round(args.valid_fraction * rows)
         if args.batch_size is not None and args.batch_size > rows:

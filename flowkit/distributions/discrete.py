@@ -122,8 +122,9 @@ class _DiscreteMADE(nn.Module):
 
     def check_data(self, x: object, name: str = "x") -> Tensor:
         """``x`` checked (shape, dtype, values: binary, or category indices; errors name
-        ``name``) and cast for the MADE. :func:`flowkit.fit` calls it on the first batch of
-        its data and validation data, so that a wrong domain is named before training."""
+        ``name``) and cast for the MADE. :func:`flowkit.fit` calls it on the whole of array
+        data and validation data (on the first batch of a DataLoader or sampling function),
+        so that a wrong domain is named before training."""
         raise NotImplementedError
 
     def _context(self, context: object, rows: int) -> Tensor | None:

@@ -8,7 +8,10 @@
   :func:`check_pair_shapes` and :func:`check_finite` (also run on the first batch of a loader or
   a sampling function);
 * warnings: :class:`DataWarning` (:func:`warn_if_degenerate`: constant columns, few values,
-  point masses) and :class:`PrecisionWarning` (a cast that rounds a column coarsely).
+  point masses; :func:`warn_if_duplicated`: repeated rows) and :class:`PrecisionWarning` (a
+  cast that rounds a column coarsely);
+* repeated rows: :func:`equal_row_groups` and :func:`split_rows`, the hold-out of whole groups
+  of equal rows.
 
 The batch sources that hand the data to the loop are in :mod:`flowkit.train.sources`.
 """

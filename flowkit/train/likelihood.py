@@ -69,7 +69,8 @@ def fit(
             (flows, discrete MADE models, your own). If it has a ``features`` attribute, data must
             have shape ``(N, features)``; otherwise any ``(N, ...)`` its ``log_prob`` accepts. If
             it has a ``check_data(x, name)`` method (the discrete MADEs: binary values, category
-            indices), the first batch of ``data`` and of ``valid`` goes through it.
+            indices), the whole of array ``data`` and ``valid`` goes through it (the first batch
+            of a DataLoader or sampling function).
         data: the training data, one of
 
             * a tensor or numpy array ``x`` of shape ``(N, D)``, or a pair ``(x, context)`` (a
@@ -90,7 +91,8 @@ def fit(
             row, a constant column, one with at most 5% as many distinct values as rows
             (counts, pixels, coarse rounding), one in which a single value holds 20% of the
             rows (a point mass), or 5% of the rows repeating earlier ones, raises a
-            :class:`~flowkit.train.DataWarning`.
+            :class:`~flowkit.train.DataWarning` (``data_warnings=False`` turns these off);
+            so do rows exactly on a finite end of a flow's ``bounds``.
 
             Before the first step, the model's :class:`~flowkit.transforms.Standardize`
             modules (the builders' default ``standardize=True``) that are not set, or set only

@@ -88,7 +88,7 @@ class NegLogLikelihood:
 
     def __init__(self) -> None:
         self.nonfinite: list[Tensor] = []
-        self.bounded: bool | None = None  # the model has a Logit: -inf outside its box
+        self.bounded: bool | None = None  # the model has a Logit: -inf outside its bounds
 
     def __call__(self, model: nn.Module, x: Tensor, context: Tensor | None) -> Tensor:
         if self.bounded is None:
@@ -140,7 +140,7 @@ class NegLogLikelihood:
 
 def is_bounded(model: nn.Module) -> bool:
     """Whether ``model`` has a :class:`~flowkit.transforms.Logit` (a flow built with
-    ``bounds``): its log-density is ``-inf`` outside a box."""
+    ``bounds``): its log-density is ``-inf`` outside them."""
     return any(isinstance(m, Logit) for m in model.modules())
 
 

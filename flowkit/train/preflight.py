@@ -3,7 +3,8 @@ it sets there.
 
 * :func:`check_first_batch`: the data (all of an array, or the first batch of a loader or a
   sampling function) against the model: shapes and widths, context or none, values (NaN/Inf, a
-  discrete model's domain, a bounded flow's box), and that ``log_prob`` takes it;
+  discrete model's domain, rows outside a flow's ``bounds``: an error; rows exactly on a finite
+  bound: a :class:`~flowkit.train.DataWarning`), and that ``log_prob`` takes it;
 * :func:`check_batches_for_batch_norm`: no batch of one row for a model with BatchNorm layers;
 * :func:`check_first_batch_and_standardize`: the first check of a run, then the model's
   :class:`~flowkit.transforms.Standardize` modules set from the training data.
