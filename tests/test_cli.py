@@ -218,7 +218,7 @@ def test_warnings_are_one_line_without_source_path_while_the_command_runs(tmp_pa
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if "DataWarning" in line]
     assert len(lines) == 1
-    assert lines[0].startswith("flowkit fit: warning: DataWarning: 'data', column 2, holds a ")
+    assert lines[0].startswith("flowkit fit: warning: DataWarning: '--data', column 2, holds a ")
     assert ".py:" not in done.stderr
 
 

@@ -548,3 +548,18 @@ def test_resume_takes_the_same_bounds_spelled_another_way(tmp_path, capsys):
         capsys.readouterr().err)
     assert cli.main([*base, "--steps", "6", "--bounds", "1=1:", "--resume"]) == 2
     assert "these differ: --bounds" in capsys.readouterr().err
+
+
+def test_data_warnings_name_the_option_and_the_headers_columns(tmp_path, recwarn):
+    """The command's own check of a file's rows names '--data' and the header's columns (fit
+    named 'data', column 0; review 25), once (fit's own check is off for file data)."""
+    rng = np.random.default_rng(0)
+    rows = np.column_stack([rng.integers(20, 30, 300), rng.normal(size=300)])
+    path = tmp_path / "t.csv"
+    path.write_text("age,income\n" + "\n".join(",".join(map(str, r.tolist())) for r in rows)
+                    + "\n")
+    assert cli.main(["fit", "--data", str(path), *FAST, "--out", str(tmp_path / "o")]) == 0
+    texts = [str(w.message) for w in recwarn if issubclass(w.category, flowkit.train.DataWarning)]
+    named = [t for t in texts if "column 0 ('age'), takes only 10 distinct values" in t]
+    assert len(named) == 1 and named[0].startswith("'--data'")
+    assert not any(t.startswith("'data'") for t in texts)

@@ -60,6 +60,8 @@ from flowkit.train import (
     default_batch_size,
     fit,
     is_main_process,
+    warn_if_degenerate,
+    warn_if_duplicated,
 )
 
 from .common import add_threads_option, as_options, count, use_threads
@@ -339,6 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             Path(args.data), args.key, args.context
         )
         features = len(positions)
+        _warn_about_rows(data, labels)
         valid = args.valid_fraction or None  # fit holds out that share of the rows
         shown = data
         # fit chooses the default batch size from the rows it trains on; a given one above the
@@ -393,6 +396,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             resume=args.resume,
             progress=not args.quiet,
             callbacks=None if record_options is None else Callbacks(on_checkpoint=record_options),
+            data_warnings=args.data in TOY_DATASETS,  # a file's rows: warned about by name
         )
     metrics: dict[str, Any] = {
         "data": args.data,
@@ -462,6 +466,16 @@ def _standardize(args: argparse.Namespace) -> bool | str:
     if args.no_standardize:
         return False
     return True if args.standardize is None else args.standardize
+
+
+def _warn_about_rows(data: Any, labels: list[str] | None) -> None:
+    """fit's data warnings about a file's rows (constant or discrete columns, point masses,
+    repeated rows), naming the option and the columns by their header's names."""
+    x, c = data if isinstance(data, tuple) else (data, None)
+    rows = torch.as_tensor(x, dtype=torch.float64)
+    context = None if c is None else torch.as_tensor(c, dtype=torch.float64)
+    warn_if_degenerate("--data", rows, stacklevel=3, labels=labels)
+    warn_if_duplicated("--data", rows, context, stacklevel=3)
 
 
 def _bounds(
