@@ -1349,6 +1349,8 @@ def test_pandas_data_frames_and_series():
     frame = pd.DataFrame({"a": g.normal(size=80), "b": pd.array(g.integers(0, 9, 80),
                                                                  dtype="Int64")})
     fit(flowkit.MAF(2, hidden_features=(8,), layers=1), frame, steps=2, **QUIET)
+    with pytest.warns(flowkit.train.DataWarning, match=r"'data', column 1 \('b'\), takes only"):
+        fit(flowkit.MAF(2, hidden_features=(8,), layers=1), frame, steps=1, **QUIET)
     frame["k"] = pd.Categorical(["u", "v"] * 40)
     with pytest.raises(ValueError, match=r"columns \['k'\] do not hold numbers"):
         fit(flowkit.MAF(3), frame, steps=1, **QUIET)

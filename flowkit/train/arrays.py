@@ -129,6 +129,17 @@ def frames_as_arrays(name: str, value: Any) -> Any:
     return np.column_stack([column for _, column in columns])
 
 
+def frame_labels(value: Any) -> list[str] | None:
+    """The column names of a data frame given as data ``x``, or as the ``x`` of a pair
+    ``(x, context)``; ``None`` for anything else."""
+    if isinstance(value, tuple | list) and len(value) == 2:
+        value = value[0]
+    columns = getattr(value, "columns", None)
+    if columns is None or isinstance(value, Tensor | np.ndarray):
+        return None
+    return [str(c) for c in columns]
+
+
 def _column(frame: Any, j: int, label: Any) -> Any:
     """Column ``j`` of a data frame, by position: pandas' ``iloc``, polars' ``to_series``."""
     if hasattr(frame, "iloc"):
@@ -168,7 +179,8 @@ def loader_batch(name: str, batch: Any, device: torch.device, dtype: torch.dtype
 
 
 def load_arrays(
-    name: str, value: Any, device: torch.device, dtype: torch.dtype, density: bool = False
+    name: str, value: Any, device: torch.device, dtype: torch.dtype, density: bool = False,
+    labels: Sequence[str] | None = None,
 ) -> Batch:
     """Validate and move an in-memory dataset ``x`` or ``(x, context)`` to ``device`` once.
 
@@ -178,7 +190,7 @@ def load_arrays(
     the model would see them coarsely rounded, before its standardization could help. With
     ``density=True`` (training data of a continuous density, a :class:`~flowkit.Flow`), also
     warns (:class:`DataWarning`) when a column of ``x`` is constant or takes few distinct values
-    (:func:`warn_if_degenerate`)."""
+    (:func:`warn_if_degenerate`; ``labels``: the names of ``x``'s columns, a data frame's)."""
     x, c = split_pair(name, value)
     raw = readable(name, x), None if c is None else readable(f"{name} context", c)
     rounded = []  # (a loop, not a comprehension: the warnings' stack level counts frames)
@@ -188,7 +200,8 @@ def load_arrays(
     check_pair_shapes(name, x, c)
     check_finite(name, x, c, given=raw)
     if density:
-        warn_if_degenerate(name, x, skip=rounded[0])  # columns the cast made constant: warned
+        # columns the cast made constant: warned already
+        warn_if_degenerate(name, x, skip=rounded[0], labels=labels)
     return x, c
 
 

@@ -25,6 +25,7 @@ from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, 
 from .arrays import (
     DataWarning,
     equal_row_groups,
+    frame_labels,
     frames_as_arrays,
     load_arrays,
     split_rows,
@@ -299,6 +300,7 @@ def _make_source(
     (:func:`~flowkit.train.preflight.check_first_batch`), before rows are held out, so that a
     message numbers the rows as they were passed; for a :class:`~flowkit.Flow`, also for
     degenerate columns and repeated rows (with ``data_warnings``)."""
+    labels = frame_labels(data)  # for the data warnings
     data = frames_as_arrays("data", data)
     if isinstance(data, list) and len(data) == 2 and all(
         isinstance(v, Tensor | np.ndarray) for v in data
@@ -315,7 +317,8 @@ def _make_source(
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
         density = isinstance(model, Flow)  # a density of real values: no mass on points
-        arrays = load_arrays("data", data, s.device, dtype, density=density and data_warnings)
+        arrays = load_arrays("data", data, s.device, dtype, density=density and data_warnings,
+                             labels=labels)
         groups = None  # of equal rows, from one sort of the rows
         if density and data_warnings:
             groups = warn_if_duplicated("data", *arrays, stacklevel=5)
