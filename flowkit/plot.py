@@ -221,6 +221,13 @@ def panel_figure(
 DATA_COLOR = "0.55"
 
 
+def _table(values: ArrayLike) -> np.ndarray:
+    """``values`` as a float64 array, a pandas ``Series`` as one column ``(N, 1)``."""
+    if getattr(values, "ndim", 2) == 1 and hasattr(values, "to_numpy"):
+        values = values.to_numpy()[:, None]
+    return _numpy(values)
+
+
 def pairs_figure(
     data: ArrayLike,
     samples: ArrayLike,
@@ -261,7 +268,9 @@ def pairs_figure(
     """
     if labels is None and hasattr(data, "columns"):  # a data frame: its column names
         labels = [str(c) for c in data.columns]
-    x, y = _numpy(data), _numpy(samples)
+    if labels is None and getattr(data, "ndim", 2) == 1 and hasattr(data, "to_numpy"):
+        labels = [str(getattr(data, "name", None) or "x0")]  # a Series: one column
+    x, y = _table(data), _table(samples)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"'data' should have shape (N, D) with N, D >= 1, got {x.shape}")
     if y.ndim != 2 or y.shape[0] == 0 or y.shape[1] != x.shape[1]:

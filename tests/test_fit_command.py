@@ -213,6 +213,8 @@ def test_resume_with_other_model_or_data_options_names_them_as_typed(tmp_path, c
          r"seems separated by ';' \(line 1\): only commas are read"),
         ("twice.csv", lambda p: p.write_text("a,a\n1,2\n"),
          r"the header names several columns \['a'\]"),
+        ("text-na.csv", lambda p: p.write_text("1.2,0.3,NA\n1,2,3\n"),
+         r"line 1, mixes numbers \(1.2\) and text: a header names every column"),
         ("gap-first.csv", lambda p: p.write_text("1,,3\n4,5,6\n"),
          r"line 1, field 2 is empty"),
         ("nan.csv", lambda p: p.write_text("a,b\n1,2\n3,nan\n"),
@@ -529,6 +531,8 @@ def test_a_commented_header_as_numpy_writes_it_names_the_columns(tmp_path):
     assert names == ["age", "income"] and table.shape == (3, 2)
     path.write_text("# written by a script\n1,2\n")  # one field above two: not a header
     assert read_csv(path)[1] is None
+    path.write_text("# measured in mm, , ok\n1,2,3\n")  # an empty name: only a comment
+    assert read_csv(path)[1] is None  # (review 27: refused as a header without a name)
 
 
 def test_resume_takes_the_same_bounds_spelled_another_way(tmp_path, capsys):
@@ -563,3 +567,12 @@ def test_data_warnings_name_the_option_and_the_headers_columns(tmp_path, recwarn
     named = [t for t in texts if "column 0 ('age'), takes only 10 distinct values" in t]
     assert len(named) == 1 and named[0].startswith("'--data'")
     assert not any(t.startswith("'data'") for t in texts)
+
+
+def test_a_toy_validation_set_outside_the_bounds_names_valid_size(tmp_path, capsys):
+    """A toy dataset validates on --valid-size points; the error named --valid-fraction, which
+    toy data refuse (review 27)."""
+    assert cli.main(["fit", "--data", "moons", "--bounds", "0=0:1", *FAST,
+                     "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "'--valid-size' holds" in err and "--valid-fraction" not in err

@@ -646,3 +646,15 @@ def test_rows_on_a_bound_warn_and_rows_outside_name_their_column():
     with pytest.raises(ValueError, match=r"\(row 7\).*The first of them has column 1 = -2, "
                                          r"outside \[0, inf\]"):
         flowkit.fit(flow, x, steps=1, progress=False)
+
+
+def test_a_row_inside_the_first_bounds_but_outside_a_later_support_is_named_without_a_crash():
+    """A flow built by hand with a second, narrower Logit: _first_outside looked for a column
+    outside the first one and crashed (review 27)."""
+    from flowkit.transforms import Logit
+
+    flow = MAF(1, layers=1, hidden_features=(4,), transformer="spline", bounds=([0.0], [10.0]))
+    flow.transform.transforms.insert(1, Logit([-10.0], [-1.0]))  # after the first: z < -1 only
+    x = torch.full((5, 1), 5.0)  # inside [0, 10], z = 0 outside (-10, -1)
+    with pytest.raises(ValueError, match=r"holds 5 row\(s\).*log-density -inf"):
+        flowkit.fit(flow, x, steps=1, progress=False)

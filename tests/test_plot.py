@@ -299,4 +299,6 @@ def test_pairs_figure_names_a_data_frames_columns_and_stays_quiet_without_sample
         warnings.simplefilter("error", RuntimeWarning)
         fig = pairs_figure(frame, np.full((40, 2), 1e6))
     assert [ax.get_xlabel() for ax in fig.axes[2:]] == ["age", "income"]
+    one = pairs_figure(frame["age"], frame["age"] + 1.0)  # a Series: one column (review 27)
+    assert len(one.axes) == 1 and one.axes[0].get_xlabel() == "age"
     assert fig.axes[0].get_title() == "100.0% of samples outside"

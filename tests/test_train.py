@@ -1785,6 +1785,13 @@ def test_repeated_rows_warn_and_valid_fraction_holds_out_whole_groups(monkeypatc
         data_warnings=False, **QUIET)
     (train, _), (held, _) = splits[-1]
     assert len(held) == 10 and (held != 0).any(1).all()  # the 60 copies stay to train on
+    from flowkit.train.arrays import split_rows
+
+    groups = torch.tensor([0] * 90 + [1] * 5 + [2] * 5)  # no group fits in 4 rows
+    for seed in range(3):
+        order = torch.randperm(100, generator=torch.Generator().manual_seed(seed))
+        kept, held = split_rows(order, 4, groups)
+        assert len(held) == 5 and len(kept) == 95  # the smallest group, not the 90 (review 27)
     assert equal_row_groups(unique) is None  # distinct rows: the split of before
     with warnings.catch_warnings():
         warnings.simplefilter("error", flowkit.train.DataWarning)

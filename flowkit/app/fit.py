@@ -363,7 +363,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         typed["bounds"] = [list(bounds[0]), list(bounds[1])]
     record_options = _check_same_run(args, typed)
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
-    with as_options(OPTIONS, NONES):
+    # a toy dataset's validation set is --valid-size points, a file's a --valid-fraction
+    options = {**OPTIONS, "valid": "--valid-size"} if args.data in TOY_DATASETS else OPTIONS
+    with as_options(options, NONES):
         torch.manual_seed(args.seed)  # initial weights
         flow = build(
             features,

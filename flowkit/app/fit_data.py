@@ -119,12 +119,19 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
                          "only commas are read")
     header = any(field and not _is_number(field) for field in fields)
     names = fields if header else None
-    if not header and comment is not None:
-        above = fields_of(comment.lstrip("#"))
-        if len(above) == len(fields) and not any(_is_number(name) for name in above):
-            names = above
-    if names is not None:
+    if header:
+        decimals = [f for f in fields if _is_number(f) and not f.lstrip("+-").isdigit()]
+        if decimals:  # a row with a missing value written as text, not a header
+            raise ValueError(
+                f"'--data' '{path}', line {number + 1}, mixes numbers ({decimals[0]}) and text: "
+                "a header names every column, a row holds numbers (write missing values as "
+                "nan, or drop those rows)")
         _check_names(path, names)
+    elif comment is not None:
+        above = fields_of(comment.lstrip("#"))
+        if (len(above) == len(fields) and all(above) and len(set(above)) == len(above)
+                and not any(_is_number(name) for name in above)):
+            names = above  # np.savetxt's header; another comment line is only a comment
     try:
         with warnings.catch_warnings():  # a header and no rows: said below, by name
             warnings.filterwarnings("ignore", message="loadtxt: input contained no data")

@@ -408,7 +408,7 @@ def split_rows(
     the order in which ``order`` first meets them, each one that still fits in ``k`` rows (so
     that no held-out row has a copy among the kept ones, and a large group, a point mass, stays
     with the kept rows rather than taking the place of many held-out ones). When no group fits,
-    the first one is held out."""
+    the smallest one is held out."""
     if groups is None:
         return order[k:], order[:k]
     n = len(order)
@@ -429,8 +429,9 @@ def split_rows(
         if held + size <= k:  # a later group that still fits, after one that did not
             taken.append(by_group[start : start + size])
             held += size
-    if held == 0:
-        taken = [by_group[: int(sizes[0])]]
+    if held == 0:  # every group is larger than k: the smallest one
+        j = int(sizes.argmin())
+        taken = [by_group[int(starts[j]) : int(starts[j]) + int(sizes[j])]]
     held_rows = torch.cat(taken)
     kept = torch.ones(n, dtype=torch.bool)
     kept[held_rows] = False
