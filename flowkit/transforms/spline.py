@@ -169,31 +169,37 @@ class RationalQuadraticSpline:
         are exactly ``-B`` and ``B``; with identity tails the first and last derivatives are
         exactly 1.
         """
+        raw_widths, raw_heights, raw_derivatives = self._raw(params)
+        x_knots = self._cumulative_knots(raw_widths, self.min_bin_width)
+        y_knots = self._cumulative_knots(raw_heights, self.min_bin_height)
+        if self.tails == "identity":
+            return x_knots, y_knots, F.pad(self._interior(raw_derivatives), (1, 1), value=1.0)
+        low, high = self._edge(raw_derivatives[..., :1]), self._edge(raw_derivatives[..., -1:])
+        interior = self._interior(raw_derivatives[..., 1:-1])
+        return x_knots, y_knots, torch.cat([low, interior, high], dim=-1)
+
+    def _raw(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``params`` ``(..., D, P)`` checked and split into the raw widths, heights and
+        derivatives."""
         if params.shape[-1] != self.params_per_feature:
             raise ValueError(
                 f"'params' should have {self.params_per_feature} values in its last axis "
                 f"(bins={self.bins}, tails={self.tails!r}), got shape {tuple(params.shape)}"
             )
         k = self.bins
-        raw_widths, raw_heights, raw_derivatives = params.split(
-            [k, k, self.params_per_feature - 2 * k], dim=-1
-        )
-        x_knots = self._cumulative_knots(raw_widths, self.min_bin_width)
-        y_knots = self._cumulative_knots(raw_heights, self.min_bin_height)
-        if self.tails == "identity":
-            return x_knots, y_knots, F.pad(self._interior(raw_derivatives), (1, 1), value=1.0)
-        # the boundary slopes, bounded: in (min_derivative, MAX_TAIL_SLOPE), 1 at raw 0
-        low, high = (
-            self.min_derivative
-            + (MAX_TAIL_SLOPE - self.min_derivative) * torch.sigmoid(raw + self._tail_shift)
-            for raw in (raw_derivatives[..., :1], raw_derivatives[..., -1:])
-        )
-        interior = self._interior(raw_derivatives[..., 1:-1])
-        return x_knots, y_knots, torch.cat([low, interior, high], dim=-1)
+        widths, heights, derivatives = params.split([k, k, self.params_per_feature - 2 * k], -1)
+        return widths, heights, derivatives
 
     def _interior(self, raw: Tensor) -> Tensor:
         """Interior knot derivatives from their raw values (1 at raw 0)."""
         return self.min_derivative + F.softplus(raw + self._derivative_shift)
+
+    def _edge(self, raw: Tensor) -> Tensor:
+        """Boundary knot derivatives (linear tails' slopes) from their raw values: in
+        ``(min_derivative, MAX_TAIL_SLOPE)``, 1 at raw 0."""
+        return self.min_derivative + (MAX_TAIL_SLOPE - self.min_derivative) * torch.sigmoid(
+            raw + self._tail_shift
+        )
 
     def _cumulative_knots(self, raw: Tensor, min_fraction: float) -> Tensor:
         inner = self._inner_knots(raw, min_fraction)
@@ -208,12 +214,8 @@ class RationalQuadraticSpline:
         the cumulative sums (the boundaries ``-B`` and ``B`` filled in where the bin is the
         first or the last), and only the two derivatives of the bin are formed from their raw
         values."""
-        if params.shape[-1] != self.params_per_feature:
-            self.knots(params)  # raises the error that names the expected size
         k = self.bins
-        raw_widths, raw_heights, raw_derivatives = params.split(
-            [k, k, self.params_per_feature - 2 * k], dim=-1
-        )
+        raw_widths, raw_heights, raw_derivatives = self._raw(params)
         x_inner = self._inner_knots(raw_widths, self.min_bin_width)
         y_inner = self._inner_knots(raw_heights, self.min_bin_height)
         # Number of interior knots <= value: the bin index in [0, K - 1]; a value on a knot
@@ -252,10 +254,7 @@ class RationalQuadraticSpline:
             left, right = torch.where(first, one, left), torch.where(last, one, right)
         else:  # raw values at all K + 1 knots
             pair = raw.gather(-1, torch.cat([index, index + 1], dim=-1))
-            interior = self._interior(pair)
-            edge = self.min_derivative + (MAX_TAIL_SLOPE - self.min_derivative) * torch.sigmoid(
-                pair + self._tail_shift
-            )
+            interior, edge = self._interior(pair), self._edge(pair)
             left = torch.where(first, edge[..., :1], interior[..., :1])
             right = torch.where(last, edge[..., 1:], interior[..., 1:])
         return left.squeeze(-1), right.squeeze(-1)
