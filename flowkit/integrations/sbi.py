@@ -251,8 +251,7 @@ def _check_inside(name: str, values: Tensor, flow: Flow) -> None:
     gives a NaN loss, which sbi reports without saying why): the flow's
     :class:`~flowkit.transforms.Logit` holds them as built (open ends infinite)."""
     box = next(m for m in flow.modules() if isinstance(m, Logit))
-    low, high = box.low.to(values.dtype), box.high.to(values.dtype)
-    outside = ((values < low) | (values > high)).any(-1)
+    outside = (~box.contains(values)).any(-1)
     if outside.any():
         row = int(outside.nonzero()[0])
         raise ValueError(

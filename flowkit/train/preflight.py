@@ -135,13 +135,12 @@ def input_bounds(model: nn.Module) -> Logit | None:
 
 def _first_outside(row: Tensor, box: Logit) -> str:
     """Where ``row`` leaves ``box``: its first column outside, with the value and the bounds."""
-    low, high = box.low.to(row.dtype), box.high.to(row.dtype)
-    outside = ((row < low) | (row > high)).nonzero()
+    outside = (~box.contains(row)).nonzero()
     if len(outside) == 0:  # inside these bounds, outside a later transform's support
         return ""
     j = int(outside[0])
     return (f" The first of them has column {j} = {row[j].item():.6g}, outside "
-            f"[{low[j].item():.6g}, {high[j].item():.6g}].")
+            f"[{box.low[j].item():.6g}, {box.high[j].item():.6g}].")
 
 
 def warn_if_on_bounds(name: str, x: Tensor, box: Logit, stacklevel: int = 5) -> None:

@@ -71,6 +71,12 @@ class Logit(Transform):
         self.register_buffer("low", low_)
         self.register_buffer("high", high_)
 
+    def contains(self, x: Tensor) -> Tensor:
+        """Whether each value of ``x`` ``(..., D)`` lies in its feature's closed interval
+        ``[low, high]`` (the bounds in ``x``'s dtype): a bool tensor of ``x``'s shape. A row
+        with a value outside has log-density ``-inf``."""
+        return (x >= self.low.to(x.dtype)) & (x <= self.high.to(x.dtype))
+
     def _ends(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Which ends are finite (``(D,)`` bools), the bounds with their infinite ends replaced
         by 0, and the widths of the bounded intervals (1 elsewhere): finite stand-ins, so that
@@ -84,7 +90,7 @@ class Logit(Transform):
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         has_low, has_high, low, high, width = self._ends()
-        inside = (x >= self.low) & (x <= self.high)
+        inside = self.contains(x)
         # A point on an edge (a uniform prior's sample can be exactly its lower bound) is taken
         # one rounding step inside: distances below that step are raised to it, which moves
         # no more mass than the rounding of x itself. Outside (and at an infinite end) the
