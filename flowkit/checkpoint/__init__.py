@@ -32,9 +32,10 @@ from .format import (
 )
 from .lock import LOCK_NAME, RunLockedError, StaleLockWarning, run_lock
 from .models import Checkpoint, load_checkpoint, load_model, save_checkpoint, save_model
-from .registry import InvalidBuffer, register_check, register_model
+from .registry import BuildWarning, InvalidBuffer, register_check, register_model
 
 __all__ = [
+    "BuildWarning",
     "FORMAT_VERSION",
     "LOCK_NAME",
     "Checkpoint",

@@ -26,6 +26,7 @@ the registered buffer checks (MADE masks against their degrees, permutations) an
 from __future__ import annotations
 
 import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -45,7 +46,7 @@ from .format import (
     read_file,
     write_file,
 )
-from .registry import check_buffers, check_config, constructor, upgraded_config
+from .registry import BuildWarning, check_buffers, check_config, constructor, upgraded_config
 
 __all__ = [
     "Checkpoint",
@@ -492,7 +493,8 @@ def load_model(
         kwargs["embedding"] = embedding
     dtype = _saved_dtype(ckpt.model["state_dict"])
     try:
-        with _built_in(dtype):
+        with _built_in(dtype), warnings.catch_warnings():
+            warnings.simplefilter("ignore", BuildWarning)  # given when the model was built
             model = build(**kwargs)
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(

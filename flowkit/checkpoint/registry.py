@@ -35,7 +35,7 @@ from torch import nn
 
 from .format import CheckpointError
 
-__all__ = ["InvalidBuffer", "register_check", "register_model", "upgraded_config"]
+__all__ = ["BuildWarning", "InvalidBuffer", "register_check", "register_model", "upgraded_config"]
 
 C = TypeVar("C", bound=Callable[..., nn.Module])
 M = TypeVar("M", bound=nn.Module)
@@ -45,6 +45,12 @@ _CHECKS: dict[type[nn.Module], Callable[[Any], None]] = {}
 _ADDED: dict[str, dict[str, Any]] = {}
 Upgrade = Callable[[dict[str, Any], int], dict[str, Any]]
 _VERSIONS: dict[str, tuple[int, Upgrade | None]] = {}
+
+
+class BuildWarning(UserWarning):
+    """Advice that a registered constructor gives about the model it builds (for example that
+    ``MAF(1)`` with affine layers is a Gaussian). :func:`flowkit.load_model` does not repeat it
+    when it rebuilds a saved model: the choice was made, and warned about, when it was built."""
 
 
 class InvalidBuffer(ValueError):

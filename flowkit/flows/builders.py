@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from flowkit.checkpoint import register_model
+from flowkit.checkpoint import BuildWarning, register_model
 from flowkit.distributions.conditional import ConditionalDiagonalGaussian
 from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
 from flowkit.flows.flow import Flow
@@ -121,7 +121,7 @@ def _autoregressive_flow(
             f"{'MAF' if direction == 'maf' else 'IAF'}(1) with transformer='affine' is a Gaussian "
             "whatever its layers: a one-feature MADE has nothing to condition on, so each layer "
             "is one affine map; pass transformer='spline' for a density of another shape",
-            UserWarning, stacklevel=4,  # _autoregressive_flow, MAF, register_model's wrapper
+            BuildWarning, stacklevel=4,  # _autoregressive_flow, MAF, register_model's wrapper
         )
     # The context path: raw (N, C) -> Standardize -> embedding -> (N, H), read by every MADE
     # and by a conditional base (base_context="raw": the base reads the standardized (N, C)).
