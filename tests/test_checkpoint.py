@@ -700,7 +700,7 @@ def test_a_spline_flow_of_config_version_1_loads_with_identity_tails(tmp_path):
 
 
 def test_a_file_saved_before_lu_linear_existed_loads_without_it(tmp_path):
-    old = flowkit.MAF(2, layers=2, hidden_features=(8,))
+    old = flowkit.MAF(2, layers=2, hidden_features=(8,), lu_linear=False)
     kwargs = dict(old.config["kwargs"])
     del kwargs["lu_linear"]
     old.config = {**old.config, "kwargs": kwargs}
@@ -720,7 +720,7 @@ def test_a_file_of_the_first_config_version_restores_into_the_model_it_rebuilds(
     from flowkit.checkpoint import load_checkpoint
     from flowkit.checkpoint.registry import upgraded_config
 
-    old = build(2, layers=2, hidden_features=(8,), standardize=False)
+    old = build(2, layers=2, hidden_features=(8,), standardize=False, lu_linear=False)
     kwargs = {k: v for k, v in old.config["kwargs"].items()
               if k not in ("lu_linear", "bounds", "base_context")}
     old.config = {"type": old.config["type"], "kwargs": kwargs}
@@ -807,7 +807,7 @@ def test_weights_of_another_shape_are_listed(tmp_path):
 @pytest.mark.parametrize(
     "other, difference",
     [
-        (lambda: flowkit.IAF(2, hidden_features=(8,), layers=2),
+        (lambda: flowkit.IAF(2, hidden_features=(8,), layers=2, lu_linear=True),
          r"a MAF, not for this IAF"),
         (lambda: flowkit.MAF(2, hidden_features=(8,), layers=2, activation="Tanh"),
          r"a MAF with \{'activation': 'ReLU'\}, not for this MAF with \{'activation': 'Tanh'\}"),

@@ -127,14 +127,12 @@ def test_sample_and_log_prob_agree_with_log_prob(builder):
 
 
 def test_flow_with_conditional_base_is_the_base_when_the_layers_are_identity():
-    """With zeroed MADE outputs the affine layers are the identity: log p(x | c) must then be
-    the base's Gaussian density at x, with the mean and scale the head gives for e(c)."""
+    """With zeroed MADEs the affine layers are the identity (and so are the LU-linear maps with
+    zeroed parameters): log p(x | c) must then be the base's Gaussian density at x, with the
+    mean and scale the head gives for e(c)."""
     flow = conditional_flow("IAF", permutation="none")
-    for layer in flow.transform.transforms:
-        made = getattr(layer, "made", None)
-        if made is not None:
-            for p in made.parameters():
-                nn.init.zeros_(p)
+    for p in flow.transform.parameters():
+        nn.init.zeros_(p)
     c, x = torch.randn(6, 5, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
     loc, log_scale = flow.base.loc_and_log_scale(flow.embedding(c))
     expected = torch.distributions.Normal(loc, log_scale.exp()).log_prob(x).sum(-1)

@@ -164,6 +164,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--batch-norm", action="store_true", help="batch norm between layers")
     model.add_argument(
+        "--lu-linear", action=argparse.BooleanOptionalAction, default=None,
+        help="a learned LU-linear map after each permutation (default: the library's, on for "
+        "a MAF, off for an IAF; docs/defaults.md)",
+    )
+    model.add_argument(
         "--bounds",
         nargs="+",
         default=None,
@@ -250,6 +255,7 @@ RUN_OPTIONS = {
     "data": "--data", "key": "--key", "context": "--context", "valid_size": "--valid-size",
     "valid_fraction": "--valid-fraction", "flow": "--flow", "layers": "--layers",
     "hidden": "--hidden", "transformer": "--transformer", "batch_norm": "--batch-norm",
+    "lu_linear": "--lu-linear",
     "standardize": "--standardize", "no_standardize": "--no-standardize", "seed": "--seed",
     "batch_size": "--batch-size", "bounds": "--bounds",
 }
@@ -274,9 +280,11 @@ def _check_same_run(
             raise ValueError(f"'{path}' cannot be read ({e}): it records the options of the "
                              "run to resume") from None
         typed = json.loads(json.dumps(typed))  # tuples as lists, as stored
+        # an option the command gained after the run started is not compared (the model's
+        # config in the checkpoint still is, by fit)
         changed = [f"{_typed(option, typed.get(name))} (started with "
                    f"{_typed(option, started.get(name))})" for name, option in RUN_OPTIONS.items()
-                   if typed.get(name) != started.get(name)]
+                   if name in started and typed.get(name) != started.get(name)]
         if changed:
             raise ValueError("--resume continues a run with the options it was started with; "
                              f"these differ: {'; '.join(changed)}")
@@ -289,8 +297,14 @@ def _check_same_run(
     return record
 
 
+NEGATABLE = {"--lu-linear"}
+"""Options that take a ``--no-`` form (``False``: given so; ``None``: not given)."""
+
+
 def _typed(option: str, value: Any) -> str:
     """An option as typed on the command line (``no --hidden`` when it was not given)."""
+    if value is False and option in NEGATABLE:
+        return f"--no-{option[2:]}"
     if value is None or value is False:
         return f"no {option}"
     if value is True:
@@ -374,6 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             context_features=context_features,
             transformer=args.transformer,
             batch_norm=args.batch_norm,
+            **({} if args.lu_linear is None else {"lu_linear": args.lu_linear}),
             standardize=_standardize(args),
             bounds=bounds,
             seed=args.seed,

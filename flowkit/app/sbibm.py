@@ -44,23 +44,25 @@ __all__ = ["MODELS", "add_arguments", "epoch_times", "run", "train_and_score"]
 _SPLINE_RES: dict[str, Any] = {
     "library": "flowkit", "model": "maf", "layers": 5, "hidden_features": [50] * 5,
     "residual": True, "transformer": "spline",
-    "transformer_kwargs": {"bins": 10, "bound": 3.0, "tails": "identity"},
+    "transformer_kwargs": {"bins": 10, "bound": 3.0, "tails": "identity"}, "lu_linear": False,
 }
 
 MODELS: dict[str, dict[str, Any]] = {
     "sbi-maf": {"library": "sbi", "model": "maf"},
     "sbi-nsf": {"library": "sbi", "model": "nsf"},
     "flowkit-maf": {"library": "flowkit", "model": "maf", "layers": 5,
-                    "hidden_features": [64, 64]},
+                    "hidden_features": [64, 64], "lu_linear": False},
     "flowkit-spline": {"library": "flowkit", "model": "maf", "layers": 5,
                        "hidden_features": [64, 64], "transformer": "spline",
-                       "transformer_kwargs": {"bins": 8, "bound": 4.0, "tails": "identity"}},
+                       "transformer_kwargs": {"bins": 8, "bound": 4.0, "tails": "identity"},
+                       "lu_linear": False},
     "flowkit-spline-defaults": {"library": "flowkit", "model": "maf",
-                                "transformer": "spline"},
+                                "transformer": "spline", "lu_linear": False},
     "flowkit-spline-defaults-lu": {"library": "flowkit", "model": "maf",
                                    "transformer": "spline", "lu_linear": True},
     "flowkit-spline-defaults-box": {"library": "flowkit", "model": "maf",
-                                    "transformer": "spline", "bounds": "prior"},
+                                    "transformer": "spline", "bounds": "prior",
+                                    "lu_linear": False},
     "flowkit-spline-res": _SPLINE_RES,
     "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
     "flowkit-spline-res-cb-noclip": {**_SPLINE_RES, "conditional_base": True,
@@ -69,9 +71,11 @@ MODELS: dict[str, dict[str, Any]] = {
 """The density estimators compared: sbi's defaults (5 transforms, 50 hidden units) and flowkit
 MAFs (5 layers, MADEs with two hidden layers of 64, affine or rational-quadratic spline with 8
 bins on [-4, 4]; ``flowkit-spline-defaults`` is ``flowkit.MAF(D, transformer="spline")`` with
-every other setting the builders' default, what a user gets, and ``-lu`` / ``-box`` add a
-learned LU-linear map after each permutation (``lu_linear=True``) / the prior's box
-(``bounds=(low, high)`` of a uniform prior); ``flowkit-spline-res`` has the
+every other setting the builders' default as measured in docs/sbi.md, before ``lu_linear``
+became the MAF's default (it is pinned off in these models, so that their rows reproduce), and
+``-lu`` / ``-box`` add a learned LU-linear map after each permutation (``lu_linear=True``,
+what ``MAF(D, transformer="spline")`` builds now) / the prior's box (``bounds=(low, high)`` of
+a uniform prior); ``flowkit-spline-res`` has the
 sizes of sbi's NSF: splines with 10 bins on [-3, 3], and MADEs of width 50 with as many linear
 maps as sbi's residual network of 2 blocks of 2 layers, the first hidden layer followed by 4
 residual blocks); ``flowkit-spline-res-cb`` is that flow on a conditional Gaussian base (mean
