@@ -65,14 +65,15 @@ class LULinear(Transform):
         """``(L, U)``, each ``(D, D)``: ``L`` unit lower triangular, ``U`` upper triangular
         with diagonal ``exp(log_diagonal)``."""
         eye = torch.eye(self.features, dtype=self.lower.dtype, device=self.lower.device)
-        lower = torch.tril(self.lower, -1) + eye
-        upper = torch.triu(self.upper, 1) + torch.diag_embed(torch.exp(self.log_diagonal))
-        return lower, upper
+        return torch.tril(self.lower, -1) + eye, self._upper()
+
+    def _upper(self) -> Tensor:
+        return torch.triu(self.upper, 1) + torch.diag(torch.exp(self.log_diagonal))
 
     def weight(self) -> Tensor:
-        """``W = L U``, ``(D, D)``."""
-        lower, upper = self.factors()
-        return lower @ upper
+        """``W = L U = U + L' U`` with ``L'`` the part of ``L`` below the diagonal, ``(D, D)``."""
+        upper = self._upper()
+        return torch.addmm(upper, torch.tril(self.lower, -1), upper)
 
     def _log_det(self, x: Tensor) -> Tensor:
         return self.log_diagonal.sum().expand(x.shape[0])
@@ -81,12 +82,13 @@ class LULinear(Transform):
         return torch.addmm(self.bias, x, self.weight().T), self._log_det(x)
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        lower, upper = self.factors()
-        # x W^T = z - b with W^T = U^T L^T: solve y L^T = z - b, then x U^T = y.
+        # x W^T = z - b with W^T = U^T L^T: solve y L^T = z - b, then x U^T = y (L's unit
+        # diagonal is implied by unitriangular=True, which reads no diagonal)
         y = torch.linalg.solve_triangular(
-            lower.T, z - self.bias, upper=True, left=False, unitriangular=True
+            torch.tril(self.lower, -1).T, z - self.bias, upper=True, left=False,
+            unitriangular=True,
         )
-        x = torch.linalg.solve_triangular(upper.T, y, upper=False, left=False)
+        x = torch.linalg.solve_triangular(self._upper().T, y, upper=False, left=False)
         return x, -self._log_det(z)
 
     def extra_repr(self) -> str:
