@@ -26,8 +26,10 @@ def make_flow(kind: str, spec: dict, device: torch.device) -> tuple[flowkit.Flow
         flow = flowkit.Flow(Compose([layer]), flowkit.StandardNormal(spec["features"]))
     else:
         builder = flowkit.MAF if kind == "maf" else flowkit.IAF
+        # no LU-linear maps (MAF's default): the peers' flows have none, and the rows measure
+        # the MADEs and the solver, as they did before that default
         flow = builder(spec["features"], layers=spec["layers"],
-                       hidden_features=spec["hidden"], seed=spec["seed"])
+                       hidden_features=spec["hidden"], seed=spec["seed"], lu_linear=False)
     flow = flow.to(device)
     generator = torch.Generator().manual_seed(spec["seed"])
     with torch.no_grad():
