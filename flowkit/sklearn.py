@@ -115,6 +115,9 @@ class FlowDensity(DensityMixin, BaseEstimator):
         transformer: ``"affine"`` or ``"spline"`` (rational-quadratic).
         transformer_kwargs: options of the transformer, e.g. ``{"bins": 8, "bound": 4.0}``.
         batch_norm: batch normalization between layers.
+        lu_linear: a learned LU-linear map after each permutation, as :func:`flowkit.MAF`'s
+            default (``False``: the MAF of flowkit before 2026-11-26, with which the tables of
+            ``docs/sklearn.md`` were measured).
         standardize: fit the flow to standardized columns and report densities of the raw
             rows (see the module notes).
         max_epochs: passes over the training rows.
@@ -167,6 +170,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
         transformer: Literal["affine", "spline"] = "affine",
         transformer_kwargs: dict | None = None,
         batch_norm: bool = False,
+        lu_linear: bool = True,
         standardize: bool = True,
         max_epochs: int = 100,
         batch_size: int | None = None,
@@ -185,6 +189,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
         self.transformer = transformer
         self.transformer_kwargs = transformer_kwargs
         self.batch_norm = batch_norm
+        self.lu_linear = lu_linear
         self.standardize = standardize
         self.max_epochs = max_epochs
         self.batch_size = batch_size
@@ -276,6 +281,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
                     transformer=self.transformer,
                     transformer_kwargs=self.transformer_kwargs,
                     batch_norm=self.batch_norm,
+                    lu_linear=self.lu_linear,
                     standardize=False,  # done above, in float64 (and not at all when not asked)
                     seed=seed,
                 ).to(_DTYPES[self.dtype])

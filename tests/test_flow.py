@@ -2,6 +2,7 @@
 
 import inspect
 import math
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -615,7 +616,7 @@ def test_a_users_base_is_scored_by_its_log_prob():
 
 @pytest.mark.parametrize("builder", [MAF, IAF])
 def test_one_affine_feature_without_context_warns_that_it_is_a_gaussian(builder, recwarn,
-                                                                      tmp_path):
+                                                                      tmp_path, monkeypatch):
     """A one-feature MADE has nothing to condition on: every affine layer is one affine map
     and the stack a Gaussian, whatever its size (review 22: a bimodal column scored 2.53, a
     Gaussian's NLL, against 1.43 with the spline, without a word)."""
@@ -637,8 +638,11 @@ def test_one_affine_feature_without_context_warns_that_it_is_a_gaussian(builder,
     builder(2)
     assert not [w for w in recwarn if "is a Gaussian" in str(w.message)]
     path = tmp_path / "one.pt"
-    flowkit.save_model(flow, path)  # said when it was built, not again when it is loaded
-    flowkit.load_model(path)
+    flowkit.save_model(flow, path)  # said when it was built, not again when it is loaded,
+    with monkeypatch.context() as m:  # and without touching the warning filters (a change
+        for name in ("catch_warnings", "simplefilter", "filterwarnings"):  # shows every
+            m.setattr(warnings, name, None)  # warning the program gave once again: review 28)
+        flowkit.load_model(path)
     assert not [w for w in recwarn if "is a Gaussian" in str(w.message)]
 
 

@@ -29,6 +29,14 @@ def test_tiny_run_writes_results_and_reuses_them(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sbibm.MODELS, "flowkit-maf", {**sbibm.MODELS["flowkit-maf"], "layers": 2})
     assert cli.main(argv) == 2
     assert "'layers': 2" in capsys.readouterr().err
+    monkeypatch.undo()
+    # A result written before the MAF's LU-linear maps became its default (its spec has no
+    # lu_linear: none were built) is the pinned model's, and is reused (review 28).
+    path = out / "two_moons" / "seed0" / "flowkit-maf.json"
+    run = json.loads(path.read_text())
+    assert run["spec"].pop("lu_linear") is False
+    path.write_text(json.dumps(run))
+    assert cli.main(argv) == 0
 
 
 def test_timing_mode_measures_every_model(tmp_path):

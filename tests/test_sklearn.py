@@ -137,6 +137,16 @@ def test_options(options):
     assert np.isfinite(est.score(X))
 
 
+def test_lu_linear_reaches_the_maf_and_is_a_parameter():
+    """FlowDensity builds flowkit.MAF, whose default gained LU-linear maps: the estimator takes
+    the option like the builder (review 28), so the previous model stays reachable."""
+    X = _data()
+    kinds = {lu: {type(t).__name__ for t in _small(lu_linear=lu).fit(X).flow_.transform.transforms}
+             for lu in (True, False)}
+    assert "LULinear" in kinds[True] and "LULinear" not in kinds[False]
+    assert FlowDensity().get_params()["lu_linear"] is True
+
+
 def test_without_n_iter_no_change_the_best_epoch_is_kept():
     """n_iter_no_change=None runs every epoch but keeps the weights of the best validation
     (here an early epoch: 20 training rows and 40 epochs overfit)."""

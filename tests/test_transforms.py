@@ -272,6 +272,31 @@ def test_lu_linear_is_the_identity_at_construction_and_its_factors_make_its_weig
     assert torch.equal(t.upper.grad.tril(), torch.zeros(D, D, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("rows", [1, D - 1, D, 3 * D])
+def test_lu_linear_computes_x_w_the_same_way_below_and_above_d_rows(rows):
+    """Fewer rows than features take two triangular products instead of forming W (review 28:
+    at D = 784 one row took 28x the rest of a MAF's log_prob); both give x W^T + b and invert."""
+    t = perturbed(LULinear(D).double())
+    x = torch.randn(rows, D, dtype=torch.float64)
+    z, log_det = t(x)
+    torch.testing.assert_close(z, x @ t.weight().T + t.bias, rtol=0, atol=1e-12)
+    torch.testing.assert_close(t.inverse(z)[0], x, rtol=0, atol=1e-10)
+    assert torch.equal(log_det, t.log_diagonal.sum().expand(rows))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lu_linear_inverts_in_half_precision(dtype):
+    """The triangular solves have no float16/bfloat16 CPU kernels; the inverse runs them in
+    float32 (review 28: a default MAF in half precision could no longer sample)."""
+    t = perturbed(LULinear(D).double())
+    x = torch.randn(6, D, dtype=torch.float64)
+    z = t(x)[0]
+    half = t.to(dtype)
+    back, log_det = half.inverse(z.to(dtype))
+    assert back.dtype == dtype and log_det.dtype == dtype
+    torch.testing.assert_close(back.double(), x, rtol=0, atol=0.1)
+
+
 def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_inside():
     t = Logit([0.0, -1.0], [1.0, 3.0]).double()
     x = torch.tensor([[0.5, 1.0], [1.5, 1.0], [0.5, -1.0001], [0.0, 3.0]], dtype=torch.float64)

@@ -355,9 +355,12 @@ def _reuse(path: Path, args: argparse.Namespace) -> dict[str, Any]:
               "max_epochs": args.max_epochs,
               "observations": [str(o) for o in args.observations],
               "spec": json.loads(json.dumps(MODELS[r["model"]]))}
+    spec = r.get("spec")
+    if isinstance(spec, dict) and spec.get("library") == "flowkit":  # written before the MAF's
+        spec = {"lu_linear": False, **spec}  # LU-linear maps were its default: none were built
     found = {"simulations": r["simulations"], "samples": r.get("samples"),
              "max_epochs": r.get("max_epochs"), "observations": list(r["c2st"]),
-             "spec": r.get("spec")}
+             "spec": spec}
     if found != wanted:
         raise ValueError(f"'{path}' was run with {found}, not {wanted}: pick another --out")
     if args.max_epochs is not None and r["epochs"] > args.max_epochs:

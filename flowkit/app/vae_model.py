@@ -89,9 +89,10 @@ class VAE(nn.Module):
             if posterior == "iaf"
             else None
         )
-        self.prior = MAF(latent_features, **flow) if prior == "maf" else StandardNormal(
-            latent_features
-        )
+        # the prior keeps the MAF of before LU-linear maps became its default (a run started
+        # then resumes; docs/vae.md): measured neither way
+        self.prior = (MAF(latent_features, **flow, lu_linear=False) if prior == "maf"
+                      else StandardNormal(latent_features))
 
     def encode(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """``x``: ``(B, D)`` -> ``mu``, ``log sigma``: ``(B, Z)``, and ``h``: ``(B, H)`` or None."""

@@ -26,7 +26,6 @@ the registered buffer checks (MADE masks against their degrees, permutations) an
 from __future__ import annotations
 
 import os
-import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -46,7 +45,7 @@ from .format import (
     read_file,
     write_file,
 )
-from .registry import BuildWarning, check_buffers, check_config, constructor, upgraded_config
+from .registry import check_buffers, check_config, constructor, rebuilding, upgraded_config
 
 __all__ = [
     "Checkpoint",
@@ -493,8 +492,7 @@ def load_model(
         kwargs["embedding"] = embedding
     dtype = _saved_dtype(ckpt.model["state_dict"])
     try:
-        with _built_in(dtype), warnings.catch_warnings():
-            warnings.simplefilter("ignore", BuildWarning)  # given when the model was built
+        with _built_in(dtype), rebuilding():  # no BuildWarning: given when it was built
             model = build(**kwargs)
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(

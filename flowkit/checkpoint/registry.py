@@ -23,10 +23,13 @@ this module imports no model.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import json
+import warnings
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -49,8 +52,30 @@ _VERSIONS: dict[str, tuple[int, Upgrade | None]] = {}
 
 class BuildWarning(UserWarning):
     """Advice that a registered constructor gives about the model it builds (for example that
-    ``MAF(1)`` with affine layers is a Gaussian). :func:`flowkit.load_model` does not repeat it
-    when it rebuilds a saved model: the choice was made, and warned about, when it was built."""
+    ``MAF(1)`` with affine layers is a Gaussian), through :func:`warn_on_build`.
+    :func:`flowkit.load_model` does not repeat it when it rebuilds a saved model: the choice was
+    made, and warned about, when it was built."""
+
+
+_REBUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("rebuilding", default=False)
+
+
+def warn_on_build(message: str, stacklevel: int) -> None:
+    """Give ``message`` as a :class:`BuildWarning` (``stacklevel`` counted from the caller),
+    unless :func:`flowkit.load_model` is rebuilding a saved model (no change of the warning
+    filters, which would show every warning the program already gave once again)."""
+    if not _REBUILDING.get():
+        warnings.warn(message, BuildWarning, stacklevel=stacklevel + 1)
+
+
+@contextmanager
+def rebuilding() -> Iterator[None]:
+    """Within this block registered constructors do not give :class:`BuildWarning`."""
+    token = _REBUILDING.set(True)
+    try:
+        yield
+    finally:
+        _REBUILDING.reset(token)
 
 
 class InvalidBuffer(ValueError):

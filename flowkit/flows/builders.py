@@ -8,14 +8,14 @@ Both builders are registered with :func:`flowkit.checkpoint.register_model`: eac
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from flowkit.checkpoint import BuildWarning, register_model
+from flowkit.checkpoint import register_model
+from flowkit.checkpoint.registry import warn_on_build
 from flowkit.distributions.conditional import ConditionalDiagonalGaussian
 from flowkit.distributions.normal import DiagonalGaussian, StandardNormal
 from flowkit.flows.flow import Flow
@@ -117,11 +117,11 @@ def _autoregressive_flow(
         given = "'embedding' was given" if embedding is not None else "'conditional_base' is True"
         raise ValueError(f"{given} but 'context_features' is 0; pass the width of the context")
     if features == 1 and context_features == 0 and transformer == "affine" and bounds is None:
-        warnings.warn(
+        warn_on_build(
             f"{'MAF' if direction == 'maf' else 'IAF'}(1) with transformer='affine' is a Gaussian "
             "whatever its layers: a one-feature MADE has nothing to condition on, so each layer "
             "is one affine map; pass transformer='spline' for a density of another shape",
-            BuildWarning, stacklevel=4,  # _autoregressive_flow, MAF, register_model's wrapper
+            stacklevel=4,  # _autoregressive_flow, MAF, register_model's wrapper
         )
     # The context path: raw (N, C) -> Standardize -> embedding -> (N, H), read by every MADE
     # and by a conditional base (base_context="raw": the base reads the standardized (N, C)).
