@@ -112,14 +112,22 @@ def test_flow_and_fit_options_reach_the_flowkit_cells_and_are_recorded(tmp_path,
     cell = "cells/seed0/moons_own__flowkit-spline.json"
     plain = json.loads((tmp_path / "a" / cell).read_text())
     varied = json.loads((tmp_path / "b" / cell).read_text())
-    assert "flow_options" not in plain["settings"]
-    assert varied["settings"]["flow_options"] == {"layers": 1, "hidden_features": [8]}
+    # MAF's lu_linear, given or not (its default changed: review 28)
+    assert plain["settings"]["flow_options"] == {"lu_linear": True}
+    assert varied["settings"]["flow_options"] == {"lu_linear": True, "layers": 1,
+                                                  "hidden_features": [8]}
     assert varied["settings"]["fit_options"] == {"lr": 0.01}
     assert varied["nll"] != plain["nll"]
     capsys.readouterr()
     # the cells of one run are not taken for another's
     assert cli.main([*base, "--out", str(tmp_path / "b")]) == 2
     assert "--flow-options" in capsys.readouterr().err
+    # nor a cell of before the default changed (no flow options recorded) for today's flow
+    path = tmp_path / "a" / cell
+    path.write_text(json.dumps({**plain, "settings": {
+        k: v for k, v in plain["settings"].items() if k != "flow_options"}}))
+    assert cli.main([*base, "--out", str(tmp_path / "a")]) == 2
+    assert "--flow-options None (now {'lu_linear': True})" in capsys.readouterr().err
     # not a JSON object; a keyword the benchmark sets itself
     with pytest.raises(SystemExit):
         cli.main([*base, "--flow-options", "[1]", "--out", str(tmp_path / "c")])

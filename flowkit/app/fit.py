@@ -280,11 +280,15 @@ def _check_same_run(
             raise ValueError(f"'{path}' cannot be read ({e}): it records the options of the "
                              "run to resume") from None
         typed = json.loads(json.dumps(typed))  # tuples as lists, as stored
-        # an option the command gained after the run started is not compared (the model's
-        # config in the checkpoint still is, by fit)
+        for name, value in ADDED_OPTIONS.items():  # a run started before the option existed
+            if name not in started:  # built what the value gives: resume it so
+                started[name] = value
+                if typed.get(name) is None:
+                    typed[name] = value
+                    setattr(args, name, value)
         changed = [f"{_typed(option, typed.get(name))} (started with "
                    f"{_typed(option, started.get(name))})" for name, option in RUN_OPTIONS.items()
-                   if name in started and typed.get(name) != started.get(name)]
+                   if typed.get(name) != started.get(name)]
         if changed:
             raise ValueError("--resume continues a run with the options it was started with; "
                              f"these differ: {'; '.join(changed)}")
@@ -300,11 +304,16 @@ def _check_same_run(
 NEGATABLE = {"--lu-linear"}
 """Options that take a ``--no-`` form (``False``: given so; ``None``: not given)."""
 
+ADDED_OPTIONS = {"lu_linear": False}
+"""Run-defining options added after runs were first recorded, with the value that a run whose
+``options.json`` lacks them was built with (a MAF had no LU-linear maps before
+``--lu-linear``)."""
+
 
 def _typed(option: str, value: Any) -> str:
     """An option as typed on the command line (``no --hidden`` when it was not given)."""
-    if value is False and option in NEGATABLE:
-        return f"--no-{option[2:]}"
+    if option in NEGATABLE and value is not True:
+        return f"--no-{option[2:]}" if value is False else f"neither {option} nor --no-{option[2:]}"
     if value is None or value is False:
         return f"no {option}"
     if value is True:

@@ -5,6 +5,7 @@ stopping rule, scikit-learn's by cross-validation; one (task, model, seed) cell 
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import time
 from collections.abc import Callable
@@ -23,6 +24,9 @@ from ..sklearn_compare import fit_model as fit_sklearn
 from .suite import UNIT_SCALE, UNIT_SHIFT, Task
 
 __all__ = ["FLOWS", "MODELS", "cell", "settings", "target"]
+
+_LU_LINEAR = inspect.signature(flowkit.MAF).parameters["lu_linear"].default
+"""``flowkit.MAF``'s default ``lu_linear``, recorded in every flowkit cell's settings."""
 
 FLOWS = ("flowkit-maf", "flowkit-spline", "zuko-maf", "zuko-nsf")
 MODELS = (*FLOWS, "gmm", "kde")
@@ -202,6 +206,9 @@ def settings(task: Task | None, model: str, args: argparse.Namespace) -> dict[st
                 "valid_every": args.valid_every}
     if model.startswith("flowkit-"):  # recorded when given (earlier cells have neither)
         flow_options, fit_options = _options(args)
+        # lu_linear, given or not: it became MAF's default on 2026-11-26, and a cell of before
+        # (which records no flow options) is not taken for one of today's flows (review 28)
+        flow_options = {"lu_linear": _LU_LINEAR, **flow_options}
         out |= {k: v for k, v in (("flow_options", flow_options),
                                   ("fit_options", fit_options)) if v}
     return out
