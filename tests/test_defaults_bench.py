@@ -127,7 +127,10 @@ def test_flow_and_fit_options_reach_the_flowkit_cells_and_are_recorded(tmp_path,
     path.write_text(json.dumps({**plain, "settings": {
         k: v for k, v in plain["settings"].items() if k != "flow_options"}}))
     assert cli.main([*base, "--out", str(tmp_path / "a")]) == 2
-    assert "--flow-options None (now {'lu_linear': True})" in capsys.readouterr().err
+    assert ("--flow-options {'lu_linear': False} (now {'lu_linear': True})"
+            in capsys.readouterr().err)
+    assert cli.main([*base, "--flow-options", '{"lu_linear": false}',  # the flow it holds
+                     "--out", str(tmp_path / "a")]) == 0
     # not a JSON object; a keyword the benchmark sets itself
     with pytest.raises(SystemExit):
         cli.main([*base, "--flow-options", "[1]", "--out", str(tmp_path / "c")])
