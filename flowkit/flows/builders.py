@@ -301,7 +301,7 @@ def MAF(
             on correlated data a MADE of 64 units cannot express the linear dependences that
             the map learns; on a correlated 32-D Gaussian the maps take 1.0 of the affine
             MAF's 1.55 nats per row of excess; ``docs/defaults.md``), off for :func:`IAF`
-            (variational fits to 2-D energies were worse with it). Each map has ``2 D^2``
+            (variational fits to 2-D energies were no better with it). Each map has ``2 D^2``
             parameters and costs ``O(D^2)`` per row.
         batch_norm: insert :class:`flowkit.transforms.BatchNorm` between layers.
         residual: residual masked blocks ``h <- h + W act(h)`` in each MADE (hidden layers
