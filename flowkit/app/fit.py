@@ -262,6 +262,14 @@ RUN_OPTIONS = {
 """The options that define a run's model and data, as typed: a ``--resume`` must repeat them
 (the training options, ``--lr`` and ``--steps`` among them, may change)."""
 
+NEGATABLE = {"--lu-linear"}
+"""Options that take a ``--no-`` form (``False``: given so; ``None``: not given)."""
+
+ADDED_OPTIONS = {"lu_linear": False}
+"""Run-defining options added after runs were first recorded, with the value that a run whose
+``options.json`` lacks them was built with (a MAF had no LU-linear maps before
+``--lu-linear``)."""
+
 
 def _check_same_run(
     args: argparse.Namespace, typed: dict[str, Any]
@@ -270,8 +278,10 @@ def _check_same_run(
     their values before any default was filled in) that differs from those recorded in
     ``<out>/options.json`` (an option that changes the data's split or the model would
     otherwise surface as a mismatch of something derived from it: the batch size, the rows,
-    the model's arguments). Otherwise return the ``on_checkpoint`` callback that records
-    them there, beside the run's first checkpoint."""
+    the model's arguments); an option that the record predates (:data:`ADDED_OPTIONS`) takes
+    the value the run was built with, in ``args`` too when it was not given. Otherwise return
+    the ``on_checkpoint`` callback that records them there, beside the run's first
+    checkpoint."""
     path = args.out / "options.json"
     if args.resume and path.exists():
         try:
@@ -299,15 +309,6 @@ def _check_same_run(
             write_bytes_atomic(path, (json.dumps(typed, indent=2) + "\n").encode())
 
     return record
-
-
-NEGATABLE = {"--lu-linear"}
-"""Options that take a ``--no-`` form (``False``: given so; ``None``: not given)."""
-
-ADDED_OPTIONS = {"lu_linear": False}
-"""Run-defining options added after runs were first recorded, with the value that a run whose
-``options.json`` lacks them was built with (a MAF had no LU-linear maps before
-``--lu-linear``)."""
 
 
 def _typed(option: str, value: Any) -> str:

@@ -40,6 +40,13 @@ from flowkit.validation import (
 )
 
 
+def float32_if_half(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a transform computes in for values of ``dtype``: float32 for float16 and
+    bfloat16 (which some CPU kernels lack, and whose resolution some steps lack), else
+    ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 class Transform(nn.Module):
     """A bijection ``x -> z`` with a tractable log-Jacobian determinant.
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from flowkit.transforms.base import Transform
+from flowkit.transforms.base import Transform, float32_if_half
 from flowkit.validation import check_int
 
 
@@ -90,8 +90,7 @@ class LULinear(Transform):
         # x W^T = z - b with W^T = U^T L^T: solve y L^T = z - b, then x U^T = y (L's unit
         # diagonal is implied by unitriangular=True, which reads no diagonal). The solves have
         # no float16/bfloat16 kernels on the CPU: those run in float32.
-        dtype = z.dtype
-        compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        dtype, compute = z.dtype, float32_if_half(z.dtype)
         y = torch.linalg.solve_triangular(
             torch.tril(self.lower, -1).T.to(compute), (z - self.bias).to(compute), upper=True,
             left=False, unitriangular=True,

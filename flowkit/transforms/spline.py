@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flowkit.transforms.base import float32_if_half
 from flowkit.validation import check_float, check_int
 
 MAX_TAIL_SLOPE = 1.1
@@ -23,9 +24,6 @@ MAX_TAIL_SLOPE = 1.1
 (down to ``min_derivative``) but stretches them by at most this factor per layer, so a test
 point far outside the training data is not pushed further out by every layer (unbounded slopes
 sent single rows of breast cancer to NLLs of 10^4; ``docs/defaults.md``)."""
-
-
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _in_float32(
@@ -36,7 +34,7 @@ def _in_float32(
     below bfloat16's spacing near the interval's ends (0.03 at 5): knots computed there round
     onto each other, and a bin of zero height gives ``log|dz/dx| = -inf``."""
     dtype = torch.promote_types(value.dtype, params.dtype)
-    if dtype not in _HALF:
+    if float32_if_half(dtype) == dtype:
         return spline(value, params)
     out, log_det = spline(value.float(), params.float())
     return out.to(dtype), log_det.to(dtype)
