@@ -39,6 +39,7 @@ from flowkit.flows import MAF
 from flowkit.train import (
     MIN_VALID_ROWS,
     DataWarning,
+    resolve_device,
     split_rows,
     warn_if_degenerate,
     warn_if_duplicated,
@@ -284,7 +285,7 @@ class FlowDensity(DensityMixin, BaseEstimator):
                     lu_linear=self.lu_linear,
                     standardize=False,  # done above, in float64 (and not at all when not asked)
                     seed=seed,
-                ).to(_DTYPES[self.dtype])
+                ).to(device=resolve_device(self.device), dtype=_DTYPES[self.dtype])
                 history = fit_flow(
                     flow,
                     u,

@@ -712,6 +712,32 @@ def test_resolve_device():
             resolve_device("cuda")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fit_on_a_gpu_leaves_the_model_where_it_was():
+    """A CPU model trained with device="auto" on a machine with a GPU comes back to the CPU
+    (on an H100, four tests that used the model on CPU tensors after fit failed), also after a
+    failed run; a model put on the GPU first stays there."""
+    x = gaussian(256)
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    before = [p.detach().clone() for p in flow.parameters()]
+    fit(flow, x, steps=3, batch_size=64, progress=False)  # device="auto": the GPU
+    assert all(t.device.type == "cpu" for t in [*flow.parameters(), *flow.buffers()])
+    assert any(not torch.equal(p, b) for p, b in zip(flow.parameters(), before, strict=True))
+    flow.log_prob(x)  # CPU tensors, as before the call
+
+    def stop(progress):
+        assert next(flow.parameters()).device.type == "cuda"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(flow, x, steps=3, batch_size=64, progress=False,
+            callbacks=flowkit.train.Callbacks(after_step=stop))
+    assert next(flow.parameters()).device.type == "cpu"
+    on_gpu = flowkit.MAF(2, layers=1, hidden_features=(8,)).cuda()
+    fit(on_gpu, x, steps=3, batch_size=64, progress=False)
+    assert next(on_gpu.parameters()).device.type == "cuda"
+
+
 # ----------------------------------------------------------------------------------------- CLI
 
 

@@ -88,7 +88,7 @@ def fit_energy(
         :class:`History`, the model's two figure panels (density colours up to ``vmax``,
         see :class:`flowkit.plot.Panel`) and the trained model.
     """
-    model = build_flow(flow, transformer, settings, seed=seed)
+    model = build_flow(flow, transformer, settings, seed=seed).to(device)  # trained, scored there
     history = fit_reverse_kl(
         model,
         lambda z: walled_log_density(name, z, wall),

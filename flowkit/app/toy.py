@@ -122,7 +122,7 @@ def fit_toy(
         ``density_ms_per_1k`` and ``sample_ms_per_1k`` (wall time of ``log_prob`` on ``test``
         and of drawing the plot samples, per 1000 points); ``parameters``.
     """
-    model = build_flow(flow, transformer, settings, seed=seed)
+    model = build_flow(flow, transformer, settings, seed=seed).to(device)  # trained, scored there
 
     def sample(n: int, generator: torch.Generator) -> Tensor:
         return sample_toy(dataset, n, generator=generator)

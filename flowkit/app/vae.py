@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hidden_features=args.hidden, posterior=posterior, prior=prior,
             flow_layers=args.flow_layers, flow_hidden_features=args.flow_hidden,
             context_features=args.context, seed=args.seed,
-        )
+        ).to(device)  # where train leaves it, and where it is scored
         history = train(
             vae, x_train, x_valid, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
             lr_schedule=None if args.lr_schedule == "constant" else args.lr_schedule,

@@ -67,8 +67,11 @@ class TrainOptions(TypedDict, total=False):
             ``History.seed``) or an integer in ``[0, 2**63)``. Seeds the data order, per-step
             sampling and torch's global generator (per process, for dropout and model
             sampling): draws after ``fit`` continue from the run's seed.
-        device: ``"auto"`` (default: CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``,
-            ... or a :class:`torch.device`.
+        device: where the run computes: ``"auto"`` (default: CUDA if available), ``"cpu"``,
+            ``"cuda"``, ``"cuda:1"``, ... or a :class:`torch.device`. The model is moved there
+            for the run and back to its own device at the end (also when the run fails), so
+            a script behaves the same with and without a GPU; a model put on the GPU first
+            (``model.cuda()``) stays there.
         checkpoint_dir: ``None`` (default) or a folder for ``checkpoint.pt``, written
             atomically every ``checkpoint_every`` steps and at the end;
             :func:`flowkit.load_model` reads it.

@@ -16,6 +16,10 @@ Implementation notes:
   scheduler state, the step, every process's random state (torch CPU and GPU, numpy's global
   generator) and data position, the history and the early-stopping state. Restoring all of it
   makes a resumed run bit-for-bit equal to an uninterrupted one on the same hardware.
+* **Device.** The model trains on the resolved ``device`` and goes back to the device it was on
+  when the session ends, also when the run fails: ``fit(flow, x)`` leaves ``flow`` where the
+  user put it, so a script written on a CPU-only machine runs unchanged where ``"auto"`` picks a
+  GPU. A model whose tensors are on several devices stays on ``device``.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ def session(
     if resume and path is None:
         raise ArgumentError("resume", Mention("resume", True), " needs ", Mention("checkpoint_dir"))
     flushing = dev.type == "cpu" and torch.set_flush_denormal(True)
+    home = _home_device(model)
     try:
         with _folder_lock(path, dist):
             # rank 0 decides, so all ranks agree
@@ -107,6 +112,15 @@ def session(
     finally:
         if flushing:
             torch.set_flush_denormal(False)
+        if home is not None and home != dev:
+            model.to(home)
+
+
+def _home_device(model: nn.Module) -> torch.device | None:
+    """The one device of all of ``model``'s parameters and buffers; None if it has none or
+    several."""
+    devices = {t.device for t in [*model.parameters(), *model.buffers()]}
+    return devices.pop() if len(devices) == 1 else None
 
 
 def _checkpoint_path(checkpoint_dir: object) -> Path | None:
