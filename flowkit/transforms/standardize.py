@@ -25,15 +25,19 @@ samples (``flow.sample``) or a ``log_prob`` on a few rows before ``fit`` does no
 standardization. A value set by a call *without gradients* (``flow.sample``, a peek under
 ``torch.no_grad()``), or from a single row (which has no spread to measure), also gives way to
 the first training-mode ``forward`` with gradients on more than one row, the first step of a
-hand-written training loop, which sets it from its batch. Otherwise later
-calls never re-estimate it, so a transform being trained in your own loop stays the same. A
-training-mode ``inverse`` with gradients enabled (reparameterized samples: training by reverse
-KL, where the flow's samples are the data) keeps the value it used (the identity, when it was
-unset) from later calls, and for good once an optimizer takes a step after it (the samples were
-trained through); before that step, data still replace it, so that a Monte-Carlo look at a new
-flow (``flow().entropy()``, a ``kl_divergence``) before ``fit`` does not decide it. Values
-given, set by :func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file are
-fixed.
+hand-written training loop, which sets it from its batch; so does the identity that sampling set
+and that reparameterized samples used (``flow.rsample`` as a shape check) before any optimizer
+step, if that batch is clearly in other units (a feature's mean or standard deviation beyond 10,
+or a standard deviation below 0.01), which the flow's own samples at that point are not.
+Otherwise later calls never re-estimate it, so a transform being trained in your own loop stays
+the same. A training-mode ``inverse`` with gradients enabled (reparameterized samples: training
+by reverse KL, where the flow's samples are the data) keeps the value it used (the identity,
+when it was unset) for good once an optimizer takes a step after it (the samples were trained
+through); before that step, data still replace it, so that a Monte-Carlo look at a new flow
+(``flow().entropy()``, a ``kl_divergence``, an ``rsample`` to check shapes) before ``fit`` or a
+loop of your own does not decide it (review 29: an ``rsample((5,))`` first left data near 1000
+at the identity, a loss of 516 against 5.94). Values given, set by :func:`set_from_data` or
+:meth:`Standardize.set`, or loaded from a file are fixed.
 
 Code compiled with :func:`torch.compile` branches on what the host knows of the flag: while it
 does not know the values set, a training-mode call sets them outside the graph (a graph break,
@@ -66,6 +70,18 @@ from flowkit.nn.modes import evaluating
 from flowkit.nn.optimizer_steps import total_steps
 from flowkit.transforms.base import Transform
 from flowkit.validation import check_int, check_tensor
+
+
+def _off_unit_scale(x: Tensor) -> bool:
+    """Whether the rows ``x`` ``(N, D)`` are clearly in other units than the identity map's: a
+    feature's mean beyond 10, or its standard deviation above 10 (or below 0.01, from 8 rows
+    on). A flow's own samples before its first optimizer step (a standard normal, or a
+    conditional base, through layers at or near the identity) are well within these bounds.
+    Reads the values back."""
+    x = x.detach()
+    mean, std = x.mean(0), x.std(0)
+    off = (mean.abs() > 10.0) | (std > 10.0) | ((std < 0.01) & (x.shape[0] >= 8))
+    return bool(off.any())
 
 
 class Standardize(Transform):
@@ -196,8 +212,9 @@ class Standardize(Transform):
         sampled_at = getattr(self, "_sampled_at", None)
         return sampled_at is None or total_steps() == sampled_at
 
-    def _mark(self, provisional: bool, looked: bool) -> None:
+    def _mark(self, provisional: bool, looked: bool, sampled: bool = False) -> None:
         self._provisional, self._looked, self._sampled_at = provisional, looked, None
+        self._sampled = sampled  # the identity, set by sampling before any data
 
     @property
     def full(self) -> bool:
@@ -308,18 +325,28 @@ class Standardize(Transform):
             self._mark(provisional=True, looked=not torch.is_grad_enabled() or rows == 1)
 
     def _looks(self, x: Tensor, compiled: bool = False) -> bool:
-        """Whether this call sets the values from ``x``. A value set by a look without
-        gradients (sampling, a no_grad peek), or from a single row (no spread to measure: a
-        check of one point, a Monte-Carlo look at one context), gives way to the first
-        training-mode call with gradients on more rows: the first step of a hand-written
-        training loop. In eval mode only a collector looks, and the flag is not read back
-        from the device; ``compiled`` code branches on what the host knows of it."""
+        """Whether this call sets the values from ``x``. A value set by a look (sampling, a
+        no_grad peek, reparameterized samples before any optimizer step), or from a single row
+        (no spread to measure: a check of one point, a Monte-Carlo look at one context), gives
+        way to the first training-mode call with gradients on more rows: the first step of a
+        hand-written training loop (see the module notes for the identity that sampling set).
+        In eval mode only a collector looks, and the flag is not read back from the device;
+        ``compiled`` code branches on what the host knows of it."""
         if self._collector is not None:
             return True
         if not self.training:
             return False
         initialized = self._known_initialized if compiled else self.is_initialized
-        return not initialized or (self._looked and torch.is_grad_enabled() and x.shape[0] > 1)
+        if not initialized:
+            return True
+        if not (self._looked and torch.is_grad_enabled() and x.shape[0] > 1 and self.provisional):
+            return False
+        # an identity set by sampling and then sampled with gradients gives way only to data
+        # clearly in other units: the flow's own samples keep it (log_prob of the x of
+        # rsample_and_log_prob agrees with it)
+        if getattr(self, "_sampled", False) and self._sampled_at is not None:
+            return compiled or _off_unit_scale(x)
+        return True
 
     @torch.compiler.disable
     def _see_outside_the_graph(self, x: Tensor) -> None:
@@ -344,13 +371,11 @@ class Standardize(Transform):
         if self.training and self._collector is None and not torch.compiler.is_compiling():
             if not self.is_initialized:
                 self._flag_set()  # the identity
-                self._mark(provisional=True, looked=True)
-            if torch.is_grad_enabled():
-                # samples to train through (reverse KL): no later call re-estimates the map,
-                # and once an optimizer steps, data no longer replace it (see provisional)
-                self._looked = False
-                if self._sampled_at is None:
-                    self._sampled_at = total_steps()
+                self._mark(provisional=True, looked=True, sampled=True)
+            if torch.is_grad_enabled() and self._sampled_at is None:
+                # samples to train through (reverse KL): once an optimizer steps, neither data
+                # nor a later call replace the map (see provisional)
+                self._sampled_at = total_steps()
         if self.full:
             z = z @ self.cholesky.T
         return z * self.scale + self.shift, self._log_det(z, 1.0)
