@@ -82,6 +82,21 @@ def test_flow_policy_log_prob_of_its_samples_is_exact(transformer):
     assert policy.deterministic(obs).shape == (6, 2)
 
 
+def test_flow_policy_deterministic_action_is_the_sample_of_zero_noise():
+    """Review 29: the evaluation action passed the raw observation to the layers, skipping the
+    flow's standardization of its context; now it is what sampling gives for zero noise."""
+    torch.manual_seed(0)
+    policy = FlowPolicy(3, 2, (16,), layers=2, transformer="affine")
+    for p in policy.parameters():  # leave the identity initialisation
+        p.data.normal_(0, 0.2)
+    obs = torch.randn(64, 3) * 20.0 + 100.0  # observations far from unit scale
+    policy.sample_and_log_prob(obs)  # training mode: sets the context standardization
+    policy.eval()
+    base = policy.flow.base
+    base.rsample = lambda n: torch.zeros(n, 2)  # noise of zero
+    torch.testing.assert_close(policy.deterministic(obs), policy.flow.sample(context=obs))
+
+
 def test_quick_command_on_pendulum(tmp_path):
     gym = pytest.importorskip("gymnasium")
     from flowkit.app.cli import main
