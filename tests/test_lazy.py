@@ -290,6 +290,8 @@ def test_what_torch_asks_but_a_flow_cannot_answer_is_named():
         _ = d.mean
     with pytest.raises(NotImplementedError, match="sample_variance"):
         _ = d.stddev
+    with pytest.raises(NotImplementedError, match="mode has no closed form"):
+        _ = d.mode
     with pytest.raises(NotImplementedError, match="no cdf"):
         d.cdf(torch.zeros(D, dtype=torch.float64))
     with pytest.raises(NotImplementedError, match="no icdf"):

@@ -217,6 +217,14 @@ class FlowDistribution(Distribution):
             "(n samples)"
         )
 
+    @property
+    def mode(self) -> Tensor:
+        raise NotImplementedError(
+            "a flow's mode has no closed form, and the image of the base distribution's mode is "
+            "not it (the Jacobian moves the mode); search for it from samples: x = d.sample((n,)) "
+            "then x[d.log_prob(x).argmax(0)], refined by gradient ascent on d.log_prob"
+        )
+
     def cdf(self, value: Tensor) -> Tensor:
         raise NotImplementedError(
             "FlowDistribution has no cdf: torch's cdf is elementwise, and a flow over R^D has "
