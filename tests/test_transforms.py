@@ -37,6 +37,13 @@ def autoregressive(direction, transformer, context=0, **made_kwargs):
     return perturbed(MaskedAutoregressive(made, tau, direction))
 
 
+def autoregressive_form(direction, context=0):
+    """The affine transformer with the shift outside the scale (``form="scale-shift"``)."""
+    tau = make_transformer("affine", form="scale-shift")
+    made = MADE(D, (24, 24), 2, context_features=context, order="random", seed=3)
+    return perturbed(MaskedAutoregressive(made, tau, direction))
+
+
 def masked_affine(direction):
     made = MADE(D, (24, 24), 2, context_features=C, order="random", seed=2)
     return perturbed(MaskedAffineAutoregressive(made, direction, log_scale_bound=2.0))
@@ -58,6 +65,8 @@ TRANSFORMS = {
     "maf-spline": lambda: autoregressive("maf", "spline"),
     "iaf-spline": lambda: autoregressive("iaf", "spline"),
     "maf-affine-random-order": lambda: autoregressive("maf", "affine", order="random", seed=4),
+    "maf-affine-scale-shift": lambda: autoregressive_form("maf"),
+    "iaf-affine-scale-shift-context": lambda: autoregressive_form("iaf", context=C),
     "iaf-spline-residual": lambda: autoregressive("iaf", "spline", residual=True, seed=1),
     "maf-affine-context": lambda: autoregressive("maf", "affine", context=C),
     "iaf-spline-context": lambda: autoregressive("iaf", "spline", context=C),
@@ -155,6 +164,20 @@ def test_affine_log_scale_is_smoothly_bounded():
     assert (log_dz.abs() <= 2.0).all()
     log_dz.sum().backward()
     assert torch.isfinite(raw.grad).all()
+
+
+def test_affine_forms_place_the_shift_inside_or_outside_the_scale():
+    x = torch.tensor([2.0, -1.0])
+    params = torch.tensor([[0.5, math.log(2.0)], [-1.0, 0.0]])  # (shift, raw log-scale)
+    bound = make_transformer("affine").log_scale_bound
+    s = bound * torch.tanh(params[:, 1] / bound)
+    z, log_dz = make_transformer("affine").forward(x, params)
+    torch.testing.assert_close(z, (x - params[:, 0]) * torch.exp(-s))
+    z2, log_dz2 = make_transformer("affine", form="scale-shift").forward(x, params)
+    torch.testing.assert_close(z2, x * torch.exp(-s) - params[:, 0])
+    assert torch.equal(log_dz, -s) and torch.equal(log_dz2, -s)
+    with pytest.raises(ValueError, match="'form' should be 'location-scale' or 'scale-shift'"):
+        make_transformer("affine", form="shift-scale")
 
 
 def test_batch_norm_training_mode_uses_batch_statistics():

@@ -17,7 +17,7 @@ Contract (:class:`Transformer`, met by :class:`Affine` and
 from __future__ import annotations
 
 import inspect
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -37,7 +37,8 @@ class Transformer(Protocol):
 
 
 class Affine:
-    r"""``z = (x - shift) * exp(-log_scale)`` with a smoothly bounded log-scale.
+    r"""``z = (x - shift) * exp(-log_scale)`` (or ``x * exp(-log_scale) - shift``) with a
+    smoothly bounded log-scale.
 
     The conditioner's two raw outputs per feature are ``(shift, a)``. The log-scale is
     ``log_scale = bound * tanh(a / bound)``: equal to ``a`` near zero, smooth everywhere, and
@@ -45,14 +46,29 @@ class Affine:
     A hard clamp would also bound it but has zero gradient outside the interval and a kink at its
     edges; ``tanh`` keeps gradients alive and finite.
 
-    ``forward``: ``log|dz/dx| = -log_scale``. ``inverse``: ``x = z * exp(log_scale) + shift``.
-    This is the parameterisation of the MAF paper (Papamakarios et al. 2017, eq. 4 and 5).
+    ``form``: where the shift goes in the ``forward`` (data-to-noise) direction.
+
+    * ``"location-scale"`` (default): ``z = (x - shift) * exp(-log_scale)``, ``inverse``
+      ``x = z * exp(log_scale) + shift``: the parameterisation of the MAF paper (Papamakarios
+      et al. 2017, eq. 4 and 5) and, read in the sampling direction, of the IAF paper.
+    * ``"scale-shift"``: ``z = x * exp(-log_scale) - shift``, ``inverse``
+      ``x = (z + shift) * exp(log_scale)``: the shift is not scaled in the forward direction,
+      as in zuko's and nflows' affine MAFs.
+
+    Either way ``forward``'s ``log|dz/dx| = -log_scale`` and ``inverse``'s is ``log_scale``.
     """
 
     params_per_feature = 2
 
-    def __init__(self, log_scale_bound: float = 3.0):
+    def __init__(
+        self,
+        log_scale_bound: float = 3.0,
+        form: Literal["location-scale", "scale-shift"] = "location-scale",
+    ):
         self.log_scale_bound = check_float("log_scale_bound", log_scale_bound, 0, exclusive=True)
+        if form not in ("location-scale", "scale-shift"):
+            raise ValueError(f"'form' should be 'location-scale' or 'scale-shift', got {form!r}")
+        self.form = form
 
     def _unpack(self, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, raw = params.unbind(-1)
@@ -61,14 +77,19 @@ class Affine:
 
     def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, log_scale = self._unpack(params)
+        if self.form == "scale-shift":
+            return x * torch.exp(-log_scale) - shift, -log_scale
         return (x - shift) * torch.exp(-log_scale), -log_scale
 
     def inverse(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, log_scale = self._unpack(params)
+        if self.form == "scale-shift":
+            return (z + shift) * torch.exp(log_scale), log_scale
         return z * torch.exp(log_scale) + shift, log_scale
 
     def __repr__(self) -> str:
-        return f"Affine(log_scale_bound={self.log_scale_bound})"
+        form = "" if self.form == "location-scale" else f", form={self.form!r}"
+        return f"Affine(log_scale_bound={self.log_scale_bound}{form})"
 
 
 _TRANSFORMERS: dict[str, type[Transformer]] = {
