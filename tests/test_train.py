@@ -1359,10 +1359,10 @@ def test_data_frames_train_as_the_arrays_of_their_columns():
     mixed = _Frame(a=a, n=c)  # floats and integers: a float array, as numpy makes it
     torch.manual_seed(0)
     fit(flowkit.MAF(2, hidden_features=(8,), layers=1), mixed, valid=0.25, steps=2, **QUIET)
-    with pytest.raises(ValueError, match=r"'data' is a _Frame whose columns \['s'\] do not hold "
-                       r"numbers \(text, or values numpy holds as Python objects\)"):
+    with pytest.raises(ValueError, match=r"'data' is a _Frame whose columns 's' \(<U1\) do not "
+                       r"hold numbers \(text, dates, categories, or values numpy holds as"):
         fit(flowkit.MAF(2), _Frame(a=a, s=["x"] * 64), steps=1, **QUIET)
-    with pytest.raises(ValueError, match=r"'valid context' is a _Frame whose columns \['k'\]"):
+    with pytest.raises(ValueError, match=r"'valid context' is a _Frame whose columns 'k' \(object"):
         fit(flowkit.MAF(1, context_features=1), (a[:, None], c[:, None]), steps=1,
             valid=(a[:, None], _Frame(k=[None] * 64)), **QUIET)
     with pytest.raises(TypeError, match=r"'data' holds torch.int64 values"):
@@ -1378,7 +1378,11 @@ def test_pandas_data_frames_and_series():
     with pytest.warns(flowkit.train.DataWarning, match=r"'data', column 1 \('b'\), takes only"):
         fit(flowkit.MAF(2, hidden_features=(8,), layers=1), frame, steps=1, **QUIET)
     frame["k"] = pd.Categorical(["u", "v"] * 40)
-    with pytest.raises(ValueError, match=r"columns \['k'\] do not hold numbers"):
+    with pytest.raises(ValueError, match=r"columns 'k' \(category\) do not hold numbers"):
+        fit(flowkit.MAF(3), frame, steps=1, **QUIET)
+    frame["k"] = pd.date_range("2026-01-01", periods=80)  # review 29: named as text before
+    with pytest.raises(ValueError, match=r"columns 'k' \(datetime64\[.s\]\) do not hold numbers "
+                       r"\(text, dates"):
         fit(flowkit.MAF(3), frame, steps=1, **QUIET)
     series = pd.Series(g.normal(size=80), name="y")  # one column (review 24: a 1-D array)
     fit(flowkit.MAF(2, context_features=1, hidden_features=(8,)), (frame[["a", "b"]], series),

@@ -102,7 +102,8 @@ def frames_as_arrays(name: str, value: Any) -> Any:
 
     A data frame is anything with ``to_numpy`` and ``columns`` (pandas, polars); a pandas
     ``Series`` (``to_numpy`` and ``dtype``) is one column, ``(N, 1)``. Its columns must hold
-    numbers: a column of text (or of anything numpy holds as Python objects) is refused, named;
+    numbers: a column of text, dates or categories (or of anything numpy holds as Python
+    objects) is refused, named with its dtype;
     missing values become NaN, which the checks of the data then refuse with their row."""
     if isinstance(value, tuple | list) and len(value) == 2:
         pair = frames_as_arrays(name, value[0]), frames_as_arrays(f"{name} context", value[1])
@@ -111,18 +112,20 @@ def frames_as_arrays(name: str, value: Any) -> Any:
     if isinstance(value, Tensor | np.ndarray) or not hasattr(value, "to_numpy"):
         return value
     if hasattr(value, "columns"):  # by position: names may repeat, or differ only in type
-        columns = [(str(c), np.asarray(_column(value, j, c).to_numpy()))
-                   for j, c in enumerate(value.columns)]
+        sources = [(str(c), _column(value, j, c)) for j, c in enumerate(value.columns)]
     elif hasattr(value, "dtype"):  # a Series: one column
-        columns = [(str(getattr(value, "name", None) or "values"), np.asarray(value.to_numpy()))]
+        sources = [(str(getattr(value, "name", None) or "values"), value)]
     else:
         return value
-    not_numbers = [label for label, column in columns if column.dtype.kind not in "biuf"]
+    columns = [(label, np.asarray(source.to_numpy())) for label, source in sources]
+    not_numbers = [f"{label!r} ({getattr(source, 'dtype', column.dtype)})"
+                   for (label, source), (_, column) in zip(sources, columns, strict=True)
+                   if column.dtype.kind not in "biuf"]
     if not_numbers:
         raise ValueError(
-            f"'{name}' is a {type(value).__name__} whose columns {not_numbers} do not hold "
-            "numbers (text, or values numpy holds as Python objects): encode or drop them "
-            "before fitting"
+            f"'{name}' is a {type(value).__name__} whose columns {', '.join(not_numbers)} do "
+            "not hold numbers (text, dates, categories, or values numpy holds as Python "
+            "objects): encode them as numbers or drop them before fitting"
         )
     if not columns:
         return np.empty((len(value), 0))
