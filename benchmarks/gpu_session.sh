@@ -8,7 +8,9 @@
 #
 # On the lent machine: copy binarized_mnist.npz into the checkout (an ignored folder carried
 # along) and point DATA at it. MNIST_UNTIL: seconds after the start after which no further
-# model is started (default 380); MODELS_PER_ORDER: seeds per ordering (default 16).
+# model is started (default 380); MODELS_PER_ORDER: seeds per ordering (default 16). The models
+# are written to /tmp/runs on that machine (only $OUT comes back: logs, the scores and the
+# bench JSON), and a mixture needs all its models in one session, so seeds start at 0 again.
 set -u
 OUT=${OUT:-runs/gpu}
 DATA=${DATA:-../shared/data/binarized_mnist.npz}

@@ -119,3 +119,38 @@ def test_a_flow_compiled_before_training_is_standardized_as_an_eager_one(covaria
     torch._dynamo.reset()  # now that it is set: no graph break, in training mode too
     loss = _compiled(compiled.log_prob)(x[:64]).mean()
     loss.backward()
+
+
+def test_a_module_pickled_before_the_host_noted_its_flag_compiles_as_one_graph():
+    """Review 30: a Standardize pickled by an older version has no note of its flag, so
+    compiled code took it for unset and broke the graph (an error with fullgraph=True)."""
+    import pickle
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    flowkit.fit(flow, torch.randn(256, 2) * 3 + 5, steps=2, progress=False, device="cpu")
+    for m in flow.modules():
+        if isinstance(m, flowkit.transforms.Standardize):
+            del m.__dict__["_flag"], m.__dict__["_sampled"]  # as the older version pickled it
+    old = pickle.loads(pickle.dumps(flow)).train()
+    _compiled(old.log_prob)(torch.randn(8, 2)).sum().backward()
+
+
+def test_a_flow_trained_by_reverse_kl_inside_torch_compile_keeps_its_identity():
+    """Review 30: compiled sampling skipped the standardization's bookkeeping, so a flow
+    trained by reverse KL inside torch.compile stayed unset, and a later training-mode
+    log_prob set it from that batch (the log-density of its samples fell from -1.4 to -44.6)."""
+    torch.manual_seed(0)
+    flow = flowkit.MAF(2, layers=2, hidden_features=(16,))
+    optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)
+    draw = torch.compile(flow.sample_and_log_prob, backend="aot_eager")
+    for _ in range(3):
+        x, log_q = draw(64)
+        loss = (log_q + 0.5 * (x - 3.0).square().sum(-1)).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    std = flow.transform.transforms[0]
+    assert std.initialized and not std.provisional
+    x = flow.sample(256) * 40.0 + 1000.0  # a later training-mode call on other data
+    flow.log_prob(x).sum().backward()
+    assert torch.equal(std.shift, torch.zeros(2)) and torch.equal(std.scale, torch.ones(2))

@@ -221,8 +221,9 @@ class FlowDistribution(Distribution):
     def mode(self) -> Tensor:
         raise NotImplementedError(
             "a flow's mode has no closed form, and the image of the base distribution's mode is "
-            "not it (the Jacobian moves the mode); search for it from samples: x = d.sample((n,)) "
-            "then x[d.log_prob(x).argmax(0)], refined by gradient ascent on d.log_prob"
+            "not it (the Jacobian moves the mode); search for it from samples: of "
+            "x = d.sample((n,)), the one of highest d.log_prob(x) along the first axis, refined "
+            "by gradient ascent on d.log_prob"
         )
 
     def cdf(self, value: Tensor) -> Tensor:

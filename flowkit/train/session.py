@@ -19,7 +19,8 @@ Implementation notes:
 * **Device.** The model trains on the resolved ``device`` and goes back to the device it was on
   when the session ends, also when the run fails: ``fit(flow, x)`` leaves ``flow`` where the
   user put it, so a script written on a CPU-only machine runs unchanged where ``"auto"`` picks a
-  GPU. A model whose tensors are on several devices stays on ``device``.
+  GPU. A model whose tensors are on several devices stays on ``device``. After a failed run, an
+  error in moving it back gives way to the run's own.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def session(
         raise ArgumentError("resume", Mention("resume", True), " needs ", Mention("checkpoint_dir"))
     flushing = dev.type == "cpu" and torch.set_flush_denormal(True)
     home = _home_device(model)
+    finished = False
     try:
         with _folder_lock(path, dist):
             # rank 0 decides, so all ranks agree
@@ -109,11 +111,17 @@ def session(
                 model_entry(model)  # a malformed model.config fails now, not at a checkpoint
             model.to(dev)
             yield Session(dev, dist, path, ckpt, _choose_seed(seed, ckpt, path, dist), objective)
+        finished = True
     finally:
         if flushing:
             torch.set_flush_denormal(False)
         if home is not None and home != dev:
-            model.to(home)
+            try:
+                model.to(home)
+            except Exception:
+                if finished:
+                    raise
+                # the run's own error (a CUDA error, say) is the one to report, not this one
 
 
 def _home_device(model: nn.Module) -> torch.device | None:

@@ -28,7 +28,8 @@ the first training-mode ``forward`` with gradients on more than one row, the fir
 hand-written training loop, which sets it from its batch; so does the identity that sampling set
 and that reparameterized samples used (``flow.rsample`` as a shape check) before any optimizer
 step, if that batch is clearly in other units (a feature's mean or standard deviation beyond 10,
-or a standard deviation below 0.01), which the flow's own samples at that point are not.
+or, from 8 rows on, a standard deviation below 0.01), which the flow's own samples at that point
+are not.
 Otherwise later calls never re-estimate it, so a transform being trained in your own loop stays
 the same. A training-mode ``inverse`` with gradients enabled (reparameterized samples: training
 by reverse KL, where the flow's samples are the data) keeps the value it used (the identity,
@@ -308,6 +309,11 @@ class Standardize(Transform):
             self._invert_cholesky()
         return result
 
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if "_flag" not in self.__dict__:  # pickled by a version that did not note the flag
+            self.is_initialized  # noqa: B018  (read once now: compiled code branches on it)
+
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super()._load_from_state_dict(*args, **kwargs)
         if self.full:
@@ -330,22 +336,28 @@ class Standardize(Transform):
         (no spread to measure: a check of one point, a Monte-Carlo look at one context), gives
         way to the first training-mode call with gradients on more rows: the first step of a
         hand-written training loop (see the module notes for the identity that sampling set).
-        In eval mode only a collector looks, and the flag is not read back from the device;
-        ``compiled`` code branches on what the host knows of it."""
+        In eval mode only a collector looks, and the flag is not read back from the device.
+        ``compiled`` code branches on what the host knows (Python values only), and the call
+        it then makes outside the graph decides the rest."""
         if self._collector is not None:
             return True
         if not self.training:
             return False
-        initialized = self._known_initialized if compiled else self.is_initialized
-        if not initialized:
+        may_look = self._looked and torch.is_grad_enabled() and x.shape[0] > 1
+        if compiled:
+            return not self._known_initialized or may_look
+        if not self.is_initialized:
             return True
-        if not (self._looked and torch.is_grad_enabled() and x.shape[0] > 1 and self.provisional):
+        if not may_look:
+            return False
+        if not self.provisional:  # final: an optimizer stepped after the samples it gave
+            self._looked = False
             return False
         # an identity set by sampling and then sampled with gradients gives way only to data
         # clearly in other units: the flow's own samples keep it (log_prob of the x of
         # rsample_and_log_prob agrees with it)
         if getattr(self, "_sampled", False) and self._sampled_at is not None:
-            return compiled or _off_unit_scale(x)
+            return _off_unit_scale(x)
         return True
 
     @torch.compiler.disable
@@ -356,34 +368,60 @@ class Standardize(Transform):
         if self._looks(x):
             self._see(x)
 
+    def _values(self) -> dict[str, Tensor]:
+        """The buffers a call computes with: copies while a later call may still replace them
+        in place (a look, gradients on), so that the graph of this call stays valid (review
+        30: an rsample and a first data batch in one loss failed in backward)."""
+        names = ("shift", "scale", "cholesky", "cholesky_inverse") if self.full else (
+            "shift", "scale")
+        copy = self._looked and torch.is_grad_enabled()
+        return {n: getattr(self, n).clone() if copy else getattr(self, n) for n in names}
+
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         if torch.compiler.is_compiling():  # a graph break only while the host knows no values
             if self._looks(x, compiled=True):
                 self._see_outside_the_graph(x)
         elif self._looks(x):
             self._see(x)
-        z = (x - self.shift) / self.scale
+        v = self._values()
+        z = (x - v["shift"]) / v["scale"]
         if self.full:
-            z = z @ self.cholesky_inverse.T
-        return z, self._log_det(x, -1.0)
+            z = z @ v["cholesky_inverse"].T
+        return z, self._log_det(x, -1.0, v)
 
-    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        if self.training and self._collector is None and not torch.compiler.is_compiling():
-            if not self.is_initialized:
-                self._flag_set()  # the identity
-                self._mark(provisional=True, looked=True, sampled=True)
-            if torch.is_grad_enabled() and self._sampled_at is None:
+    def _sample_bookkeeping(self) -> None:
+        """What a training-mode ``inverse`` notes: the identity when no value is set, and the
+        optimizer step count at the first call with gradients (see the module notes)."""
+        if not self.is_initialized:
+            self._flag_set()  # the identity
+            self._mark(provisional=True, looked=True, sampled=True)
+        if torch.is_grad_enabled():
+            if self._sampled_at is None:
                 # samples to train through (reverse KL): once an optimizer steps, neither data
                 # nor a later call replace the map (see provisional)
                 self._sampled_at = total_steps()
-        if self.full:
-            z = z @ self.cholesky.T
-        return z * self.scale + self.shift, self._log_det(z, 1.0)
+            elif self._looked and not self.provisional:
+                self._looked = False  # final
 
-    def _log_det(self, like: Tensor, sign: float) -> Tensor:
-        log_scale = torch.log(self.scale).sum()
+    _sample_bookkeeping_outside_the_graph = torch.compiler.disable(_sample_bookkeeping)
+
+    def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        if self.training and self._collector is None:
+            if not torch.compiler.is_compiling():
+                self._sample_bookkeeping()
+            elif not self._known_initialized or (
+                torch.is_grad_enabled() and self._sampled_at is None
+            ):  # a graph break while the host knows no values or no step count
+                self._sample_bookkeeping_outside_the_graph()
+        v = self._values()
         if self.full:
-            log_scale = log_scale + torch.log(torch.diagonal(self.cholesky)).sum()
+            z = z @ v["cholesky"].T
+        return z * v["scale"] + v["shift"], self._log_det(z, 1.0, v)
+
+    def _log_det(self, like: Tensor, sign: float, v: dict[str, Tensor]) -> Tensor:
+        log_scale = torch.log(v["scale"]).sum()
+        if self.full:
+            log_scale = log_scale + torch.log(torch.diagonal(v["cholesky"])).sum()
         return (sign * log_scale).expand(like.shape[0])
 
     def extra_repr(self) -> str:
