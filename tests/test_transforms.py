@@ -1,6 +1,7 @@
 """Every transform: exact log-determinants, inverses, and gradients (float64)."""
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -178,6 +179,9 @@ def test_affine_forms_place_the_shift_inside_or_outside_the_scale():
     assert torch.equal(log_dz, -s) and torch.equal(log_dz2, -s)
     with pytest.raises(ValueError, match="'form' should be 'location-scale' or 'scale-shift'"):
         make_transformer("affine", form="shift-scale")
+    old = make_transformer("affine")
+    del old.__dict__["form"]  # as pickled before the option existed: the form of then
+    torch.testing.assert_close(pickle.loads(pickle.dumps(old)).forward(x, params)[0], z)
 
 
 def test_batch_norm_training_mode_uses_batch_statistics():

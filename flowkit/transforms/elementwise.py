@@ -59,6 +59,7 @@ class Affine:
     """
 
     params_per_feature = 2
+    form: str = "location-scale"  # also what instances pickled before the option read
 
     def __init__(
         self,

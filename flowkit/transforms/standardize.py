@@ -29,16 +29,15 @@ hand-written training loop, which sets it from its batch; so does the identity t
 and that reparameterized samples used (``flow.rsample`` as a shape check) before any optimizer
 step, if that batch is clearly in other units (a feature's mean or standard deviation beyond 10,
 or, from 8 rows on, a standard deviation below 0.01), which the flow's own samples at that point
-are not.
-Otherwise later calls never re-estimate it, so a transform being trained in your own loop stays
-the same. A training-mode ``inverse`` with gradients enabled (reparameterized samples: training
-by reverse KL, where the flow's samples are the data) keeps the value it used (the identity,
-when it was unset) for good once an optimizer takes a step after it (the samples were trained
-through); before that step, data still replace it, so that a Monte-Carlo look at a new flow
-(``flow().entropy()``, a ``kl_divergence``, an ``rsample`` to check shapes) before ``fit`` or a
-loop of your own does not decide it (review 29: an ``rsample((5,))`` first left data near 1000
-at the identity, a loss of 516 against 5.94). Values given, set by :func:`set_from_data` or
-:meth:`Standardize.set`, or loaded from a file are fixed.
+are not. Otherwise later calls never re-estimate it, so a transform being trained in your own
+loop stays the same. A training-mode ``inverse`` with gradients enabled (reparameterized
+samples: training by reverse KL, where the flow's samples are the data) keeps the value it used
+(the identity, when it was unset) for good once an optimizer takes a step after it (the samples
+were trained through); before that step, data still replace it, so that a Monte-Carlo look at a
+new flow (``flow().entropy()``, a ``kl_divergence``, an ``rsample`` to check shapes) before
+``fit`` or a loop of your own does not decide it (review 29: an ``rsample((5,))`` first left
+data near 1000 at the identity, a loss of 516 against 5.94). Values given, set by
+:func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file are fixed.
 
 Code compiled with :func:`torch.compile` branches on what the host knows of the flag: while it
 does not know the values set, a training-mode call sets them outside the graph (a graph break,
