@@ -154,3 +154,12 @@ def test_a_flow_trained_by_reverse_kl_inside_torch_compile_keeps_its_identity():
     x = flow.sample(256) * 40.0 + 1000.0  # a later training-mode call on other data
     flow.log_prob(x).sum().backward()
     assert torch.equal(std.shift, torch.zeros(2)) and torch.equal(std.scale, torch.ones(2))
+
+
+def test_reverse_kl_compiled_as_one_graph_after_the_standardization_is_set():
+    """Review 31: with fullgraph=True, sampling with gradients failed even after fit or
+    set_from_data had set the standardization, as these pages advise doing first."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    flowkit.fit(flow, torch.randn(256, 2) * 3 + 5, steps=2, progress=False, device="cpu")
+    x, log_q = _compiled(flow.sample_and_log_prob)(16)
+    (log_q + x.square().sum(-1)).mean().backward()

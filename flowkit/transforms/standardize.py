@@ -409,8 +409,9 @@ class Standardize(Transform):
             if not torch.compiler.is_compiling():
                 self._sample_bookkeeping()
             elif not self._known_initialized or (
-                torch.is_grad_enabled() and self._sampled_at is None
-            ):  # a graph break while the host knows no values or no step count
+                torch.is_grad_enabled() and getattr(self, "_provisional", False)
+                and self._sampled_at is None
+            ):  # a graph break while the host knows no values, or no step count for them
                 self._sample_bookkeeping_outside_the_graph()
         v = self._values()
         if self.full:
