@@ -503,6 +503,13 @@ def test_a_value_from_one_row_gives_way_to_the_first_training_batch():
     torch.testing.assert_close(std.shift, c[0])
     flow.log_prob(torch.randn(64, 2), c).mean().backward()  # the loop's first step
     torch.testing.assert_close(std.shift, c.mean(0).double().float())
+    # nor do a few contexts sampled at with gradients (review 31: three set the scale)
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3)
+    flow(c[:3]).entropy(8)
+    assert flow.standardize_context.provisional
+    flow.log_prob(torch.randn(64, 2), c).mean().backward()
+    torch.testing.assert_close(flow.standardize_context.shift, c.mean(0).double().float())
+    torch.testing.assert_close(flow.standardize_context.scale, c.std(0, correction=0))
     one_at_a_time = Standardize(3)
     for row in c[:5].split(1):
         one_at_a_time(row)

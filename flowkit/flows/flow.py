@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, Literal
 
 import torch
@@ -305,7 +306,10 @@ class Flow(nn.Module):
             ref = self._reference()
             x = torch.empty(*shape, self.features, dtype=ref.dtype, device=ref.device)
             return x, x.new_empty(shape) if log_prob else None
-        h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
+        std = self.standardize_context  # a value set from the contexts sampled at is a look
+        eager = std is not None and not torch.compiler.is_compiling()
+        with std._sampling_pass() if eager else nullcontext():
+            h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
         z, log_pz = self._base_sample(rows, h_base, log_prob)
         x, log_det = self.transform._inverse(z, h)
         x = x.reshape(*shape, self.features)

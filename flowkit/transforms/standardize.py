@@ -23,21 +23,22 @@ A value set by a call is **provisional** (:attr:`Standardize.provisional`):
 :func:`set_from_data`, and so :func:`flowkit.fit`, replace it, so that a look at a new flow's
 samples (``flow.sample``) or a ``log_prob`` on a few rows before ``fit`` does not decide the
 standardization. A value set by a call *without gradients* (``flow.sample``, a peek under
-``torch.no_grad()``), or from a single row (which has no spread to measure), also gives way to
-the first training-mode ``forward`` with gradients on more than one row, the first step of a
-hand-written training loop, which sets it from its batch; so does the identity that sampling set
-and that reparameterized samples used (``flow.rsample`` as a shape check) before any optimizer
-step, if that batch is clearly in other units (a feature's mean or standard deviation beyond 10,
-or, from 8 rows on, a standard deviation below 0.01), which the flow's own samples at that point
-are not. Otherwise later calls never re-estimate it, so a transform being trained in your own
-loop stays the same. A training-mode ``inverse`` with gradients enabled (reparameterized
-samples: training by reverse KL, where the flow's samples are the data) keeps the value it used
-(the identity, when it was unset) for good once an optimizer takes a step after it (the samples
-were trained through); before that step, data still replace it, so that a Monte-Carlo look at a
-new flow (``flow().entropy()``, a ``kl_divergence``, an ``rsample`` to check shapes) before
-``fit`` or a loop of your own does not decide it (review 29: an ``rsample((5,))`` first left
-data near 1000 at the identity, a loss of 516 against 5.94). Values given, set by
-:func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file are fixed.
+``torch.no_grad()``), from the contexts a flow sampled at (a flow's context standardization,
+``flow(c).entropy()`` at a few contexts), or from a single row (which has no spread to measure),
+also gives way to the first training-mode ``forward`` with gradients on more than one row, the
+first step of a hand-written training loop, which sets it from its batch; so does the identity
+that sampling set and that reparameterized samples used (``flow.rsample`` as a shape check)
+before any optimizer step, if that batch is clearly in other units (a feature's mean or standard
+deviation beyond 10, or, from 8 rows on, a standard deviation below 0.01), which the flow's own
+samples at that point are not. Otherwise later calls never re-estimate it, so a transform being
+trained in your own loop stays the same. A training-mode ``inverse`` with gradients enabled
+(reparameterized samples: training by reverse KL, where the flow's samples are the data) keeps
+the value it used (the identity, when it was unset) for good once an optimizer takes a step
+after it (the samples were trained through); before that step, data still replace it, so that a
+Monte-Carlo look at a new flow (``flow().entropy()``, a ``kl_divergence``, an ``rsample`` to
+check shapes) before ``fit`` or a loop of your own does not decide it (review 29: an
+``rsample((5,))`` first left data near 1000 at the identity, a loss of 516 against 5.94). Values
+given, set by :func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file are fixed.
 
 Code compiled with :func:`torch.compile` branches on what the host knows of the flag: while it
 does not know the values set, a training-mode call sets them outside the graph (a graph break,
@@ -60,7 +61,8 @@ training data barely vary in; a constant feature is uncorrelated with the rest.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -327,7 +329,21 @@ class Standardize(Transform):
         elif self.training:
             self._set_from(self._moments(x.detach()))
             rows = x.shape[0]
-            self._mark(provisional=True, looked=not torch.is_grad_enabled() or rows == 1)
+            look = not torch.is_grad_enabled() or rows == 1 or getattr(self, "_sampling", False)
+            self._mark(provisional=True, looked=look)
+
+    @contextmanager
+    def _sampling_pass(self) -> Iterator[None]:
+        """Calls inside are a flow's sampling pass: a value they set (from the contexts
+        sampled at) is a look, which the first training batch replaces, as a look without
+        gradients is (review 31: an ``entropy()`` at 3 contexts set the context scale for a
+        loop of one's own)."""
+        before = getattr(self, "_sampling", False)
+        self._sampling = True
+        try:
+            yield
+        finally:
+            self._sampling = before
 
     def _looks(self, x: Tensor, compiled: bool = False) -> bool:
         """Whether this call sets the values from ``x``. A value set by a look (sampling, a
