@@ -130,6 +130,19 @@ def test_an_rsample_to_check_shapes_gives_way_to_a_hand_written_loop():
     samples = flow.rsample(16)
     (samples.square().sum() - flow.log_prob(x[:64]).sum()).backward()
     torch.testing.assert_close(flow.transform.transforms[0].shift, x[:64].mean(0))
+    # another model's optimizer steps do not count as training through the samples (review 31:
+    # a shape check, an unrelated step, then the loop kept the identity: 9557 against 10.6)
+    other = torch.nn.Linear(2, 1)
+    for then in ("loop", "fit"):
+        flow = flowkit.MAF(2, layers=2, hidden_features=(16,))
+        flow().entropy(8) if then == "fit" else flow().rsample((5,))
+        torch.optim.SGD(other.parameters(), lr=0.1).step()
+        if then == "fit":
+            flowkit.fit(flow, x, steps=1, seed=0, progress=False, device="cpu")
+            torch.testing.assert_close(flow.transform.transforms[0].shift, x.mean(0))
+        else:
+            flow.log_prob(x[:64]).mean().backward()
+            torch.testing.assert_close(flow.transform.transforms[0].shift, x[:64].mean(0))
     # the flow's own samples keep the identity: their log-density is the one sampling gave
     flow = flowkit.MAF(2, layers=2, hidden_features=(16,))
     samples, log_p = flow().rsample_and_log_prob((64,))

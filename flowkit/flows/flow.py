@@ -202,6 +202,15 @@ class Flow(nn.Module):
         self.context_features: int = context_features
         self.config: dict | None = None  # set by the builders, used by flowkit.save_model
 
+    def _watch_standardizations(self) -> None:
+        """Samples to train through: the data standardization counts the optimizer steps of
+        this flow's weights, not of every optimizer (:meth:`Standardize.watch_steps_of`)."""
+        weight = next((p for p in self.transform.parameters() if p.requires_grad), None)
+        if weight is not None:
+            for m in self.transform.modules():
+                if isinstance(m, Standardize):
+                    m.watch_steps_of(weight)
+
     def _reference(self) -> Tensor:
         """The first floating-point parameter or buffer: the model's dtype and device."""
         ref = reference(self)
@@ -307,10 +316,12 @@ class Flow(nn.Module):
             x = torch.empty(*shape, self.features, dtype=ref.dtype, device=ref.device)
             return x, x.new_empty(shape) if log_prob else None
         std = self.standardize_context  # a value set from the contexts sampled at is a look
-        eager = std is not None and not torch.compiler.is_compiling()
-        with std._sampling_pass() if eager else nullcontext():
+        eager = not torch.compiler.is_compiling()
+        with std._sampling_pass() if eager and std is not None else nullcontext():
             h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
         z, log_pz = self._base_sample(rows, h_base, log_prob)
+        if self.training and torch.is_grad_enabled() and eager:
+            self._watch_standardizations()
         x, log_det = self.transform._inverse(z, h)
         x = x.reshape(*shape, self.features)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)

@@ -61,6 +61,7 @@ training data barely vary in; a constant feature is uncorrelated with the rest.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -69,7 +70,7 @@ import torch
 from torch import Tensor, nn
 
 from flowkit.nn.modes import evaluating
-from flowkit.nn.optimizer_steps import total_steps
+from flowkit.nn.optimizer_steps import steps_of, total_steps
 from flowkit.transforms.base import Transform
 from flowkit.validation import check_int, check_tensor
 
@@ -205,14 +206,34 @@ class Standardize(Transform):
         """Whether the values were set by a call (not given, set from data or loaded), so
         that :func:`set_from_data` (and :func:`flowkit.fit`) replaces them. A value that a
         training-mode ``inverse`` with gradients used (reparameterized samples: training by
-        reverse KL, or a Monte-Carlo ``entropy()`` of a new flow) stays provisional until an
-        optimizer (any ``torch.optim`` step) takes a step: then the samples were trained
-        through, and the value is the model's."""
+        reverse KL, or a Monte-Carlo ``entropy()`` of a new flow) stays provisional until a
+        ``torch.optim`` optimizer takes a step that updates the flow's weights (inside a
+        :class:`flowkit.Flow`, see :meth:`watch_steps_of`; any optimizer's step for a
+        ``Standardize`` used on its own): then the samples were trained through, and the value
+        is the model's."""
         # (modules pickled by older versions hold a plain 'provisional' attribute)
         if not getattr(self, "_provisional", self.__dict__.get("provisional", False)):
             return False
         sampled_at = getattr(self, "_sampled_at", None)
-        return sampled_at is None or total_steps() == sampled_at
+        return sampled_at is None or self._steps() == sampled_at
+
+    def watch_steps_of(self, weight: Tensor) -> None:
+        """Count only the optimizer steps that update ``weight`` (a weight of the flow this
+        module belongs to; :class:`flowkit.Flow` sets it when it samples) when deciding that
+        samples were trained through (see :attr:`provisional`): without it any ``torch.optim``
+        step counts, another model's too (review 31: a shape check, a step of an unrelated
+        model, then a loop of one's own kept the identity)."""
+        known = getattr(self, "_watched", None)
+        if known is None or known() is not weight:
+            if self._sampled_at is not None:  # counted by another measure: start again
+                self._sampled_at = None
+            self._watched = weakref.ref(weight)
+
+    def _steps(self) -> int:
+        """The optimizer steps that count for :attr:`provisional`."""
+        known = getattr(self, "_watched", None)
+        weight = None if known is None else known()
+        return total_steps() if weight is None else steps_of(weight)
 
     def _mark(self, provisional: bool, looked: bool, sampled: bool = False) -> None:
         self._provisional, self._looked, self._sampled_at = provisional, looked, None
@@ -309,6 +330,12 @@ class Standardize(Transform):
         if self.full and self.cholesky.is_floating_point() and not self.cholesky.is_meta:
             self._invert_cholesky()
         return result
+
+    def __getstate__(self) -> dict:  # pickling and deepcopy: the copy watches no weight yet
+        state = self.__dict__.copy()
+        if state.pop("_watched", None) is not None:
+            state["_sampled_at"] = None
+        return state
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -414,7 +441,7 @@ class Standardize(Transform):
             if self._sampled_at is None:
                 # samples to train through (reverse KL): once an optimizer steps, neither data
                 # nor a later call replace the map (see provisional)
-                self._sampled_at = total_steps()
+                self._sampled_at = self._steps()
             elif self._looked and not self.provisional:
                 self._looked = False  # final
 
