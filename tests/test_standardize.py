@@ -1,7 +1,9 @@
 """Standardize: fixed and data-set shift and scale, named errors, state, unit invariance.
 (Round trips and log-determinants against autograd are in test_transforms' registry.)"""
 
+import copy
 import math
+import pickle
 import warnings
 
 import pytest
@@ -466,6 +468,8 @@ def test_training_by_reverse_kl_fixes_the_identity_and_fit_keeps_it():
     optimizer.step()
     std = flow.transform.transforms[0]
     assert std.initialized and not std.provisional and not standardizations_to_set(flow)
+    for copied in (copy.deepcopy(flow), pickle.loads(pickle.dumps(flow))):  # final in copies
+        assert not standardizations_to_set(copied)
     flowkit.fit(flow, torch.randn(200, 2) * 50.0 + 7.0, steps=1, seed=0, progress=False,
                 device="cpu")
     assert torch.equal(std.shift, torch.zeros(2)) and torch.equal(std.scale, torch.ones(2))
@@ -788,7 +792,6 @@ def test_full_standardization_is_saved_and_loaded_and_old_configs_keep_the_diago
 def test_is_initialized_follows_every_write_of_the_buffer():
     """The flag is read on the host only when the buffer changed (no device read per call),
     so loads, direct writes, pickles and buffers passed to torch.func.functional_call count."""
-    import pickle
 
     a = Standardize.from_data(torch.randn(50, 2) * 3 + 1)
     b = Standardize(2)

@@ -331,10 +331,17 @@ class Standardize(Transform):
             self._invert_cholesky()
         return result
 
-    def __getstate__(self) -> dict:  # pickling and deepcopy: the copy watches no weight yet
+    def __getstate__(self) -> dict:
+        """Pickling and deepcopy: step counts do not carry over (the copy watches no weight,
+        and another process counts afresh), so a value that samples were trained through is
+        stored as final, and one still provisional as not yet sampled with gradients."""
         state = self.__dict__.copy()
-        if state.pop("_watched", None) is not None:
-            state["_sampled_at"] = None
+        state.pop("_watched", None)
+        if state.get("_sampled_at") is not None:
+            if self.provisional:
+                state["_sampled_at"] = None
+            else:
+                state["_provisional"], state["_looked"], state["_sampled_at"] = False, False, None
         return state
 
     def __setstate__(self, state: dict) -> None:
