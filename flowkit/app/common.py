@@ -19,7 +19,14 @@ from flowkit.validation import Mention, WordedError, python_spelling
 
 from .options import positive_float, positive_int
 
+FLOW_OPTIONS_ADDED: dict[str, Any] = {"lu_linear": False}
+"""Flow options that the apps' records (``flowkit fit``'s ``options.json``, bench-defaults'
+cells, sbibm's results) predate, with the value the flows recorded before them were built with
+(a MAF had no LU-linear maps before they became its default, 2026-11-26): a record is read as
+``{**FLOW_OPTIONS_ADDED, **record}``."""
+
 __all__ = [
+    "FLOW_OPTIONS_ADDED",
     "add_epoch_options",
     "add_threads_option",
     "as_options",

@@ -64,7 +64,7 @@ from flowkit.train import (
     warn_if_duplicated,
 )
 
-from .common import add_threads_option, as_options, count, use_threads
+from .common import FLOW_OPTIONS_ADDED, add_threads_option, as_options, count, use_threads
 from .fit_data import load_file, load_toy
 from .options import positive_int
 
@@ -265,11 +265,6 @@ RUN_OPTIONS = {
 NEGATABLE = {"--lu-linear"}
 """Options that take a ``--no-`` form (``False``: given so; ``None``: not given)."""
 
-ADDED_OPTIONS = {"lu_linear": False}
-"""Run-defining options added after runs were first recorded, with the value that a run whose
-``options.json`` lacks them was built with (a MAF had no LU-linear maps before
-``--lu-linear``)."""
-
 
 def _check_same_run(
     args: argparse.Namespace, typed: dict[str, Any]
@@ -278,10 +273,10 @@ def _check_same_run(
     their values before any default was filled in) that differs from those recorded in
     ``<out>/options.json`` (an option that changes the data's split or the model would
     otherwise surface as a mismatch of something derived from it: the batch size, the rows,
-    the model's arguments); an option that the record predates (:data:`ADDED_OPTIONS`) takes
-    the value the run was built with, in ``args`` too when it was not given. Otherwise return
-    the ``on_checkpoint`` callback that records them there, beside the run's first
-    checkpoint."""
+    the model's arguments); an option that the record predates
+    (:data:`flowkit.app.common.FLOW_OPTIONS_ADDED`) takes the value the run was built with, in
+    ``args`` too when it was not given. Otherwise return the ``on_checkpoint`` callback that
+    records them there, beside the run's first checkpoint."""
     path = args.out / "options.json"
     if args.resume and path.exists():
         try:
@@ -290,7 +285,7 @@ def _check_same_run(
             raise ValueError(f"'{path}' cannot be read ({e}): it records the options of the "
                              "run to resume") from None
         typed = json.loads(json.dumps(typed))  # tuples as lists, as stored
-        for name, value in ADDED_OPTIONS.items():  # a run started before the option existed
+        for name, value in FLOW_OPTIONS_ADDED.items():  # a run started before the option existed
             if name not in started:  # built what the value gives: resume it so
                 started[name] = value
                 if typed.get(name) is None:

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from flowkit.checkpoint import write_bytes_atomic
 
-from .common import add_threads_option, markdown_table, use_threads
+from .common import FLOW_OPTIONS_ADDED, add_threads_option, markdown_table, use_threads
 from .options import positive_int
 
 __all__ = ["MODELS", "add_arguments", "epoch_times", "run", "train_and_score"]
@@ -356,8 +356,8 @@ def _reuse(path: Path, args: argparse.Namespace) -> dict[str, Any]:
               "observations": [str(o) for o in args.observations],
               "spec": json.loads(json.dumps(MODELS[r["model"]]))}
     spec = r.get("spec")
-    if isinstance(spec, dict) and spec.get("library") == "flowkit":  # written before the MAF's
-        spec = {"lu_linear": False, **spec}  # LU-linear maps were its default: none were built
+    if isinstance(spec, dict) and spec.get("library") == "flowkit":  # options it predates
+        spec = {**FLOW_OPTIONS_ADDED, **spec}
     found = {"simulations": r["simulations"], "samples": r.get("samples"),
              "max_epochs": r.get("max_epochs"), "observations": list(r["c2st"]),
              "spec": spec}

@@ -64,6 +64,7 @@ from threadpoolctl import threadpool_limits
 
 from flowkit.checkpoint import write_bytes_atomic
 
+from ..common import FLOW_OPTIONS_ADDED
 from .runners import MODELS, cell, settings, target
 from .suite import Task, make_tasks
 from .table import (
@@ -231,9 +232,9 @@ def _done(path: Path, wanted: dict[str, Any]) -> bool:
     if not path.exists():
         return False
     recorded = json.loads(path.read_text()).get("settings")
-    if recorded is not None and "flow_options" in wanted:  # a flowkit cell of before the MAF's
-        recorded = {**recorded, "flow_options": {  # LU-linear maps were recorded: it built none
-            "lu_linear": False, **recorded.get("flow_options", {})}}
+    if recorded is not None and "flow_options" in wanted:  # options a flowkit cell predates
+        recorded = {**recorded, "flow_options": {
+            **FLOW_OPTIONS_ADDED, **recorded.get("flow_options", {})}}
     if recorded is None or recorded == wanted:
         return True
     differ = ", ".join(
