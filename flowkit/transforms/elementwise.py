@@ -17,7 +17,7 @@ Contract (:class:`Transformer`, met by :class:`Affine` and
 from __future__ import annotations
 
 import inspect
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -99,7 +99,7 @@ _TRANSFORMERS: dict[str, type[Transformer]] = {
 }
 
 
-def make_transformer(name: str, **kwargs: float) -> Transformer:
+def make_transformer(name: str, **kwargs: Any) -> Transformer:
     """An elementwise transformer by name: ``"affine"`` (:class:`Affine`) or ``"spline"``
     (:class:`flowkit.transforms.RationalQuadraticSpline`), with its keyword arguments.
 
