@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Transform
-from flowkit.transforms.standardize import Standardize
+from flowkit.transforms.standardize import Standardize, counting_steps_of
 from flowkit.validation import (
     SampleShape,
     broadcast_batch,
@@ -202,15 +202,6 @@ class Flow(nn.Module):
         self.context_features: int = context_features
         self.config: dict | None = None  # set by the builders, used by flowkit.save_model
 
-    def _watch_standardizations(self) -> None:
-        """Samples to train through: the data standardization counts the optimizer steps of
-        this flow's weights, not of every optimizer (:meth:`Standardize.watch_steps_of`)."""
-        weight = next((p for p in self.transform.parameters() if p.requires_grad), None)
-        if weight is not None:
-            for m in self.transform.modules():
-                if isinstance(m, Standardize):
-                    m.watch_steps_of(weight)
-
     def _reference(self) -> Tensor:
         """The first floating-point parameter or buffer: the model's dtype and device."""
         ref = reference(self)
@@ -320,9 +311,11 @@ class Flow(nn.Module):
         with std._sampling_pass() if eager and std is not None else nullcontext():
             h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
         z, log_pz = self._base_sample(rows, h_base, log_prob)
-        if self.training and torch.is_grad_enabled() and eager:
-            self._watch_standardizations()
-        x, log_det = self.transform._inverse(z, h)
+        # samples to train through: the data standardization counts this flow's steps
+        counted = (next((p for p in self.transform.parameters() if p.requires_grad), None)
+                   if eager and self.training and torch.is_grad_enabled() else None)
+        with counting_steps_of(counted) if counted is not None else nullcontext():
+            x, log_det = self.transform._inverse(z, h)
         x = x.reshape(*shape, self.features)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)
 

@@ -60,6 +60,7 @@ training data barely vary in; a constant feature is uncorrelated with the rest.
 
 from __future__ import annotations
 
+import contextvars
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -85,6 +86,25 @@ def _off_unit_scale(x: Tensor) -> bool:
     mean, std = x.mean(0), x.std(0)
     off = (mean.abs() > 10.0) | (std > 10.0) | ((std < 0.01) & (x.shape[0] >= 8))
     return bool(off.any())
+
+
+_COUNTED_WEIGHT: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
+    "flowkit_counted_weight", default=None)
+
+
+@contextmanager
+def counting_steps_of(weight: Tensor | None) -> Iterator[None]:
+    """Within the block, a :class:`Standardize` that samples with gradients for the first time
+    counts only the optimizer steps that update ``weight`` (a weight of the flow it belongs to;
+    :class:`flowkit.Flow` sets it around its sampling pass) when deciding that its samples were
+    trained through (see :attr:`Standardize.provisional`); without it any ``torch.optim`` step
+    counts, another model's too (review 31: a shape check, a step of an unrelated model, then a
+    loop of one's own kept the identity)."""
+    token = _COUNTED_WEIGHT.set(weight)
+    try:
+        yield
+    finally:
+        _COUNTED_WEIGHT.reset(token)
 
 
 class Standardize(Transform):
@@ -208,7 +228,7 @@ class Standardize(Transform):
         training-mode ``inverse`` with gradients used (reparameterized samples: training by
         reverse KL, or a Monte-Carlo ``entropy()`` of a new flow) stays provisional until a
         ``torch.optim`` optimizer takes a step that updates the flow's weights (inside a
-        :class:`flowkit.Flow`, see :meth:`watch_steps_of`; any optimizer's step for a
+        :class:`flowkit.Flow`, see :func:`counting_steps_of`; any optimizer's step for a
         ``Standardize`` used on its own): then the samples were trained through, and the value
         is the model's."""
         # (modules pickled by older versions hold a plain 'provisional' attribute)
@@ -216,18 +236,6 @@ class Standardize(Transform):
             return False
         sampled_at = getattr(self, "_sampled_at", None)
         return sampled_at is None or self._steps() == sampled_at
-
-    def watch_steps_of(self, weight: Tensor) -> None:
-        """Count only the optimizer steps that update ``weight`` (a weight of the flow this
-        module belongs to; :class:`flowkit.Flow` sets it when it samples) when deciding that
-        samples were trained through (see :attr:`provisional`): without it any ``torch.optim``
-        step counts, another model's too (review 31: a shape check, a step of an unrelated
-        model, then a loop of one's own kept the identity)."""
-        known = getattr(self, "_watched", None)
-        if known is None or known() is not weight:
-            if self._sampled_at is not None:  # counted by another measure: start again
-                self._sampled_at = None
-            self._watched = weakref.ref(weight)
 
     def _steps(self) -> int:
         """The optimizer steps that count for :attr:`provisional`."""
@@ -448,6 +456,8 @@ class Standardize(Transform):
             if self._sampled_at is None:
                 # samples to train through (reverse KL): once an optimizer steps, neither data
                 # nor a later call replace the map (see provisional)
+                weight = _COUNTED_WEIGHT.get()
+                self._watched = None if weight is None else weakref.ref(weight)
                 self._sampled_at = self._steps()
             elif self._looked and not self.provisional:
                 self._looked = False  # final
