@@ -19,26 +19,43 @@ as ActNorm (Kingma and Dhariwal, "Glow", 2018) initialises itself:
   its whole training set before the first step);
 * until then (and in evaluation mode) an uninitialised ``Standardize`` is the identity.
 
-A value set by a call is **provisional** (:attr:`Standardize.provisional`):
-:func:`set_from_data`, and so :func:`flowkit.fit`, replace it, so that a look at a new flow's
-samples (``flow.sample``) or a ``log_prob`` on a few rows before ``fit`` does not decide the
-standardization. A value set by a call *without gradients* (``flow.sample``, a peek under
-``torch.no_grad()``), from the contexts a flow sampled at (a flow's context standardization,
-``flow(c).entropy()`` at a few contexts), or from a single row (which has no spread to measure),
-also gives way to the first training-mode ``forward`` with gradients on more than one row, the
-first step of a hand-written training loop, which sets it from its batch; so does the identity
-that sampling set and that reparameterized samples used (``flow.rsample`` as a shape check)
-before any optimizer step, if that batch is clearly in other units (a feature's mean or standard
-deviation beyond 10, or, from 8 rows on, a standard deviation below 0.01), which the flow's own
-samples at that point are not. Otherwise later calls never re-estimate it, so a transform being
-trained in your own loop stays the same. A training-mode ``inverse`` with gradients enabled
-(reparameterized samples: training by reverse KL, where the flow's samples are the data) keeps
-the value it used (the identity, when it was unset) for good once an optimizer takes a step
-after it (the samples were trained through); before that step, data still replace it, so that a
-Monte-Carlo look at a new flow (``flow().entropy()``, a ``kl_divergence``, an ``rsample`` to
-check shapes) before ``fit`` or a loop of your own does not decide it (review 29: an
-``rsample((5,))`` first left data near 1000 at the identity, a loss of 516 against 5.94). Values
-given, set by :func:`set_from_data` or :meth:`Standardize.set`, or loaded from a file are fixed.
+A value set by a call is **provisional** (:attr:`Standardize.provisional`): :func:`set_from_data`,
+and so :func:`flowkit.fit`, replace it, so that a look at a new flow (``flow.sample``, a
+``log_prob`` on a few rows, an ``rsample`` to check shapes) before ``fit`` does not decide the
+standardization. The states, and what moves a module from one to the next ("a data batch": a
+training-mode ``forward`` with gradients on more than one row, outside a flow's sampling pass;
+"a step": a ``torch.optim`` step that updates the flow's weights, see :func:`counting_steps_of`):
+
+==================  ==============================================  ===============================
+state               entered by                                      left by
+==================  ==============================================  ===============================
+unset               construction without values                     any call in training mode
+                    (the identity until set)                        below; :func:`set_from_data`
+fixed               values given, :meth:`Standardize.set`,          nothing (``set`` again)
+                    :func:`set_from_data`, a load, a step after
+                    samples trained through (below)
+batch               a data batch while unset or a look: set from    :func:`set_from_data`; a step
+                    it (the first step of a loop of one's own)      after sampling with gradients
+look                while unset, a training-mode ``forward``        the first data batch;
+                    without gradients, on one row, or on the        :func:`set_from_data`
+                    contexts a flow samples at: set from it
+sampled identity    a training-mode ``inverse`` while unset         as a look, except that after
+                    (sampling before any data): the identity        sampling with gradients only
+                                                                    a data batch clearly in other
+                                                                    units replaces it (a mean or
+                                                                    std beyond 10, or from 8 rows
+                                                                    a std below 0.01)
+==================  ==============================================  ===============================
+
+A training-mode ``inverse`` with gradients (reparameterized samples: training by reverse KL,
+where the flow's samples are the data) notes the step count; once a step follows, the samples
+were trained through and the value in use is fixed. Before that step data still replace it, so
+that a Monte-Carlo look at a new flow (``flow().entropy()``, a ``kl_divergence``, an
+``rsample((5,))``) before ``fit`` or a loop of one's own does not decide it (review 29: an
+``rsample((5,))`` first left data near 1000 at the identity, a loss of 516 against 5.94); the
+flow's own samples are not "in other units", so the identity they were drawn with stays.
+Updates written by hand (no ``torch.optim``) are not counted: such a loop should set the values
+first (:meth:`Standardize.set` or :func:`set_from_data`).
 
 Code compiled with :func:`torch.compile` branches on what the host knows of the flag: while it
 does not know the values set, a training-mode call sets them outside the graph (a graph break,
