@@ -260,6 +260,16 @@ class Standardize(Transform):
         weight = None if known is None else known()
         return total_steps() if weight is None else steps_of(weight)
 
+    def _settle(self) -> bool:
+        """Whether the value is still provisional. One that an optimizer step has trained
+        through since it was sampled with gradients (see :attr:`provisional`) is marked final
+        here, the one place that does, so that later calls no longer count steps for it."""
+        if self.provisional:
+            return True
+        if getattr(self, "_looked", False) or getattr(self, "_sampled_at", None) is not None:
+            self._mark(provisional=False, looked=False)
+        return False
+
     def _mark(self, provisional: bool, looked: bool, sampled: bool = False) -> None:
         self._provisional, self._looked, self._sampled_at = provisional, looked, None
         self._sampled = sampled  # the identity, set by sampling before any data
@@ -424,8 +434,7 @@ class Standardize(Transform):
             return True
         if not may_look:
             return False
-        if not self.provisional:  # final: an optimizer stepped after the samples it gave
-            self._looked = False
+        if not self._settle():  # final: an optimizer stepped after the samples it gave
             return False
         # an identity set by sampling and then sampled with gradients gives way only to data
         # clearly in other units: the flow's own samples keep it (log_prob of the x of
@@ -469,15 +478,12 @@ class Standardize(Transform):
         if not self.is_initialized:
             self._flag_set()  # the identity
             self._mark(provisional=True, looked=True, sampled=True)
-        if torch.is_grad_enabled():
-            if self._sampled_at is None:
-                # samples to train through (reverse KL): once an optimizer steps, neither data
-                # nor a later call replace the map (see provisional)
-                weight = _COUNTED_WEIGHT.get()
-                self._watched = None if weight is None else weakref.ref(weight)
-                self._sampled_at = self._steps()
-            elif self._looked and not self.provisional:
-                self._looked = False  # final
+        if torch.is_grad_enabled() and self._settle() and self._sampled_at is None:
+            # samples to train through (reverse KL): once an optimizer steps, neither data nor
+            # a later call replace the map (see provisional)
+            weight = _COUNTED_WEIGHT.get()
+            self._watched = None if weight is None else weakref.ref(weight)
+            self._sampled_at = self._steps()
 
     _sample_bookkeeping_outside_the_graph = torch.compiler.disable(_sample_bookkeeping)
 
