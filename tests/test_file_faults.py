@@ -61,7 +61,7 @@ worker = _worker_module()
 
 def _small_run(folder: Path, steps: int = 4) -> flowkit.Flow:
     flow = flowkit.MAF(2, hidden_features=(4,), layers=2)
-    flowkit.fit(flow, DATA, steps=steps, batch_size=32, seed=0, lr_schedule=None,
+    flowkit.fit(flow, DATA, valid=None, steps=steps, batch_size=32, seed=0, lr_schedule=None,
                 checkpoint_dir=folder, checkpoint_every=2, **QUIET)  # constant: can be extended
     return flow
 
@@ -288,7 +288,7 @@ def test_disk_full_on_a_real_small_file_system(tmp_path, capsys):
         size = (disk / "run" / CHECKPOINT_NAME).stat().st_size
         _fill(disk, leave=8192 + size // 2)  # room for the lock file, not for a checkpoint
         with pytest.raises(CheckpointWriteError, match="No space left on device"):
-            flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), DATA,
+            flowkit.fit(flowkit.MAF(2, hidden_features=(4,), layers=2), DATA, valid=None,
                         steps=8, batch_size=32, checkpoint_dir=disk / "run", checkpoint_every=2,
                         lr_schedule=None, resume=True, **QUIET)
         assert load_checkpoint(disk / "run" / CHECKPOINT_NAME).extra["step"] == 4

@@ -140,7 +140,7 @@ def test_an_rsample_to_check_shapes_gives_way_to_a_hand_written_loop():
         flow().entropy(8) if then == "fit" else flow().rsample((5,))
         torch.optim.SGD(other.parameters(), lr=0.1).step()
         if then == "fit":
-            flowkit.fit(flow, x, steps=1, seed=0, progress=False, device="cpu")
+            flowkit.fit(flow, x, valid=None, steps=1, seed=0, progress=False, device="cpu")
             torch.testing.assert_close(flow.transform.transforms[0].shift, x.mean(0))
         else:
             flow.log_prob(x[:64]).mean().backward()
@@ -345,7 +345,8 @@ def test_fit_sets_the_standardization_from_the_whole_training_set():
     x = torch.randn(3000, 2, generator=g) * torch.tensor([100.0, 0.01]) + torch.tensor([1e3, 0.0])
     c = torch.randn(3000, 1, generator=g) * 50.0
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=1)
-    flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False, device="cpu")
+    flowkit.fit(flow, (x, c), valid=None, steps=1, batch_size=64, seed=0, progress=False,
+                device="cpu")
     data_std, context_std = flow.transform.transforms[0], flow.standardize_context
     assert torch.allclose(data_std.shift, x.double().mean(0).float())  # all rows, not a batch
     assert torch.allclose(data_std.scale, x.double().std(0, correction=0).float())
@@ -414,7 +415,8 @@ def test_a_look_before_fit_does_not_decide_the_standardization(peek):
         with torch.no_grad():
             flow.log_prob(x[:3], c[:3])
     assert len(standardizations_to_set(flow)) == 2  # provisional
-    flowkit.fit(flow, (x, c), steps=1, batch_size=64, seed=0, progress=False, device="cpu")
+    flowkit.fit(flow, (x, c), valid=None, steps=1, batch_size=64, seed=0, progress=False,
+                device="cpu")
     data_std, context_std = flow.transform.transforms[0], flow.standardize_context
     assert not standardizations_to_set(flow)
     assert torch.allclose(data_std.shift, x.double().mean(0).float())
@@ -500,7 +502,7 @@ def test_a_monte_carlo_look_with_gradients_before_fit_does_not_decide_it(look):
         flow.rsample(16).sum().backward()
     std = flow.transform.transforms[0]
     assert std.provisional and standardizations_to_set(flow) == [std]
-    flowkit.fit(flow, x, steps=1, seed=0, progress=False, device="cpu")
+    flowkit.fit(flow, x, valid=None, steps=1, seed=0, progress=False, device="cpu")
     assert not std.provisional
     torch.testing.assert_close(std.shift, x.mean(0).double().float())
 

@@ -136,7 +136,8 @@ def test_numpy_scalar_options_checkpoint_and_resume(tmp_path) -> None:
                           steps=np.int64(6), resume=True, **options)
     assert resumed.train_loss[:3] == first.train_loss and len(resumed.train_loss) == 6
     by_epochs = flowkit.fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x,
-                            epochs=np.int64(1), batch_size=np.int64(64), progress=False,
+                            valid=None, epochs=np.int64(1), batch_size=np.int64(64),
+                            progress=False,
                             checkpoint_dir=tmp_path / "epochs", device="cpu")
     assert len(by_epochs.train_loss) == 8
 

@@ -13,7 +13,7 @@ from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
 from .distributed import is_main_process, resolve_device
 from .history import History
-from .likelihood import MIN_VALID_ROWS, default_batch_size, fit
+from .likelihood import MIN_VALID_ROWS, auto_valid_rows, default_batch_size, fit
 from .options import DEFAULTS, TrainOptions
 from .reverse_kl import fit_reverse_kl
 from .session import CHECKPOINT_NAME
@@ -26,6 +26,7 @@ __all__ = [
     "DivergenceError",
     "History",
     "MIN_VALID_ROWS",
+    "auto_valid_rows",
     "NonFiniteLossError",
     "PrecisionWarning",
     "Progress",

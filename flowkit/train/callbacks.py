@@ -72,7 +72,7 @@ class Callbacks:
         >>> flow = flowkit.MAF(2, hidden_features=(8,), layers=1)
         >>> seen = []
         >>> log = Callbacks(after_epoch=lambda p: seen.append((p.epoch, p.step)))
-        >>> _ = fit(flow, torch.randn(64, 2), epochs=2, batch_size=32, callbacks=log,
+        >>> _ = fit(flow, torch.randn(64, 2), valid=None, epochs=2, batch_size=32, callbacks=log,
         ...         progress=False)
         >>> seen
         [(1, 2), (2, 4)]

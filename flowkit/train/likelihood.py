@@ -49,7 +49,7 @@ def fit(
     model: nn.Module,
     data: Any,
     *,
-    valid: Any = None,
+    valid: Any = "auto",
     steps: int | None = None,
     epochs: int | None = None,
     batch_size: int | None = None,
@@ -107,7 +107,14 @@ def fit(
             so that no validation row has a copy among the training rows); or a function
             ``valid(model) -> float`` returning the validation loss itself (called in
             evaluation mode without gradients, e.g. to score a MADE with one fixed mask set).
-            Computed every ``valid_every`` steps and at the end.
+            Computed every ``valid_every`` steps and at the end. Default ``"auto"``: array
+            ``data`` of ``N`` rows has rows held out as a fraction does,
+            :func:`auto_valid_rows` of them (a tenth, at least ``min(20, N // 5)``; none below
+            5 rows), and the run ends with the weights of the best validation: a flow trained
+            on a few hundred rows for many epochs overfits them by orders of magnitude in
+            held-out nats, silently without validation (docs/defaults.md, "Validation by
+            default"). A DataLoader or a sampling function gets no validation. ``None``
+            trains on every row without validation.
         steps: number of optimizer steps. Exactly one of ``steps`` and ``epochs`` is required.
         epochs: number of passes over finite ``data`` (``len(data) // batch_size`` steps each for
             arrays, ``len(loader)`` for DataLoaders).
@@ -173,20 +180,16 @@ def fit(
     if restore_best is not None:
         check_bool("restore_best", restore_best)
     check_bool("data_warnings", data_warnings)
-    if early_stopping_patience is not None and valid is None:
-        raise ArgumentError("early_stopping_patience", Mention("early_stopping_patience"),
-                            " needs validation data: pass ", Mention("valid"))
-    if restore_best and valid is None:
-        raise ArgumentError("restore_best", Mention("restore_best", True),
-                            " needs validation data: pass ", Mention("valid"))
+    _check_validation_needs(valid, early_stopping_patience, restore_best)
     holdout = _holdout_fraction(valid)
     with session(model, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "nll") as s:
         ref = reference(model)
         dtype = torch.get_default_dtype() if ref is None else ref.dtype
         source, held_out = _make_source(model, data, batch_size, s, dtype, holdout,
                                         data_warnings)
-        if held_out is not None:
-            valid = held_out
+        if holdout is not None:
+            valid = held_out  # None where valid="auto" held nothing out
+            _check_validation_needs(valid, early_stopping_patience, restore_best, auto=True)
         if any(isinstance(m, BatchNorm) for m in model.modules()):
             check_batches_for_batch_norm(source)
         if epochs is not None:
@@ -268,8 +271,48 @@ def default_batch_size(rows: int | None) -> int:
     return min(rows, max(MIN_DEFAULT_BATCH_SIZE, min(DEFAULT_BATCH_SIZE, rows // 16)))
 
 
-def _holdout_fraction(valid: Any) -> float | None:
-    """``valid`` as the fraction of array data to hold out, or ``None`` if it is data."""
+def _check_validation_needs(
+    valid: Any, patience: int | None, restore_best: bool | None, auto: bool = False
+) -> None:
+    """Refuse ``early_stopping_patience`` and ``restore_best=True`` without validation data
+    (``auto``: ``valid="auto"`` held no rows out, of data that are no array or too few)."""
+    if valid is not None:
+        return
+    why = ("; valid='auto' holds out rows of array data only (of 5 rows or more)" if auto
+           else "")
+    if patience is not None:
+        raise ArgumentError("early_stopping_patience", Mention("early_stopping_patience"),
+                            " needs validation data: pass ", Mention("valid"), why)
+    if restore_best:
+        raise ArgumentError("restore_best", Mention("restore_best", True),
+                            " needs validation data: pass ", Mention("valid"), why)
+
+
+AUTO_VALID_FRACTION = 0.1
+"""The share of array data that :func:`fit`'s default ``valid="auto"`` holds out."""
+
+
+def auto_valid_rows(rows: int) -> int:
+    """How many of ``rows`` rows of array data :func:`fit`'s default ``valid="auto"`` holds
+    out for validation: a tenth (:data:`AUTO_VALID_FRACTION`), but at least
+    ``min(MIN_VALID_ROWS, rows // 5)``, so that a data set of a few hundred rows or fewer is
+    validated on up to 20 rows, not on a handful; none below 5 rows.
+
+    Example:
+        >>> [auto_valid_rows(n) for n in (4, 15, 50, 100, 150, 300, 10_000)]
+        [0, 3, 10, 20, 20, 30, 1000]
+    """
+    return max(round(AUTO_VALID_FRACTION * rows), min(MIN_VALID_ROWS, rows // 5))
+
+
+def _holdout_fraction(valid: Any) -> float | str | None:
+    """``valid`` as the fraction of array data to hold out, ``"auto"``, or ``None`` if it is
+    data."""
+    if isinstance(valid, str):
+        if valid != "auto":
+            raise ArgumentError("valid", "should be validation data, a fraction in (0, 1), "
+                                f"'auto' or None, got the string {valid!r}")
+        return valid
     if isinstance(valid, bool) or not isinstance(valid, Real):
         return None
     if is_int(valid):
@@ -291,11 +334,12 @@ def _make_source(
     batch_size: int | None,
     s: Session,
     dtype: torch.dtype,
-    holdout: float | None,
+    holdout: float | str | None,
     data_warnings: bool,
 ) -> tuple[TensorSource | LoaderSource | SamplerSource, tuple[Tensor, Tensor | None] | None]:
     """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
-    fraction) is given: a random subset of array data, drawn from the run's seed. Array data
+    fraction, or ``"auto"``: :func:`auto_valid_rows` of array data, none of other data) is
+    given: a random subset of array data, drawn from the run's seed. Array data
     is checked whole against ``model`` here
     (:func:`~flowkit.train.preflight.check_first_batch`), before rows are held out, so that a
     message numbers the rows as they were passed; for a :class:`~flowkit.Flow`, also for
@@ -306,6 +350,9 @@ def _make_source(
         isinstance(v, Tensor | np.ndarray) for v in data
     ):
         data = tuple(data)  # a pair [x, context], as ``valid`` accepts it
+    auto = holdout == "auto"
+    if auto and not isinstance(data, Tensor | np.ndarray | tuple):
+        holdout = None
     if holdout is not None and not isinstance(data, Tensor | np.ndarray | tuple):
         raise ArgumentError("valid", Mention("valid", holdout), " holds out a fraction of array "
                             f"data, but 'data' is a {type(data).__name__}: pass validation data")
@@ -325,16 +372,32 @@ def _make_source(
         elif density and holdout is not None:
             groups = equal_row_groups(*arrays)
         check_first_batch(model, *arrays, batch=False)
-        held_out = None
+        given, held_out = holdout, None  # the holdout as given, which a checkpoint records
+        rows = arrays[0].shape[0]
+        if auto:
+            holdout = auto_valid_rows(rows) / rows or None
         if holdout is not None:  # a flow's validation rows without copies among its training rows
-            arrays, held_out = _hold_out(arrays, holdout, s.seed, groups)
+            arrays, held_out = _hold_out(arrays, holdout, s.seed, groups, warn=not auto)
+            _check_batch_fits(batch_size, arrays[0].shape[0], rows, given)
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0])
-        return TensorSource(arrays, batch_size, s.seed, s.dist, holdout), held_out
+        return TensorSource(arrays, batch_size, s.seed, s.dist, given), held_out
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
         f"function sample(n, generator); got {type(data).__name__}"
     )
+
+
+def _check_batch_fits(batch_size: int | None, train: int, rows: int, given: float | str) -> None:
+    """A ``batch_size`` passed that exceeds the rows left to train on after the holdout
+    ``given`` (``valid``) is refused, naming both."""
+    if batch_size is not None and batch_size > train:
+        raise ArgumentError(
+            "batch_size", Mention("batch_size"), f" ({batch_size}) exceeds the {train} training "
+            f"rows left after ", Mention("valid", given), f" held out {rows - train} of the "
+            f"{rows} rows passed; pass batch_size <= {train}, or ", Mention("valid", None),
+            " to train on every row",
+        )
 
 
 MIN_VALID_ROWS = 20
@@ -342,11 +405,17 @@ MIN_VALID_ROWS = 20
 
 
 def _hold_out(
-    arrays: tuple[Tensor, Tensor | None], fraction: float, seed: int, groups: Tensor | None
+    arrays: tuple[Tensor, Tensor | None],
+    fraction: float,
+    seed: int,
+    groups: Tensor | None,
+    warn: bool = True,
 ) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
     """``(training, held_out)``: a random ``fraction`` of the rows (drawn from ``seed``) held
     out of ``arrays`` ``(x, context)``; with ``groups`` of equal rows
-    (:func:`~flowkit.train.arrays.equal_row_groups`), whole groups, at least that many rows."""
+    (:func:`~flowkit.train.arrays.equal_row_groups`), whole groups, at least that many rows.
+    ``warn``: a :class:`DataWarning` when fewer than :data:`MIN_VALID_ROWS` are held out (a
+    fraction the user chose; ``valid="auto"`` chose the most it could)."""
     x, c = arrays
     n, k = x.shape[0], round(fraction * x.shape[0])
     if not 1 <= k < n:
@@ -357,7 +426,7 @@ def _hold_out(
     if len(kept) == 0:
         raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out "
                             "every row: they are all copies of one another")
-    if len(held) < MIN_VALID_ROWS:
+    if warn and len(held) < MIN_VALID_ROWS:
         warnings.warn(
             f"holding out a fraction {fraction!r} of the {n} rows for validation leaves "
             f"{len(held)}: a validation loss over so few rows is noisy, and it chooses the "

@@ -56,9 +56,9 @@ class TensorSource:
     """Shuffled mini-batches of an in-memory dataset (see the module docstring)."""
 
     def __init__(self, data: Batch, batch_size: int, seed: int, dist: Dist,
-                 holdout: float | None = None):
+                 holdout: float | str | None = None):
         self.x, self.c = data
-        self.holdout = holdout  # the fraction of the rows passed held out for validation
+        self.holdout = holdout  # fit's valid: the fraction of the rows held out, or "auto"
         n = self.x.shape[0]
         if batch_size > n:
             raise ValueError(
@@ -98,9 +98,7 @@ class TensorSource:
             raise ArgumentError(
                 "valid", "the checkpoint was trained on ", *_held_out(state["holdout"]),
                 ", this run on ", *_held_out(self.holdout), ": other rows train; pass ",
-                *((Mention("valid", state["holdout"]),) if state["holdout"] is not None else
-                  ("no fraction as ", Mention("valid"))),
-                " to resume it",
+                Mention("valid", state["holdout"]), " to resume it",
             )
         rows = self.x.shape[0]
         if state["rows"] != rows or not torch.allclose(
@@ -115,11 +113,14 @@ class TensorSource:
             )
 
 
-def _held_out(fraction: float | None) -> tuple[str | Mention, ...]:
-    """Which rows of ``data`` train, for a message: ``'data' less valid=0.1``, or all."""
-    if fraction is None:
+def _held_out(holdout: float | str | None) -> tuple[str | Mention, ...]:
+    """Which rows of ``data`` train, for a message: ``'data' less valid=0.1``, ``'data' less
+    what valid='auto' holds out``, or all."""
+    if holdout is None:
         return ("all of ", Mention("data"))
-    return (Mention("data"), " less ", Mention("valid", fraction))
+    if holdout == "auto":
+        return (Mention("data"), " less what ", Mention("valid", holdout), " holds out")
+    return (Mention("data"), " less ", Mention("valid", holdout))
 
 
 def _fingerprint(x: Tensor, c: Tensor | None) -> Tensor:
