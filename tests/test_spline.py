@@ -47,6 +47,7 @@ def cases(draw, max_scale: float = 2.0):
         bins=draw(st.integers(2, 12)),
         bound=draw(st.sampled_from([0.5, 1.0, 3.0, 5.0])),
         tails=draw(st.sampled_from(["identity", "linear"])),
+        bin_temperature=draw(st.sampled_from([1.0, 8.0])),
     )
     seed = draw(st.integers(0, 2**31 - 1))
     scale = draw(st.floats(0.1, max_scale))
@@ -333,6 +334,25 @@ def test_repr_shows_every_option():
         "RationalQuadraticSpline(bins=5, bound=2.5, min_bin_width=0.001, "
         "min_bin_height=0.001, min_derivative=0.01, tails='linear')"
     )
+    assert repr(RationalQuadraticSpline(bins=5, bin_temperature=8)).endswith(
+        "tails='linear', bin_temperature=8.0)")
+
+
+@pytest.mark.parametrize("tails", ["identity", "linear"])
+def test_bin_temperature_divides_the_raw_widths_and_heights(tails):
+    """T only rescales the raw bin widths and heights: the map of (w, h, d) at temperature T is
+    that of (w / T, h / T, d) at 1; the derivatives are not rescaled."""
+    hot = RationalQuadraticSpline(bins=6, bound=3.0, tails=tails, bin_temperature=8.0)
+    cold = RationalQuadraticSpline(bins=6, bound=3.0, tails=tails)
+    params = random_params(hot, (4,), seed=0, scale=5.0)
+    cooled = params.clone()
+    cooled[..., :12] /= 8.0
+    x = probe_points(hot, params, seed=1)
+    for direction in ("forward", "inverse"):
+        out, log_det = getattr(hot, direction)(x, params)
+        expected, expected_log_det = getattr(cold, direction)(x, cooled)
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(log_det, expected_log_det, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -346,6 +366,7 @@ def test_repr_shows_every_option():
         ({"min_bin_height": 0.0}, r"'min_bin_height' should be in \(0, 1 / bins\)"),
         ({"min_derivative": 1.0}, r"'min_derivative' should be in \(0, 1\)"),
         ({"tails": "gaussian"}, "'tails' should be 'linear' or 'identity', got 'gaussian'"),
+        ({"bin_temperature": 0.0}, "'bin_temperature' should be positive"),
     ],
 )
 def test_invalid_arguments(kwargs, message):

@@ -56,11 +56,12 @@ class RationalQuadraticSpline:
 
     .. math::
 
-        w_k = 2B \left(w_\min + (1 - K w_\min)\,\mathrm{softmax}(\tilde w)_k\right), \qquad
+        w_k = 2B \left(w_\min + (1 - K w_\min)\,\mathrm{softmax}(\tilde w / T)_k\right), \qquad
         x^{(k)} = -B + \textstyle\sum_{j<k} w_j \quad (k = 0, \dots, K),
 
     likewise heights :math:`h_k` and knots :math:`y^{(k)}` (``min_bin_width`` and
-    ``min_bin_height`` are fractions of the interval's length ``2B``), and
+    ``min_bin_height`` are fractions of the interval's length ``2B``; :math:`T` is
+    ``bin_temperature``), and
 
     .. math::
 
@@ -118,6 +119,11 @@ class RationalQuadraticSpline:
         min_derivative: smallest knot derivative, in ``(0, 1)``.
         tails: ``"linear"`` (default: learned slopes outside ``[-B, B]``, at most
             ``MAX_TAIL_SLOPE`` (1.1)) or ``"identity"``.
+        bin_temperature: ``T``, positive: the raw widths and heights are divided by it before
+            their softmax. It changes no density that raw values can express, only how fast
+            training moves the bins: a conditioner's output layer that sums ``H`` hidden units
+            moves its outputs about ``sqrt(H)`` times as far per optimizer step as one unit
+            does, and nflows' (and sbi's) splines divide by ``sqrt(H)``.
 
     Example:
         >>> spline = RationalQuadraticSpline(bins=4, bound=2.0)
@@ -128,6 +134,8 @@ class RationalQuadraticSpline:
         (True, True)
     """
 
+    bin_temperature: float = 1.0  # also what instances pickled before the option read
+
     def __init__(
         self,
         bins: int = 16,
@@ -136,6 +144,7 @@ class RationalQuadraticSpline:
         min_bin_height: float = 1e-3,
         min_derivative: float = 1e-3,
         tails: str = "linear",
+        bin_temperature: float = 1.0,
     ):
         bins = check_int("bins", bins, 2)
         bound = check_float("bound", bound, 0, exclusive=True)
@@ -145,6 +154,7 @@ class RationalQuadraticSpline:
                     f"'{name}' should be in (0, 1 / bins) = (0, {1 / bins:g}), got {value}"
                 )
         check_float("min_derivative", min_derivative, 0, 1, exclusive=True)
+        bin_temperature = check_float("bin_temperature", bin_temperature, 0, exclusive=True)
         if tails not in ("linear", "identity"):
             raise ValueError(f"'tails' should be 'linear' or 'identity', got {tails!r}")
         self.bins = bins
@@ -153,6 +163,7 @@ class RationalQuadraticSpline:
         self.min_bin_height = float(min_bin_height)
         self.min_derivative = float(min_derivative)
         self.tails = tails
+        self.bin_temperature = float(bin_temperature)
         self.params_per_feature = 3 * self.bins + (1 if tails == "linear" else -1)
         # softplus(c) = 1 - min_derivative, so a raw derivative of 0 gives derivative 1.
         self._derivative_shift = math.log(math.expm1(1.0 - self.min_derivative))
@@ -186,6 +197,8 @@ class RationalQuadraticSpline:
             )
         k = self.bins
         widths, heights, derivatives = params.split([k, k, self.params_per_feature - 2 * k], -1)
+        if self.bin_temperature != 1.0:
+            widths, heights = widths / self.bin_temperature, heights / self.bin_temperature
         return widths, heights, derivatives
 
     def _interior(self, raw: Tensor) -> Tensor:
@@ -339,5 +352,7 @@ class RationalQuadraticSpline:
         return (
             f"RationalQuadraticSpline(bins={self.bins}, bound={self.bound}, "
             f"min_bin_width={self.min_bin_width}, min_bin_height={self.min_bin_height}, "
-            f"min_derivative={self.min_derivative}, tails={self.tails!r})"
+            f"min_derivative={self.min_derivative}, tails={self.tails!r}"
+            + (f", bin_temperature={self.bin_temperature}" if self.bin_temperature != 1.0 else "")
+            + ")"
         )
