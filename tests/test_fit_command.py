@@ -50,10 +50,11 @@ def test_context_columns_and_capped_batch_size(tmp_path, capsys):
                      "--batch-size", "256", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "note: --batch-size 256 is more than the 45 training rows; using 45" in captured.out
+    # fit's valid="auto" holds out min(20, 50 // 5) = 10 of the 50 rows
+    assert "note: --batch-size 256 is more than the 40 training rows; using 40" in captured.out
     m = _metrics(out)
-    assert (m["features"], m["context_features"], m["batch_size"]) == (2, 1, 45)
-    default = tmp_path / "default"  # fit's default for 45 training rows: 16
+    assert (m["features"], m["context_features"], m["batch_size"]) == (2, 1, 40)
+    default = tmp_path / "default"  # fit's default for 40 training rows: 16
     assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), *FAST, "--out", str(default)]) == 0
     assert "note" not in capsys.readouterr().out and _metrics(default)["batch_size"] == 16
 
@@ -161,7 +162,7 @@ def test_validation_options_of_the_other_kind_of_data_are_refused(tmp_path, caps
     assert cli.main(["fit", "--data", str(tmp_path / "d.npy"), *FAST,
                      "--out", str(tmp_path / "f2")]) == 0
     args = json.loads((tmp_path / "f2" / "metrics.json").read_text())["args"]
-    assert (args["valid_fraction"], args["valid_size"]) == (0.1, None)
+    assert (args["valid_fraction"], args["valid_size"]) == (None, None)  # fit's "auto"
 
 
 def test_resume_with_another_lr_schedule_names_the_option(tmp_path, capsys):

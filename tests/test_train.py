@@ -1364,6 +1364,9 @@ def test_resume_of_a_run_without_validation_under_the_default_names_valid(tmp_pa
         fit(small_maf(), x, **{**options, "steps": 8, "resume": True})
     assert len(fit(small_maf(), x, valid=None, **{**options, "steps": 8, "resume": True})
                .train_loss) == 8
+    tenth = {**options, "checkpoint_dir": tmp_path / "tenth"}  # the rows "auto" holds out
+    fit(small_maf(), x, valid=0.1, **tenth)
+    assert len(fit(small_maf(), x, **{**tenth, "steps": 8, "resume": True}).train_loss) == 8
 
 
 def test_data_as_a_list_pair_trains_as_the_tuple_does():

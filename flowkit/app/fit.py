@@ -5,7 +5,8 @@ validation set of --valid-size points is drawn once. A .npy file holds an (N, D)
 file an array named by --key (default 'x', or its only array), a .csv file rows of numbers
 separated by commas (the first line is a header of column names when a field is neither a number
 nor empty, or the '#' line just above the rows when it holds as many names); a random
---valid-fraction of its rows is held out for validation. --context names what the flow is
+--valid-fraction of its rows is held out for validation (by default a tenth, at least
+min(20, N // 5) of its N rows, as fit's valid='auto'). --context names what the flow is
 conditioned on: columns of the array (--context 2 3: the flow models the other columns given
 these; in a CSV file with a header, also by name: --context age income), or another array of
 the .npz with one row per sample (--context y). The default --batch-size is fit's: 256 for toy
@@ -57,6 +58,7 @@ from flowkit.train import (
     DEFAULTS,
     Callbacks,
     History,
+    auto_valid_rows,
     default_batch_size,
     fit,
     is_main_process,
@@ -74,8 +76,8 @@ VALID_SIZE = 4096
 DEFAULT_STEPS = 2000
 """Optimizer steps when neither --steps nor --epochs is given."""
 
-VALID_FRACTION = 0.1
-"""Share of a file's rows held out for validation when --valid-fraction is not given."""
+AUTO_VALID = "a tenth of the rows, at least min(20, N // 5): fit's valid='auto'"
+"""The rows of a file held out for validation when --valid-fraction is not given."""
 
 OPTIONS = {
     "lr": "--lr",
@@ -123,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--valid-fraction",
         type=float,
         default=None,
-        help=f"share of a file's rows held out for validation (default: {VALID_FRACTION})",
+        help=f"share of a file's rows held out for validation, 0 for none (default: "
+        f"{AUTO_VALID})",
     )
     data.add_argument(
         "--key",
@@ -348,11 +351,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.valid_size is not None:
             raise ValueError(
                 "'--valid-size' applies to toy datasets; for a file, --valid-fraction sets the "
-                f"share of its rows held out for validation (default: {VALID_FRACTION})"
+                f"share of its rows held out for validation (default: {AUTO_VALID})"
             )
-        if args.valid_fraction is None:
-            args.valid_fraction = VALID_FRACTION
-        if not 0.0 <= args.valid_fraction < 1.0:
+        if args.valid_fraction is not None and not 0.0 <= args.valid_fraction < 1.0:
             raise ValueError(
                 f"'--valid-fraction' should be in [0, 1), got {args.valid_fraction}"
             )
@@ -361,13 +362,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         features = len(positions)
         _warn_about_rows(data, labels)
-        valid = args.valid_fraction or None  # fit holds out that share of the rows
+        # fit holds out that share of the rows, or the rows its default "auto" holds out
+        valid = "auto" if args.valid_fraction is None else args.valid_fraction or None
         shown = data
         # fit chooses the default batch size from the rows it trains on; a given one above the
         # rows the fraction leaves is lowered to them (valid=<fraction> holds out whole groups
         # of equal rows, so fit may keep a few more)
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
-        rows -= round(args.valid_fraction * rows)
+        rows -= (auto_valid_rows(rows) if args.valid_fraction is None
+                 else round(args.valid_fraction * rows))
         if args.batch_size is not None and args.batch_size > rows:
             print(
                 f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "

@@ -94,23 +94,24 @@ class TensorSource:
         if "rows" not in state:  # written before these were recorded
             return
         check_same_batch_size(state, self.batch_size)
+        rows = self.x.shape[0]
+        if state["rows"] == rows and torch.allclose(
+            state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
+        ):
+            return  # the same training rows, however valid named them (0.1 or "auto")
         if state.get("holdout", self.holdout) != self.holdout:  # (recorded since review 19)
             raise ArgumentError(
                 "valid", "the checkpoint was trained on ", *_held_out(state["holdout"]),
                 ", this run on ", *_held_out(self.holdout), ": other rows train; pass ",
                 Mention("valid", state["holdout"]), " to resume it",
             )
-        rows = self.x.shape[0]
-        if state["rows"] != rows or not torch.allclose(
-            state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
-        ):
-            raise ArgumentError(
-                "data", Mention("data"), f" ({rows} rows) is not the data the checkpoint was "
-                f"trained on ({state['rows']} rows"
-                + (")" if state["rows"] != rows else ", other values)")
-                + ": resume with the same data, or start a new run in another ",
-                Mention("checkpoint_dir"),
-            )
+        raise ArgumentError(
+            "data", Mention("data"), f" ({rows} rows) is not the data the checkpoint was "
+            f"trained on ({state['rows']} rows"
+            + (")" if state["rows"] != rows else ", other values)")
+            + ": resume with the same data, or start a new run in another ",
+            Mention("checkpoint_dir"),
+        )
 
 
 def _held_out(holdout: float | str | None) -> tuple[str | Mention, ...]:
