@@ -63,6 +63,9 @@ MODELS: dict[str, dict[str, Any]] = {
     "flowkit-spline-defaults-box": {"library": "flowkit", "model": "maf",
                                     "transformer": "spline", "bounds": "prior",
                                     "lu_linear": False},
+    "flowkit-spline-defaults-lu-t8": {"library": "flowkit", "model": "maf",
+                                      "transformer": "spline", "lu_linear": True,
+                                      "transformer_kwargs": {"bin_temperature": 8.0}},
     "flowkit-spline-res": _SPLINE_RES,
     "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
     "flowkit-spline-res-cb-noclip": {**_SPLINE_RES, "conditional_base": True,
@@ -75,7 +78,8 @@ every other setting the builders' default as measured in docs/sbi.md, before ``l
 became the MAF's default (it is pinned off in these models, so that their rows reproduce), and
 ``-lu`` / ``-box`` add a learned LU-linear map after each permutation (``lu_linear=True``,
 what ``MAF(D, transformer="spline")`` builds now) / the prior's box (``bounds=(low, high)`` of
-a uniform prior); ``flowkit-spline-res`` has the
+a uniform prior), ``-lu-t8`` divides the raw bin widths and heights by 8, the square root of
+the hidden width, as sbi's NSF does (``bin_temperature=8``); ``flowkit-spline-res`` has the
 sizes of sbi's NSF: splines with 10 bins on [-3, 3], and MADEs of width 50 with as many linear
 maps as sbi's residual network of 2 blocks of 2 layers, the first hidden layer followed by 4
 residual blocks); ``flowkit-spline-res-cb`` is that flow on a conditional Gaussian base (mean
