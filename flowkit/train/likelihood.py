@@ -131,12 +131,14 @@ def fit(
         early_stopping_patience: stop after this many validations without a new best validation
             loss, and in any case end with the best weights restored. Needs ``valid``.
         restore_best: end with the weights of the best validation. Default ``None``: yes
-            whenever ``valid`` is given (and implied by ``early_stopping_patience``), so that a
-            small data set, which a flow overfits within an epoch or two, ends with the weights
-            of its best validation rather than the last ones. ``False`` keeps the last step's
-            weights; ``True`` needs ``valid``.
+            whenever the run validates (``valid`` given, or rows held out by ``"auto"``; and
+            implied by ``early_stopping_patience``), so that a small data set, which a flow
+            overfits within an epoch or two, ends with the weights of its best validation
+            rather than the last ones. ``False`` keeps the last step's weights; ``True`` needs
+            validation.
         data_warnings: raise the :class:`~flowkit.train.DataWarning`\ s about array ``data``
-            of a flow (constant or discrete columns, point masses, repeated rows). ``False``
+            of a flow (constant or discrete columns, point masses, repeated rows, too few rows
+            for affine layers). ``False``
             when you have checked the rows yourself, as :class:`~flowkit.sklearn.FlowDensity`
             does on the rows it was given before it standardizes them: the same warning is
             then not raised twice, and no warnings filter is changed (a change of the filters
