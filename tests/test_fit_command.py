@@ -196,6 +196,27 @@ def test_resume_with_other_model_or_data_options_names_them_as_typed(tmp_path, c
     assert json.loads((out / "options.json").read_text()) == recorded
 
 
+def test_a_run_started_before_valid_auto_resumes_with_its_tenth(tmp_path, capsys):
+    """Review 33: a run of 120 rows started when a file's default holdout was a tenth could not
+    be resumed (fit's 'auto' holds out 24 rows there, and --valid-fraction 0.1 was refused as a
+    changed option). Its options.json records no valid_default: it resumes with 0.1."""
+    np.save(tmp_path / "d.npy", np.random.default_rng(3).normal(size=(120, 2)))
+
+    def run(out, steps, *more):
+        return cli.main(["fit", "--data", str(tmp_path / "d.npy"), "--checkpoint-every", "3",
+                         *FAST, "--steps", str(steps), "--lr-schedule", "none",
+                         "--out", str(tmp_path / out), *more])
+
+    assert run("old", 3, "--valid-fraction", "0.1") == 0
+    record = json.loads((tmp_path / "old" / "options.json").read_text())
+    assert record.pop("valid_default") == "auto"
+    (tmp_path / "old" / "options.json").write_text(json.dumps({**record, "valid_fraction": None}))
+    capsys.readouterr()
+    assert run("old", 6, "--resume") == 0, capsys.readouterr().err
+    assert _metrics(tmp_path / "old")["steps"] == 6
+    assert run("new", 3) == 0 and run("new", 6, "--resume") == 0  # fit's "auto" both times
+
+
 def test_lu_linear_is_a_model_option_and_an_older_run_resumes_with_it(tmp_path, capsys):
     """--lu-linear / --no-lu-linear reach the builder and define the run; a run whose
     options.json predates the option (started when the MAF had no LU-linear maps by default)

@@ -1339,8 +1339,20 @@ def test_an_affine_flow_on_few_training_rows_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error", flowkit.train.DataWarning)
         fit(small_maf(transformer="spline"), small, steps=1, **QUIET)
-        fit(small_maf(), small, steps=1, data_warnings=False, **QUIET)
         fit(small_maf(), gaussian(200), steps=1, **QUIET)  # 180 rows train
+    with pytest.warns(flowkit.train.DataWarning, match=r"leaves 80 rows"):  # about the model,
+        fit(small_maf(), small, steps=1, data_warnings=False, **QUIET)  # not the rows' values
+
+
+def test_valid_auto_trains_on_every_row_where_copies_leave_none_to_hold_out():
+    """Review 33: 50 equal rows raised "valid=0.2 of 50 rows holds out every row", a value the
+    caller never passed, and two repeated points lost half the rows to validation."""
+    for x, held in ((torch.ones(50, 2), 50), (torch.tensor([[0.0, 1.0], [2.0, 3.0]]).repeat(100, 1),
+                                              100)):
+        with pytest.warns(flowkit.train.DataWarning, match=rf"valid='auto' would hold out {held}"
+                          r"\): it trains on every row without validation"):
+            history = fit(small_maf(), x, steps=2, data_warnings=False, **QUIET)
+        assert history.valid_loss == [] and history.train_rows == len(x)
 
 
 def test_a_batch_larger_than_the_rows_left_to_train_names_valid():
@@ -1364,6 +1376,11 @@ def test_resume_of_a_run_without_validation_under_the_default_names_valid(tmp_pa
         fit(small_maf(), x, **{**options, "steps": 8, "resume": True})
     assert len(fit(small_maf(), x, valid=None, **{**options, "steps": 8, "resume": True})
                .train_loss) == 8
+    defaults = {**options, "checkpoint_dir": tmp_path / "defaults"}
+    del defaults["batch_size"]  # its default follows the rows: the valid message comes first
+    fit(small_maf(), x, valid=None, **defaults)
+    with pytest.raises(ArgumentError, match=r"pass valid=None to resume it$"):
+        fit(small_maf(), x, **{**defaults, "steps": 8, "resume": True})
     tenth = {**options, "checkpoint_dir": tmp_path / "tenth"}  # the rows "auto" holds out
     fit(small_maf(), x, valid=0.1, **tenth)
     assert len(fit(small_maf(), x, **{**tenth, "steps": 8, "resume": True}).train_loss) == 8

@@ -304,9 +304,28 @@ def _check_same_run(
 
     def record(progress: Any) -> None:  # beside the first checkpoint (a run that fails
         if is_main_process() and not path.exists():  # before it leaves no folder behind)
-            write_bytes_atomic(path, (json.dumps(typed, indent=2) + "\n").encode())
+            recorded = {**typed, "valid_default": "auto"}  # see _valid_default
+            write_bytes_atomic(path, (json.dumps(recorded, indent=2) + "\n").encode())
 
     return record
+
+
+VALID_DEFAULT_BEFORE = 0.1
+"""The share of a file's rows held out without --valid-fraction by runs whose ``options.json``
+predates fit's ``valid="auto"`` (they record no ``valid_default``)."""
+
+
+def _valid_default(args: argparse.Namespace) -> float | str:
+    """fit's ``valid`` for a file without --valid-fraction: ``"auto"``, or for a ``--resume`` of
+    a run that recorded no ``valid_default``, :data:`VALID_DEFAULT_BEFORE`."""
+    path = args.out / "options.json"
+    if args.resume and path.exists():
+        try:
+            started = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return "auto"  # _check_same_run names the unreadable file
+        return started.get("valid_default", VALID_DEFAULT_BEFORE)
+    return "auto"
 
 
 def _typed(option: str, value: Any) -> str:
@@ -362,15 +381,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         features = len(positions)
         _warn_about_rows(data, labels)
-        # fit holds out that share of the rows, or the rows its default "auto" holds out
-        valid = "auto" if args.valid_fraction is None else args.valid_fraction or None
+        # fit holds out that share of the rows, or by default the rows "auto" holds out (a
+        # tenth, before 2026-11-26: a run started then resumes so)
+        valid = _valid_default(args) if args.valid_fraction is None else args.valid_fraction or None
         shown = data
         # fit chooses the default batch size from the rows it trains on; a given one above the
         # rows the fraction leaves is lowered to them (valid=<fraction> holds out whole groups
         # of equal rows, so fit may keep a few more)
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
-        rows -= (auto_valid_rows(rows) if args.valid_fraction is None
-                 else round(args.valid_fraction * rows))
+        rows -= (auto_valid_rows(rows) if valid == "auto" else round((valid or 0.0) * rows))
         if args.batch_size is not None and args.batch_size > rows:
             print(
                 f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "

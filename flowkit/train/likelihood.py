@@ -118,8 +118,9 @@ def fit(
             default"). A DataLoader or a sampling function gets no validation. ``None``
             trains on every row without validation.
         steps: number of optimizer steps. Exactly one of ``steps`` and ``epochs`` is required.
-        epochs: number of passes over finite ``data`` (``len(data) // batch_size`` steps each for
-            arrays, ``len(loader)`` for DataLoaders).
+        epochs: number of passes over finite ``data`` (for arrays, the rows left to train on
+            after the validation rows are held out, ``// batch_size`` steps each;
+            ``len(loader)`` for DataLoaders).
         batch_size: global batch size (split evenly over ``torchrun`` processes, so results do
             not depend on the number of processes). Default ``None``: for array ``data`` of
             ``N`` rows, ``N // 16`` rows between 16 and 256 (all rows when there are fewer than
@@ -381,9 +382,9 @@ def _make_source(
         if auto:
             holdout = auto_valid_rows(rows) / rows or None
         if holdout is not None:  # a flow's validation rows without copies among its training rows
-            arrays, held_out = _hold_out(arrays, holdout, s.seed, groups, warn=not auto)
+            arrays, held_out = _hold_out(arrays, holdout, s.seed, groups, auto)
             _check_batch_fits(batch_size, arrays[0].shape[0], rows, given)
-        if density and data_warnings:
+        if density:  # about the model and the number of rows, not their values
             _warn_if_affine_on_few_rows(model, arrays[0].shape[0])
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0])
@@ -412,7 +413,7 @@ def _warn_if_affine_on_few_rows(model: nn.Module, rows: int) -> None:
         "shifts and scales grow without bound beyond the training rows: on data this small "
         "some held-out rows score hundreds to millions of nats, however well it validates "
         "(docs/defaults.md, 'Validation by default'). The spline (transformer='spline') does "
-        "not; data_warnings=False silences this", DataWarning, stacklevel=4,
+        "not", DataWarning, stacklevel=4,
     )
 
 
@@ -437,13 +438,15 @@ def _hold_out(
     fraction: float,
     seed: int,
     groups: Tensor | None,
-    warn: bool = True,
-) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
+    auto: bool = False,
+) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None] | None]:
     """``(training, held_out)``: a random ``fraction`` of the rows (drawn from ``seed``) held
     out of ``arrays`` ``(x, context)``; with ``groups`` of equal rows
     (:func:`~flowkit.train.arrays.equal_row_groups`), whole groups, at least that many rows.
-    ``warn``: a :class:`DataWarning` when fewer than :data:`MIN_VALID_ROWS` are held out (a
-    fraction the user chose; ``valid="auto"`` chose the most it could)."""
+    A :class:`DataWarning` when fewer than :data:`MIN_VALID_ROWS` are held out of a fraction
+    the user chose. With ``auto`` (``valid="auto"``, which chose the fraction), nothing is
+    held out (``held_out`` is ``None``, with a :class:`DataWarning`) where the groups would make
+    it more than twice the rows wanted, or every row."""
     x, c = arrays
     n, k = x.shape[0], round(fraction * x.shape[0])
     if not 1 <= k < n:
@@ -451,10 +454,18 @@ def _hold_out(
                             "at least one row should validate and one train")
     g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
     kept, held = split_rows(torch.randperm(n, generator=g).to(x.device), k, groups)
+    if auto and (len(kept) == 0 or len(held) > 2 * k):
+        warnings.warn(
+            f"'data' repeats its rows in groups too large to hold {k} of its {n} rows out for "
+            f"validation without a copy among the training rows (valid='auto' would hold out "
+            f"{len(held)}): it trains on every row without validation; pass validation data "
+            "of your own", DataWarning, stacklevel=4,
+        )
+        return arrays, None
     if len(kept) == 0:
         raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out "
                             "every row: they are all copies of one another")
-    if warn and len(held) < MIN_VALID_ROWS:
+    if not auto and len(held) < MIN_VALID_ROWS:
         warnings.warn(
             f"holding out a fraction {fraction!r} of the {n} rows for validation leaves "
             f"{len(held)}: a validation loss over so few rows is noisy, and it chooses the "

@@ -93,12 +93,13 @@ class TensorSource:
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         if "rows" not in state:  # written before these were recorded
             return
-        check_same_batch_size(state, self.batch_size)
         rows = self.x.shape[0]
         if state["rows"] == rows and torch.allclose(
             state["fingerprint"], self.state_dict()["fingerprint"], rtol=1e-6, atol=1e-9
-        ):
-            return  # the same training rows, however valid named them (0.1 or "auto")
+        ):  # the same training rows, however valid named them (0.1 or "auto")
+            check_same_batch_size(state, self.batch_size)
+            return
+        # other rows: say why first (the default batch size follows the rows, review 33)
         if state.get("holdout", self.holdout) != self.holdout:  # (recorded since review 19)
             raise ArgumentError(
                 "valid", "the checkpoint was trained on ", *_held_out(state["holdout"]),

@@ -37,8 +37,9 @@ fixed               values given, :meth:`Standardize.set`,          nothing (``s
 batch               a data batch while unset or a look: set from    :func:`set_from_data`; a step
                     it (the first step of a loop of one's own)      after sampling with gradients
 look                while unset, a training-mode ``forward``        the first data batch;
-                    without gradients, on one row, or on the        :func:`set_from_data`
-                    contexts a flow samples at: set from it
+                    without gradients, on one row, or on the        :func:`set_from_data`; a
+                    contexts a flow samples at: set from it         step after sampling with
+                                                                    gradients (fixed)
 sampled identity    a training-mode ``inverse`` while unset         as a look, except that after
                     (sampling before any data): the identity        sampling with gradients only
                                                                     a data batch clearly in other
