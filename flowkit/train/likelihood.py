@@ -93,9 +93,9 @@ def fit(
             (counts, pixels, coarse rounding), one in which a single value holds 20% of the
             rows (a point mass), or 5% of the rows repeating earlier ones, raises a
             :class:`~flowkit.train.DataWarning` (``data_warnings=False`` turns these off);
-            so do rows exactly on a finite end of a flow's ``bounds``, and fewer than 150
-            training rows for a flow with affine autoregressive layers (which extrapolate
-            without bound: prefer the spline on small data).
+            so do rows exactly on a finite end of a flow's ``bounds``. Fewer than 150 training
+            rows for a flow with affine autoregressive layers (which extrapolate without
+            bound: prefer the spline on small data) raise one whatever ``data_warnings``.
 
             Before the first step, the model's :class:`~flowkit.transforms.Standardize`
             modules (the builders' default ``standardize=True``) that are not set, or set only
@@ -138,8 +138,7 @@ def fit(
             rather than the last ones. ``False`` keeps the last step's weights; ``True`` needs
             validation.
         data_warnings: raise the :class:`~flowkit.train.DataWarning`\ s about array ``data``
-            of a flow (constant or discrete columns, point masses, repeated rows, too few rows
-            for affine layers). ``False``
+            of a flow (constant or discrete columns, point masses, repeated rows). ``False``
             when you have checked the rows yourself, as :class:`~flowkit.sklearn.FlowDensity`
             does on the rows it was given before it standardizes them: the same warning is
             then not raised twice, and no warnings filter is changed (a change of the filters
