@@ -67,6 +67,9 @@ def worker(out: Path) -> None:
     torch.manual_seed(0)
     iaf = flowkit.IAF(2, hidden_features=(16,), layers=2)
     h_rkl = fit_reverse_kl(iaf, target, progress=False, **SETTINGS)
+    # review 33: 18 rows left 15 to train (valid="auto"), an odd default batch for 2 processes
+    small = fit(flowkit.MAF(2, hidden_features=(4,), layers=1), x[:18], steps=2, seed=0,
+                progress=False, device="cpu")
     torch.save(
         {
             "state": flow.state_dict(),
@@ -75,6 +78,7 @@ def worker(out: Path) -> None:
             "first_batch": seen[0],
             "iaf": iaf.state_dict(),
             "elbo": h_rkl.elbo,
+            "small_batch": small.batch_size,
         },
         out / f"rank{rank}.pt",
     )
@@ -119,6 +123,7 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     assert proc.returncode == 0, output[-3000:] + "\n".join(stderr.values())[-3000:]
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
 
+    assert r0["small_batch"] == r1["small_batch"] == 14  # 15 rounded down to a multiple of 2
     # every process sees its own half of the global batch
     assert r0["first_batch"].shape == r1["first_batch"].shape == (32, 2)
     flow, x = experiment()

@@ -257,10 +257,12 @@ MIN_DEFAULT_BATCH_SIZE = 16
 """The smallest batch :func:`default_batch_size` chooses (unless the data has fewer rows)."""
 
 
-def default_batch_size(rows: int | None) -> int:
+def default_batch_size(rows: int | None, processes: int = 1) -> int:
     """:func:`fit`'s batch size when none is passed: about 16 steps per epoch for array data of
     ``rows`` rows, between :data:`MIN_DEFAULT_BATCH_SIZE` (16) and :data:`DEFAULT_BATCH_SIZE`
-    (256) rows, and never more than ``rows``; 256 for data without a length (``None``).
+    (256) rows, and never more than ``rows``; 256 for data without a length (``None``). Under
+    ``torchrun``, rounded down to a multiple of the number of ``processes`` (each takes an
+    equal share; at least one row each).
 
     Small data sets overfit within a few dozen full-batch steps; smaller batches take more,
     noisier steps per epoch before the validation loss turns, and reach better held-out
@@ -269,10 +271,12 @@ def default_batch_size(rows: int | None) -> int:
     Example:
         >>> [default_batch_size(n) for n in (10, 150, 1000, 4096, 10**6, None)]
         [10, 16, 62, 256, 256, 256]
+        >>> [default_batch_size(n, processes=3) for n in (10, 1000, None)]
+        [9, 60, 255]
     """
-    if rows is None:
-        return DEFAULT_BATCH_SIZE
-    return min(rows, max(MIN_DEFAULT_BATCH_SIZE, min(DEFAULT_BATCH_SIZE, rows // 16)))
+    size = DEFAULT_BATCH_SIZE if rows is None else min(
+        rows, max(MIN_DEFAULT_BATCH_SIZE, min(DEFAULT_BATCH_SIZE, rows // 16)))
+    return max(processes, size - size % processes)
 
 
 def _check_validation_needs(
@@ -363,7 +367,8 @@ def _make_source(
     if isinstance(data, DataLoader):
         return LoaderSource(data, s.dist, s.device, dtype), None
     if callable(data) and not isinstance(data, Tensor | np.ndarray):
-        source = SamplerSource(data, batch_size or DEFAULT_BATCH_SIZE, s.seed, s.dist,
+        source = SamplerSource(data, batch_size or default_batch_size(None, s.dist.world_size),
+                               s.seed, s.dist,
                                s.device, dtype)
         return source, None
     if isinstance(data, Tensor | np.ndarray | tuple):
@@ -386,7 +391,7 @@ def _make_source(
         if density:  # about the model and the number of rows, not their values
             _warn_if_affine_on_few_rows(model, arrays[0].shape[0])
         if batch_size is None:
-            batch_size = default_batch_size(arrays[0].shape[0])
+            batch_size = default_batch_size(arrays[0].shape[0], s.dist.world_size)
         return TensorSource(arrays, batch_size, s.seed, s.dist, given), held_out
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
