@@ -58,9 +58,9 @@ from flowkit.train import (
     DEFAULTS,
     Callbacks,
     History,
-    auto_valid_rows,
     default_batch_size,
     fit,
+    held_out_rows,
     is_main_process,
     warn_if_degenerate,
     warn_if_duplicated,
@@ -278,8 +278,10 @@ def _check_same_run(
     otherwise surface as a mismatch of something derived from it: the batch size, the rows,
     the model's arguments); an option that the record predates
     (:data:`flowkit.app.common.FLOW_OPTIONS_ADDED`) takes the value the run was built with, in
-    ``args`` too when it was not given. Otherwise return the ``on_checkpoint`` callback that
-    records them there, beside the run's first checkpoint."""
+    ``args`` too when it was not given. Sets ``args.valid_default``, the holdout of a file
+    without --valid-fraction: the run's (:data:`VALID_DEFAULT_BEFORE` where it recorded none),
+    or ``"auto"`` for a new run. Otherwise return the ``on_checkpoint`` callback that records
+    them there, beside the run's first checkpoint."""
     path = args.out / "options.json"
     if args.resume and path.exists():
         try:
@@ -288,6 +290,7 @@ def _check_same_run(
             raise ValueError(f"'{path}' cannot be read ({e}): it records the options of the "
                              "run to resume") from None
         typed = json.loads(json.dumps(typed))  # tuples as lists, as stored
+        args.valid_default = started.get("valid_default", VALID_DEFAULT_BEFORE)
         for name, value in FLOW_OPTIONS_ADDED.items():  # a run started before the option existed
             if name not in started:  # built what the value gives: resume it so
                 started[name] = value
@@ -301,10 +304,11 @@ def _check_same_run(
             raise ValueError("--resume continues a run with the options it was started with; "
                              f"these differ: {'; '.join(changed)}")
         return None
+    args.valid_default = "auto"
 
     def record(progress: Any) -> None:  # beside the first checkpoint (a run that fails
         if is_main_process() and not path.exists():  # before it leaves no folder behind)
-            recorded = {**typed, "valid_default": "auto"}  # see _valid_default
+            recorded = {**typed, "valid_default": "auto"}  # see VALID_DEFAULT_BEFORE
             write_bytes_atomic(path, (json.dumps(recorded, indent=2) + "\n").encode())
 
     return record
@@ -315,17 +319,20 @@ VALID_DEFAULT_BEFORE = 0.1
 predates fit's ``valid="auto"`` (they record no ``valid_default``)."""
 
 
-def _valid_default(args: argparse.Namespace) -> float | str:
-    """fit's ``valid`` for a file without --valid-fraction: ``"auto"``, or for a ``--resume`` of
-    a run that recorded no ``valid_default``, :data:`VALID_DEFAULT_BEFORE`."""
-    path = args.out / "options.json"
-    if args.resume and path.exists():
-        try:
-            started = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return "auto"  # _check_same_run names the unreadable file
-        return started.get("valid_default", VALID_DEFAULT_BEFORE)
-    return "auto"
+def _file_validation(args: argparse.Namespace, data: Any) -> float | str | None:
+    """fit's ``valid`` for a file: ``--valid-fraction`` (0: none), or without it
+    ``args.valid_default`` (``"auto"``; :data:`VALID_DEFAULT_BEFORE` for a ``--resume`` of a run
+    that recorded none, set by :func:`_check_same_run`). A ``--batch-size`` above the rows it
+    leaves to train on is lowered to them, with a note (fit chooses the default batch size from
+    those rows itself; whole groups of equal rows held out may leave it a few rows more)."""
+    valid = args.valid_default if args.valid_fraction is None else args.valid_fraction or None
+    rows = len(data[0]) if isinstance(data, tuple) else len(data)
+    rows -= held_out_rows(valid, rows)
+    if args.batch_size is not None and args.batch_size > rows:
+        print(f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "
+              f"training rows; using {rows}", flush=True)
+        args.batch_size = rows
+    return valid
 
 
 def _typed(option: str, value: Any) -> str:
@@ -381,28 +388,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         features = len(positions)
         _warn_about_rows(data, labels)
-        # fit holds out that share of the rows, or by default the rows "auto" holds out (a
-        # tenth, before 2026-11-26: a run started then resumes so)
-        valid = _valid_default(args) if args.valid_fraction is None else args.valid_fraction or None
         shown = data
-        # fit chooses the default batch size from the rows it trains on; a given one above the
-        # rows the fraction leaves is lowered to them (valid=<fraction> holds out whole groups
-        # of equal rows, so fit may keep a few more)
-        rows = len(data[0]) if isinstance(data, tuple) else len(data)
-        rows -= (auto_valid_rows(rows) if valid == "auto" else round((valid or 0.0) * rows))
-        if args.batch_size is not None and args.batch_size > rows:
-            print(
-                f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "
-                f"training rows; using {rows}",
-                flush=True,
-            )
-            args.batch_size = rows
     if args.steps is None and args.epochs is None:
         args.steps = DEFAULT_STEPS
     bounds = _bounds(args.bounds, positions, labels)
     if bounds is not None:  # recorded as the bounds, however the columns were named
         typed["bounds"] = [list(bounds[0]), list(bounds[1])]
     record_options = _check_same_run(args, typed)
+    if args.data not in TOY_DATASETS:
+        valid = _file_validation(args, data)
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     # a toy dataset's validation set is --valid-size points, a file's a --valid-fraction
     options = {**OPTIONS, "valid": "--valid-size"} if args.data in TOY_DATASETS else OPTIONS

@@ -13,7 +13,13 @@ from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
 from .distributed import is_main_process, resolve_device
 from .history import History
-from .likelihood import MIN_VALID_ROWS, auto_valid_rows, default_batch_size, fit
+from .likelihood import (
+    MIN_VALID_ROWS,
+    auto_valid_rows,
+    default_batch_size,
+    fit,
+    held_out_rows,
+)
 from .options import DEFAULTS, TrainOptions
 from .reverse_kl import fit_reverse_kl
 from .session import CHECKPOINT_NAME
@@ -34,6 +40,7 @@ __all__ = [
     "default_batch_size",
     "fit",
     "fit_reverse_kl",
+    "held_out_rows",
     "is_main_process",
     "resolve_device",
     "split_rows",

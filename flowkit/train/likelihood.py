@@ -313,6 +313,20 @@ def auto_valid_rows(rows: int) -> int:
     return max(round(AUTO_VALID_FRACTION * rows), min(MIN_VALID_ROWS, rows // 5))
 
 
+def held_out_rows(valid: float | str | None, rows: int) -> int:
+    """How many of ``rows`` rows of array data :func:`fit` sets out to hold out for ``valid``
+    (a fraction, ``"auto"`` or ``None``): ``round(valid * rows)``, :func:`auto_valid_rows`, or
+    none. (Whole groups of equal rows may make it more, see ``valid``.)
+
+    Example:
+        >>> [held_out_rows(v, 150) for v in (0.1, "auto", None)]
+        [15, 20, 0]
+    """
+    if valid is None:
+        return 0
+    return auto_valid_rows(rows) if valid == "auto" else round(valid * rows)
+
+
 def _holdout_fraction(valid: Any) -> float | str | None:
     """``valid`` as the fraction of array data to hold out, ``"auto"``, or ``None`` if it is
     data."""
@@ -346,8 +360,8 @@ def _make_source(
     data_warnings: bool,
 ) -> tuple[TensorSource | LoaderSource | SamplerSource, tuple[Tensor, Tensor | None] | None]:
     """The batch source of ``data``, and the rows held out for validation when ``holdout`` (a
-    fraction, or ``"auto"``: :func:`auto_valid_rows` of array data, none of other data) is
-    given: a random subset of array data, drawn from the run's seed. Array data
+    fraction, or ``"auto"``; none of data that are no array) is given: :func:`held_out_rows`
+    random rows of array data, drawn from the run's seed. Array data
     is checked whole against ``model`` here
     (:func:`~flowkit.train.preflight.check_first_batch`), before rows are held out, so that a
     message numbers the rows as they were passed; for a :class:`~flowkit.Flow`, also for
@@ -381,18 +395,17 @@ def _make_source(
         elif density and holdout is not None:
             groups = equal_row_groups(*arrays)
         check_first_batch(model, *arrays, batch=False)
-        given, held_out = holdout, None  # the holdout as given, which a checkpoint records
-        rows = arrays[0].shape[0]
-        if auto:
-            holdout = auto_valid_rows(rows) / rows or None
-        if holdout is not None:  # a flow's validation rows without copies among its training rows
-            arrays, held_out = _hold_out(arrays, holdout, s.seed, groups, auto)
-            _check_batch_fits(batch_size, arrays[0].shape[0], rows, given)
+        held_out, rows = None, arrays[0].shape[0]
+        k = held_out_rows(holdout, rows)
+        if holdout is not None and (k or not auto):  # a fraction that holds out 0 is an error
+            # a flow's validation rows without copies among its training rows
+            arrays, held_out = _hold_out(arrays, k, holdout, s.seed, groups)
+            _check_batch_fits(batch_size, arrays[0].shape[0], rows, holdout)
         if density:  # about the model and the number of rows, not their values
             _warn_if_affine_on_few_rows(model, arrays[0].shape[0])
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0], s.dist.world_size)
-        return TensorSource(arrays, batch_size, s.seed, s.dist, given), held_out
+        return TensorSource(arrays, batch_size, s.seed, s.dist, holdout), held_out
     raise TypeError(
         "'data' should be a tensor, a numpy array, a pair (x, context), a DataLoader or a "
         f"function sample(n, generator); got {type(data).__name__}"
@@ -439,22 +452,23 @@ MIN_VALID_ROWS = 20
 
 def _hold_out(
     arrays: tuple[Tensor, Tensor | None],
-    fraction: float,
+    k: int,
+    valid: float | str,
     seed: int,
     groups: Tensor | None,
-    auto: bool = False,
 ) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None] | None]:
-    """``(training, held_out)``: a random ``fraction`` of the rows (drawn from ``seed``) held
-    out of ``arrays`` ``(x, context)``; with ``groups`` of equal rows
+    """``(training, held_out)``: ``k`` random rows (drawn from ``seed``) held out of
+    ``arrays`` ``(x, context)`` for ``valid`` (a fraction, or ``"auto"``:
+    :func:`held_out_rows`); with ``groups`` of equal rows
     (:func:`~flowkit.train.arrays.equal_row_groups`), whole groups, at least that many rows.
     A :class:`DataWarning` when fewer than :data:`MIN_VALID_ROWS` are held out of a fraction
-    the user chose. With ``auto`` (``valid="auto"``, which chose the fraction), nothing is
-    held out (``held_out`` is ``None``, with a :class:`DataWarning`) where the groups would make
-    it more than twice the rows wanted, or every row."""
+    the user chose. With ``"auto"``, which chose ``k``, nothing is held out (``held_out`` is
+    ``None``, with a :class:`DataWarning`) where the groups would make it more than twice ``k``
+    rows, or every row."""
     x, c = arrays
-    n, k = x.shape[0], round(fraction * x.shape[0])
+    n, auto = x.shape[0], valid == "auto"
     if not 1 <= k < n:
-        raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out {k}; "
+        raise ArgumentError("valid", Mention("valid", valid), f" of {n} rows holds out {k}; "
                             "at least one row should validate and one train")
     g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
     kept, held = split_rows(torch.randperm(n, generator=g).to(x.device), k, groups)
@@ -467,11 +481,11 @@ def _hold_out(
         )
         return arrays, None
     if len(kept) == 0:
-        raise ArgumentError("valid", Mention("valid", fraction), f" of {n} rows holds out "
+        raise ArgumentError("valid", Mention("valid", valid), f" of {n} rows holds out "
                             "every row: they are all copies of one another")
     if not auto and len(held) < MIN_VALID_ROWS:
         warnings.warn(
-            f"holding out a fraction {fraction!r} of the {n} rows for validation leaves "
+            f"holding out a fraction {valid!r} of the {n} rows for validation leaves "
             f"{len(held)}: a validation loss over so few rows is noisy, and it chooses the "
             "weights returned and when early stopping ends the run; hold out a larger fraction "
             "or pass validation data of your own", DataWarning, stacklevel=4,
