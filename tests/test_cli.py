@@ -1,7 +1,9 @@
 """The ``flowkit`` command itself: help text, option defaults, one-line errors, and no output
 folder left behind by a failed invocation."""
 
+import os
 import re
+import time
 
 import pytest
 
@@ -80,6 +82,31 @@ def test_ctrl_c_is_one_line_that_says_how_to_resume(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert err == (f"flowkit fit: interrupted; '{out / 'checkpoint.pt'}' holds the last "
                    "checkpoint: run the same command with --resume to continue\n")
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does(tmp_path, capsys, monkeypatch):
+    """Review 34: SIGTERM (what timeout, schedulers and preemption send) ended a run silently
+    and left its lock behind; it now ends as Ctrl-C does, with status 143, and the handler
+    before the command is back after it."""
+    import signal
+
+    from flowkit.app import fit
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"")
+
+    def terminated(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+
+    monkeypatch.setattr(fit, "run", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["fit", "--out", str(out), "--resume"]) == 143
+    assert capsys.readouterr().err == (
+        f"flowkit fit: terminated (SIGTERM); '{out / 'checkpoint.pt'}' holds the last "
+        "checkpoint: run the same command with --resume to continue\n")
+    assert not (out / "flowkit.lock").exists() and signal.getsignal(signal.SIGTERM) is before
 
 
 def test_metrics_json_is_strict_json():

@@ -3,6 +3,7 @@ standardization switch, the batch size capped by the data, the samples-over-data
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -263,7 +264,7 @@ def test_lu_linear_is_a_model_option_and_an_older_run_resumes_with_it(tmp_path, 
         ("twice.csv", lambda p: p.write_text("a,a\n1,2\n"),
          r"the header names several columns \['a'\]"),
         ("text-na.csv", lambda p: p.write_text("1.2,0.3,NA\n1,2,3\n"),
-         r"line 1, mixes numbers \(1.2\) and text: a header names every column"),
+         r"line 1, field 3 is 'NA' \(a missing value: drop or fill such rows first\)"),
         ("gap-first.csv", lambda p: p.write_text("1,,3\n4,5,6\n"),
          r"line 1, field 2 is empty"),
         ("nan.csv", lambda p: p.write_text("a,b\n1,2\n3,nan\n"),
@@ -469,6 +470,9 @@ def test_csv_with_a_header_names_the_context_and_the_plot(tmp_path, capsys):
     assert cli.main(["fit", "--data", str(path), "--key", "x", *FAST,
                      "--out", str(tmp_path / "key")]) == 2
     assert "'--key' names an array of a .npz file" in capsys.readouterr().err
+    assert cli.main(["fit", "--data", str(path), "--context", "age", "age", *FAST,
+                     "--out", str(tmp_path / "twice")]) == 2  # was "got ['0', '0']"
+    assert "'--context' names 'age' twice" in capsys.readouterr().err
 
 
 def test_csv_without_a_header_reads_every_line(tmp_path, monkeypatch):
@@ -534,6 +538,74 @@ def test_csv_byte_order_marks_and_numbers_that_are_also_names(tmp_path):
     assert c.ravel().tolist() == [20.0, 50.0]
 
 
+def test_first_lines_that_look_like_a_header_and_are_not_or_the_reverse(tmp_path):
+    """Review 34: '473,NA,906' (a row with a missing value) was taken for a header of names, and
+    a header of numbers ('2019,2020,2021', as pandas writes numbered columns) was read as a row
+    of outliers, both without a word. The first is now refused at its field; the second is
+    still a row (it cannot be told from one), with a warning naming the line."""
+    from flowkit.app.fit_data import read_csv
+
+    rows = np.random.default_rng(0).normal(size=(20, 3))
+    body = "\n".join(",".join(f"{v:.6f}" for v in row) for row in rows) + "\n"
+    path = tmp_path / "t.csv"
+    for missing in ("NA", "n/a", "null", "?"):
+        path.write_text(f"473,{missing},906\n" + body)
+        with pytest.raises(ValueError, match=f"line 1, field 2 is '{re.escape(missing)}'"):
+            read_csv(path)
+    path.write_text("age,NA,height\n" + body)  # names, one of them 'NA': a header
+    assert read_csv(path)[1] == ["age", "NA", "height"]
+    path.write_text("2019,2020,2021\n" + body)
+    with pytest.warns(flowkit.train.DataWarning, match=r"line 1 \(2019,2020,2021\), holds only "
+                      r"whole numbers where the rows below it hold decimals in most columns"):
+        table, names = read_csv(path)
+    assert names is None and table.shape == (21, 3) and table[0].tolist() == [2019, 2020, 2021]
+    counts = "\n".join(f"{i},{2 * i},{i % 7}" for i in range(20)) + "\n"
+    path.write_text(counts)  # whole numbers throughout: nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", flowkit.train.DataWarning)
+        assert read_csv(path)[0].shape == (20, 3)
+
+
+def test_quoted_numbers_and_files_in_other_encodings(tmp_path):
+    """Review 34: quoted numbers (pandas' QUOTE_ALL) were refused as '"51.8"'; a thousands
+    separator inside quotes was reported as the field '"1'; Latin-1 and UTF-16 files got
+    messages about numbers instead of their encoding."""
+    from flowkit.app.fit_data import read_csv
+
+    path = tmp_path / "q.csv"
+    path.write_text('"age","income"\n"51.8","27097.9"\n"33.5","1.2e4"\n')
+    table, names = read_csv(path)
+    assert names == ["age", "income"] and table.tolist() == [[51.8, 27097.9], [33.5, 12000.0]]
+    path.write_text('a,b\n"1,234.5",2\n')
+    with pytest.raises(ValueError, match=r"line 2, field 1 is '1,234.5' \(write numbers "
+                                         r"without thousands separators\)"):
+        read_csv(path)
+    path.write_bytes("größe,b\n1.5,2\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"is not UTF-8 text: line 1 holds the byte 0xf6"):
+        read_csv(path)
+    path.write_bytes("a,b\n1.5,2\n3,4\n".encode("utf-16"))
+    with pytest.raises(ValueError, match=r"looks like UTF-16 text: save it as UTF-8"):
+        read_csv(path)
+
+
+def test_the_rows_and_columns_read_are_said_before_the_run(tmp_path, capsys):
+    """Review 34: nothing said how many rows and which columns a file gave, so a misread file
+    showed only in the fit's result; now one line before the run, and rows in metrics.json."""
+    rows = np.random.default_rng(0).normal(size=(50, 3))
+    path = tmp_path / "t.csv"
+    path.write_text("age,income,z\n" + "\n".join(",".join(map(str, r)) for r in rows) + "\n")
+    out = tmp_path / "o"
+    loud = [a for a in FAST if a != "--quiet"]
+    assert cli.main(["fit", "--data", str(path), "--context", "z", *loud,
+                     "--out", str(out)]) == 0
+    assert (f"flowkit fit: read 50 rows from '{path}': 2 modelled columns (age, income) and 1 "
+            "context column\n") in capsys.readouterr().out
+    assert _metrics(out)["rows"] == 50
+    assert cli.main(["fit", "--data", "moons", *loud, "--out", str(tmp_path / "m")]) == 0
+    assert "flowkit fit: read" not in capsys.readouterr().out
+    assert _metrics(tmp_path / "m")["rows"] is None
+
+
 def test_bounds_of_columns_by_name_or_number(tmp_path, capsys):
     """--bounds COL=LOW:HIGH: a positive column and a box from the command line, as the
     builders' bounds= (the CLI could not say that a column is positive)."""
@@ -554,6 +626,7 @@ def test_bounds_of_columns_by_name_or_number(tmp_path, capsys):
                                            r"by position \[0, 1, 2\] or one of \['age', "),
                            (["income=a:"], "LOW and HIGH should be numbers or empty"),
                            (["income"], r"takes COL=LOW:HIGH"),
+                           (["income=5:1"], r"'income=5:1': LOW should be below HIGH"),
                            (["1=0:", "income=1:"], r"'--bounds' names column 'income' twice")):
         assert cli.main(["fit", "--data", str(path), "--bounds", *specs, *FAST,
                          "--out", str(tmp_path / "x")]) == 2

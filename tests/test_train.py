@@ -30,6 +30,7 @@ from flowkit.train import (
     fit_reverse_kl,
     resolve_device,
 )
+from flowkit.train.arrays import linearly_dependent
 from flowkit.train.sources import first_batch
 from flowkit.validation import ArgumentError
 
@@ -1548,6 +1549,38 @@ def test_small_discrete_columns_get_the_few_values_warning_not_the_point_mass_on
         assert len(messages) == 1 and "distinct values in" in messages[0], messages
     for n in 6, 12, 30:  # continuous: n distinct values in n rows
         assert _degenerate_warnings(torch.randn(n, 2, generator=generator)) == []
+
+def test_linearly_dependent_columns_are_named_and_independent_ones_are_not():
+    """Review 34: columns [a, 2a + 1, z] passed every check, and the NLL fell without bound
+    while the flow contracted across the plane they lie on. Exact dependence, in float64 or
+    float32 and in any units, is a warning naming the columns (by their labels too); noise of a
+    hundredth of a column's spread, a discrete column's dependence (warned as discrete) and data
+    with no more rows than columns are not."""
+    g = torch.Generator().manual_seed(0)
+    a, b, z = (torch.randn(500, 1, generator=g, dtype=torch.float64) for _ in range(3))
+    dependent = torch.cat([z, a, 3 * a - 2 * b + 7, b], dim=1)
+    assert linearly_dependent(dependent) == [1, 2, 3]
+    scaled = (dependent * torch.tensor([1.0, 1e4, 1e-3, 50.0], dtype=torch.float64)
+              + torch.tensor([0.0, 1e5, 0.0, 1e3], dtype=torch.float64))
+    assert linearly_dependent(scaled.float()) == [1, 2, 3]
+    messages = _degenerate_warnings(dependent)
+    assert len(messages) == 1 and "'data', columns [1, 2, 3], are linearly dependent" in (
+        messages[0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flowkit.train.warn_if_degenerate("X", dependent, stacklevel=2, labels=list("zabc"))
+    assert "columns [1, 2, 3] ('a', 'b', 'c'), are linearly dependent" in str(caught[0].message)
+    noisy = torch.cat([a, 2 * a + 1e-2 * torch.randn(500, 1, generator=g, dtype=torch.float64),
+                       z], dim=1)
+    assert _degenerate_warnings(noisy) == []
+    one_hot = torch.nn.functional.one_hot(torch.arange(500) % 3).double()
+    messages = _degenerate_warnings(torch.cat([one_hot, z], dim=1))
+    assert messages and all("distinct values" in m for m in messages), messages
+    assert _degenerate_warnings(torch.randn(4, 6, generator=g)) == []
+    flow = flowkit.MAF(4, layers=1, hidden_features=(8,))
+    with pytest.warns(flowkit.train.DataWarning, match=r"are linearly dependent"):
+        fit(flow, dependent.float(), steps=1, seed=0, **QUIET)
+
 
 def test_fit_warns_about_a_point_mass_inside_a_continuous_column():
     """Zero-inflated data (review 18: half the rows exactly 0, the rest continuous) passed the

@@ -43,7 +43,9 @@ import contextlib
 import importlib
 import json
 import math
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -192,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if main_process:
             created = _make_folder(args.out)
         # one writer per --out (rank 0 writes); fit() inside takes the same lock again
-        with _warnings_as_lines(args.command), (
+        with _warnings_as_lines(args.command), _sigterm_as_interrupt(), (
             run_lock(args.out) if main_process else contextlib.nullcontext()
         ):
             if main_process:
@@ -207,19 +209,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flowkit {args.command}: error: {e}", file=sys.stderr)
         _remove_if_empty(created)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         checkpoint = args.out / "checkpoint.pt"
         kept = (f"; '{checkpoint}' holds the last checkpoint: run the same command with "
                 "--resume to continue" if checkpoint.exists() else "")
-        print(f"flowkit {args.command}: interrupted{kept}", file=sys.stderr)
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"flowkit {args.command}: {how}{kept}", file=sys.stderr)
         _remove_if_empty(created)
-        return 130
+        return 128 + signal.SIGTERM if isinstance(e, Terminated) else 130
     except BaseException:
         _remove_if_empty(created)
         raise
     if main_process:
         print(f"flowkit {args.command}: wrote {path}")
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """The SIGTERM that job schedulers and ``timeout`` send to end or preempt a command, raised
+    where the command is, so that it ends as on Ctrl-C: the run folder's lock released, a line
+    saying how to resume, exit status 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block, SIGTERM raises :class:`Terminated` (in the main thread, where Python
+    runs signal handlers; elsewhere the block changes nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

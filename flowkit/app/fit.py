@@ -20,7 +20,8 @@ turns that off.
 Writes to --out: checkpoint.pt (a training checkpoint: `flowkit.load_model` reads it, --resume
 continues from it, a run without --resume refuses to replace it), options.json (the options
 that define the model and data, which --resume must repeat), history.json (losses per step,
-and per epoch for files), loss.png and metrics.json. metrics.json holds valid_nll, the saved
+and per epoch for files), loss.png and metrics.json. A file's rows and columns as read are
+printed before the run (and rows is in metrics.json). metrics.json holds valid_nll, the saved
 flow's validation NLL (the best validation's weights, which the run ends with), and
 train_nll_last_100, the mean training NLL of the last 100 steps (of all steps in a run of fewer).
 For toy datasets with an exact density, it also holds the entropy H(p) and the estimate
@@ -372,7 +373,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.batch_size is None:
             args.batch_size = default_batch_size(None)  # fresh samples: fit's 256
         shown = valid  # the rows the samples are plotted over
-        context_features, labels, positions = 0, None, list(range(features))
+        context_features, labels, positions, rows = 0, None, list(range(features)), None
     else:
         if args.valid_size is not None:
             raise ValueError(
@@ -387,6 +388,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             Path(args.data), args.key, args.context
         )
         features = len(positions)
+        rows = len(data[0]) if isinstance(data, tuple) else len(data)
+        if not args.quiet:
+            print(f"flowkit fit: read {count(rows, 'row')} from '{args.data}': "
+                  f"{_columns(features, labels, context_features)}", flush=True)
         _warn_about_rows(data, labels)
         shown = data
     if args.steps is None and args.epochs is None:
@@ -442,6 +447,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "transformer": args.transformer,
         "features": features,
         "context_features": context_features,
+        "rows": rows,  # a file's rows as read (None for a toy dataset)
         "standardize": flow.config["kwargs"]["standardize"],  # the kind, or False
         "batch_size": history.batch_size,  # as given or as fit chose it
         "parameters": sum(p.numel() for p in flow.parameters()),
@@ -499,6 +505,14 @@ def _summary(metrics: dict[str, Any]) -> str:
     return text
 
 
+def _columns(features: int, labels: list[str] | None, context_features: int) -> str:
+    """The columns read from a file, for the line that says what was read: the modelled ones
+    (named by a CSV header) and the context's."""
+    names = "" if labels is None else f" ({', '.join(labels)})"
+    context = f" and {count(context_features, 'context column')}" if context_features else ""
+    return f"{count(features, 'modelled column')}{names}{context}"
+
+
 def _standardize(args: argparse.Namespace) -> bool | str:
     """The builders' ``standardize`` for --standardize / --no-standardize."""
     if args.no_standardize:
@@ -551,6 +565,8 @@ def _bounds(
         except ValueError:
             raise ValueError(f"'--bounds' {spec!r}: LOW and HIGH should be numbers or "
                              "empty") from None
+        if low[j] is not None and high[j] is not None and not low[j] < high[j]:
+            raise ValueError(f"'--bounds' {spec!r}: LOW should be below HIGH")
     return low, high
 
 

@@ -11,6 +11,8 @@ return data in the forms :func:`flowkit.train.fit` accepts: ``x`` or ``(x, conte
 
 from __future__ import annotations
 
+import codecs
+import csv
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from flowkit.data import read_arrays
+from flowkit.train import DataWarning
 
 __all__ = ["load_file", "load_toy"]
 
@@ -88,6 +91,8 @@ def load_file(
     _check_values(named, loaded, real=True)
     c, kept = None, list(range(loaded.shape[1]))
     if context is not None:
+        if repeated := sorted({c for c in context if context.count(c) > 1}):
+            raise ValueError(f"'--context' names {', '.join(map(repr, repeated))} twice")
         numbers = all(c.lstrip("-").isdigit() for c in context)  # positions, as for .npy
         if names is not None and not numbers and all(n in names for n in context):
             context = [str(names.index(n)) for n in context]
@@ -98,13 +103,17 @@ def load_file(
 
 
 def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
-    """The ``(N, D)`` float64 table of a CSV file (numbers separated by commas; blank lines and
-    lines starting with ``#`` skipped) and its column names: the first line is a header when
-    one of its fields is neither a number nor empty, or else the comment line just above it
-    when that holds as many names (``np.savetxt(..., header="a,b")`` writes ``# a,b``). A field
-    that is not a number (an empty one included) is an error naming its line and column; so
-    are empty or repeated names (pandas' ``to_csv`` writes its index as a first, unnamed
-    column)."""
+    """The ``(N, D)`` float64 table of a CSV file (UTF-8 text, numbers separated by commas,
+    each may be quoted; blank lines and lines starting with ``#`` skipped) and its column names:
+    the first line is a header when one of its fields is neither a number, nor empty, nor a
+    missing value's marker beside numbers (``473,NA,906`` is a row with a missing value), or
+    else the comment line just above it when that holds as many names
+    (``np.savetxt(..., header="a,b")`` writes ``# a,b``). A field that is not a number (an empty
+    one included) is an error naming its line and column; so are empty or repeated names
+    (pandas' ``to_csv`` writes its index as a first, unnamed column). A first line of whole
+    numbers above rows of decimals (``2019,2020,2021``, a header of numbers) is read as a row,
+    with a :class:`~flowkit.train.DataWarning`."""
+    _check_utf8(path)
     number, first, comment = _first_line(path)
     if not first:
         raise ValueError(f"'--data' '{path}' is empty: it holds no rows")
@@ -117,7 +126,9 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
     if len(fields) == 1 and other is not None:
         raise ValueError(f"'--data' '{path}' seems separated by {other!r} (line {number + 1}): "
                          "only commas are read")
-    header = any(field and not _is_number(field) for field in fields)
+    text = [field for field in fields if field and not _is_number(field)]
+    header = bool(text) and not (len(text) < len(fields)
+                                 and all(f.lower() in MISSING_MARKERS for f in text))
     names = fields if header else None
     if header:
         decimals = [f for f in fields if _is_number(f) and not f.lstrip("+-").isdigit()]
@@ -136,7 +147,8 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
         with warnings.catch_warnings():  # a header and no rows: said below, by name
             warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
             table = np.loadtxt(path, delimiter=",", comments="#", ndmin=2, dtype=np.float64,
-                               skiprows=number + 1 if header else 0, encoding="utf-8-sig")
+                               skiprows=number + 1 if header else 0, encoding="utf-8-sig",
+                               quotechar='"')
     except ValueError:
         raise ValueError(
             f"'--data' '{path}' should hold numbers separated by commas (a header row of column "
@@ -147,7 +159,53 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
     if names is not None and table.size and len(names) != table.shape[1]:
         raise ValueError(f"'--data' '{path}' has a header of {len(names)} names and rows of "
                          f"{table.shape[1]} values")
+    if names is None and _numbers_as_names(fields, table):
+        warnings.warn(
+            f"'--data' '{path}', line {number + 1} ({first.strip()}), holds only whole numbers "
+            "where the rows below it hold decimals in most columns: it was read as a row of "
+            "data. If it is a header, give the columns names that are not numbers (a header "
+            "of numbers cannot be told from a row) or delete it", DataWarning, stacklevel=2,
+        )
     return table, names
+
+
+MISSING_MARKERS = frozenset({"na", "n/a", "#n/a", "<na>", "null", "none", "nil", "missing", "?",
+                             "-", "--"})
+"""Texts that spreadsheets and pandas write for a missing value (lower-cased): a first line
+whose only texts are these, beside numbers, is a row with missing values, not a header."""
+
+
+def _numbers_as_names(fields: list[str], table: np.ndarray) -> bool:
+    """Whether the first row, read as data, looks like a header of numbers: its fields all
+    whole numbers, and most columns of the rows below it not (``2019,2020,2021`` above
+    measurements)."""
+    if table.shape[0] < 3 or not all(f.lstrip("+-").isdigit() for f in fields):
+        return False
+    below = table[1:]
+    return bool((below != np.round(below)).any(axis=0).mean() > 0.5)
+
+
+def _check_utf8(path: Path) -> None:
+    """Refuse a file that is not UTF-8 text (UTF-16, as some spreadsheets save "Unicode text";
+    Latin-1 or another 8-bit code), naming the line of the first byte that is not."""
+    with path.open("rb") as f:
+        start = f.read(4)
+        if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\x00" in start:
+            raise ValueError(f"'--data' '{path}' looks like UTF-16 text: save it as UTF-8 (CSV "
+                             "UTF-8 in a spreadsheet's save dialog)")
+        f.seek(0)
+        decoder, line = codecs.getincrementaldecoder("utf-8")(), 1
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as e:
+                line += chunk[: e.start].count(b"\n")
+                raise ValueError(
+                    f"'--data' '{path}' is not UTF-8 text: line {line} holds the byte "
+                    f"0x{chunk[e.start]:02x}, which UTF-8 does not allow there (Latin-1 or "
+                    "another 8-bit code?); save it as UTF-8"
+                ) from None
+            line += chunk.count(b"\n")
 
 
 def _check_names(path: Path, names: list[str]) -> None:
@@ -169,7 +227,7 @@ def _first_bad_field(path: Path, skip: int) -> str:
         for number, line in enumerate(f, start=1):
             if number <= skip or not line.strip() or line.startswith("#"):
                 continue
-            fields = line.rstrip("\r\n").split(",")
+            fields = next(csv.reader([line.rstrip("\r\n")]))
             if width is not None and len(fields) != width:
                 return f"line {number} has {len(fields)} fields, the lines before it {width}"
             width = len(fields)
@@ -181,6 +239,10 @@ def _first_bad_field(path: Path, skip: int) -> str:
                     other = next((sep for sep in (";", "\t", "|") if sep in field), None)
                     hint = ("" if other is None else
                             f" (the file seems separated by {other!r}: only commas are read)")
+                    if other is None and "," in field:  # a quoted "1,234"
+                        hint = " (write numbers without thousands separators)"
+                    if field.strip().lower() in MISSING_MARKERS:
+                        hint = " (a missing value: drop or fill such rows first)"
                     return f"line {number}, field {column} is {field.strip()!r}{hint}"
     return "numpy could not read it as such"
 

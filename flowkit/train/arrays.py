@@ -343,6 +343,18 @@ def warn_if_degenerate(
             "(dequantization), or model it with a discrete distribution", stacklevel=stacklevel
         )
     has_run[list(skip)] = False
+    continuous = ((distinct > 1) & ~few_mask).nonzero().flatten().tolist()
+    if dependent := linearly_dependent(x[:, [j for j in continuous if j not in skip]]):
+        columns = [continuous[j] for j in dependent]
+        _data_warning(
+            f"'{name}', columns {columns}"
+            + ("" if labels is None else f" ({', '.join(repr(labels[j]) for j in columns)})")
+            + ", are linearly dependent (a combination of them is constant, to within "
+            f"{COLLINEAR_SPREAD:g} of their spread): the rows lie on a hyperplane, where a "
+            "density is infinite, so the training NLL falls without bound while the model "
+            "contracts across it; drop one of these columns (the others determine it)",
+            stacklevel=stacklevel,
+        )
     if massed := (has_run & (distinct > 1) & ~few_mask).nonzero().flatten().tolist():
         j = massed[0]
         values, counts = x[:, j].unique(return_counts=True)
@@ -355,6 +367,46 @@ def warn_if_degenerate(
             "that value apart (e.g. a mixture of the point mass and a density of the other "
             "rows) or add noise of the measurement's resolution", stacklevel=stacklevel
         )
+
+
+COLLINEAR_SPREAD = 1e-4
+"""A combination of standardized columns whose standard deviation is at most this share of
+theirs makes them linearly dependent for :func:`linearly_dependent` (exact dependence in float32
+data leaves about ``1e-7`` times the ratio of the columns' magnitude to their spread)."""
+
+_COLLINEAR_ROWS, _COLLINEAR_COLUMNS = 20_000, 1024
+"""At most this many rows (evenly spaced) enter :func:`linearly_dependent`; more columns than
+this are not checked (the check's ``O(D^3)`` eigendecomposition)."""
+
+
+def linearly_dependent(x: Tensor) -> list[int]:
+    """The columns of ``x`` ``(N, D)`` (none constant) that take part in a linear dependence:
+    a combination of the standardized columns whose spread is at most :data:`COLLINEAR_SPREAD`
+    (the eigenvector of the correlation matrix's smallest eigenvalue, its entries of at least a
+    tenth of the largest); ``[]`` when there is none, and unchecked (``[]``) when ``x`` has more
+    than 1024 columns or no more rows than columns (rows that are always dependent).
+
+    Example:
+        >>> a, b = torch.randn(100, 1), torch.randn(100, 1)
+        >>> linearly_dependent(torch.cat([a, b, 2 * a - b + 1], dim=1))
+        [0, 1, 2]
+        >>> linearly_dependent(torch.randn(100, 3))
+        []
+    """
+    n, d = x.shape
+    if d < 2 or d > _COLLINEAR_COLUMNS or n <= d:
+        return []
+    rows = x[:: -(-n // _COLLINEAR_ROWS)].detach().to("cpu", torch.float64)
+    rows = rows - rows.mean(0)
+    spread = rows.norm(dim=0)
+    if not (spread > 0).all():  # a column constant over the rows taken: not these columns' case
+        return []
+    z = rows / spread
+    values, vectors = torch.linalg.eigh(z.T @ z)
+    if values[0] > COLLINEAR_SPREAD**2:
+        return []
+    weights = vectors[:, 0].abs()
+    return (weights >= 0.1 * weights.max()).nonzero().flatten().tolist()
 
 
 DUPLICATE_ROWS = 0.05
