@@ -39,6 +39,27 @@ def test_tiny_run_writes_results_and_reuses_them(tmp_path, capsys, monkeypatch):
     assert cli.main(argv) == 0
 
 
+def test_spline_results_from_before_the_bin_temperature_are_the_pinned_models(tmp_path):
+    """The spline models pin bin_temperature=1.0 since posterior_nn's spline takes sbi NSF's
+    sqrt(H); a result recorded before, whose spec names none, was run with 1.0 and is reused;
+    one of another temperature is not."""
+    import argparse
+
+    spec = json.loads(json.dumps(sbibm.MODELS["flowkit-spline-defaults-lu"]))
+    assert spec["transformer_kwargs"] == {"bin_temperature": 1.0}
+    args = argparse.Namespace(simulations=10, samples=5, max_epochs=None, observations=[1])
+    record = {"model": "flowkit-spline-defaults-lu", "simulations": 10, "samples": 5,
+              "max_epochs": None, "c2st": {"1": 0.5}, "epochs": 3,
+              "spec": {k: v for k, v in spec.items() if k != "transformer_kwargs"}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record))
+    assert sbibm._reuse(path, args)["c2st"] == {"1": 0.5}
+    record["spec"]["transformer_kwargs"] = {"bin_temperature": 8.0}
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="pick another --out"):
+        sbibm._reuse(path, args)
+
+
 def test_timing_mode_measures_every_model(tmp_path):
     out = tmp_path / "timing"
     argv = ["sbibm", "--timing", "2", "--tasks", "two_moons", "--models", "flowkit-maf",

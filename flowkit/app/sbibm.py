@@ -44,8 +44,10 @@ __all__ = ["MODELS", "add_arguments", "epoch_times", "run", "train_and_score"]
 _SPLINE_RES: dict[str, Any] = {
     "library": "flowkit", "model": "maf", "layers": 5, "hidden_features": [50] * 5,
     "residual": True, "transformer": "spline",
-    "transformer_kwargs": {"bins": 10, "bound": 3.0, "tails": "identity"}, "lu_linear": False,
+    "transformer_kwargs": {"bins": 10, "bound": 3.0, "tails": "identity", "bin_temperature": 1.0},
+    "lu_linear": False,
 }
+_T1 = {"transformer_kwargs": {"bin_temperature": 1.0}}  # the builders' spline, as it is
 
 MODELS: dict[str, dict[str, Any]] = {
     "sbi-maf": {"library": "sbi", "model": "maf"},
@@ -54,18 +56,23 @@ MODELS: dict[str, dict[str, Any]] = {
                     "hidden_features": [64, 64], "lu_linear": False},
     "flowkit-spline": {"library": "flowkit", "model": "maf", "layers": 5,
                        "hidden_features": [64, 64], "transformer": "spline",
-                       "transformer_kwargs": {"bins": 8, "bound": 4.0, "tails": "identity"},
+                       "transformer_kwargs": {"bins": 8, "bound": 4.0, "tails": "identity",
+                                              "bin_temperature": 1.0},
                        "lu_linear": False},
     "flowkit-spline-defaults": {"library": "flowkit", "model": "maf",
-                                "transformer": "spline", "lu_linear": False},
+                                "transformer": "spline", "lu_linear": False, **_T1},
     "flowkit-spline-defaults-lu": {"library": "flowkit", "model": "maf",
-                                   "transformer": "spline", "lu_linear": True},
+                                   "transformer": "spline", "lu_linear": True, **_T1},
     "flowkit-spline-defaults-box": {"library": "flowkit", "model": "maf",
                                     "transformer": "spline", "bounds": "prior",
-                                    "lu_linear": False},
+                                    "lu_linear": False, **_T1},
     "flowkit-spline-defaults-lu-t8": {"library": "flowkit", "model": "maf",
                                       "transformer": "spline", "lu_linear": True,
                                       "transformer_kwargs": {"bin_temperature": 8.0}},
+    "flowkit-spline-defaults-lu-t8-noclip": {"library": "flowkit", "model": "maf",
+                                             "transformer": "spline", "lu_linear": True,
+                                             "transformer_kwargs": {"bin_temperature": 8.0},
+                                             "train": {"clip_max_norm": None}},
     "flowkit-spline-res": _SPLINE_RES,
     "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
     "flowkit-spline-res-cb-noclip": {**_SPLINE_RES, "conditional_base": True,
@@ -79,7 +86,8 @@ became the MAF's default (it is pinned off in these models, so that their rows r
 ``-lu`` / ``-box`` add a learned LU-linear map after each permutation (``lu_linear=True``,
 what ``MAF(D, transformer="spline")`` builds now) / the prior's box (``bounds=(low, high)`` of
 a uniform prior), ``-lu-t8`` divides the raw bin widths and heights by 8, the square root of
-the hidden width, as sbi's NSF does (``bin_temperature=8``); ``flowkit-spline-res`` has the
+the hidden width, as sbi's NSF does (``bin_temperature=8``; ``-t8-noclip``: trained without
+sbi's gradient clipping); ``flowkit-spline-res`` has the
 sizes of sbi's NSF: splines with 10 bins on [-3, 3], and MADEs of width 50 with as many linear
 maps as sbi's residual network of 2 blocks of 2 layers, the first hidden layer followed by 4
 residual blocks); ``flowkit-spline-res-cb`` is that flow on a conditional Gaussian base (mean
@@ -87,7 +95,9 @@ and scale linear in the standardized observation), and ``flowkit-spline-res-cb-n
 same trained without sbi's gradient clipping (``train``: keywords of sbi's ``train()``,
 otherwise sbi's defaults for every model). All flowkit splines except the
 ``flowkit-spline-defaults`` family keep the identity tails (as sbi's NSF) with which
-docs/sbi.md was first measured."""
+docs/sbi.md was first measured, and all but the ``-t8`` ones pin ``bin_temperature=1.0``, the
+builders' default, which ``posterior_nn``'s spline no longer takes (their records from before,
+which name no temperature, were run with it)."""
 
 
 def _sbibm() -> Any:
@@ -362,6 +372,9 @@ def _reuse(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     spec = r.get("spec")
     if isinstance(spec, dict) and spec.get("library") == "flowkit":  # options it predates
         spec = {**FLOW_OPTIONS_ADDED, **spec}
+        if spec.get("transformer") == "spline":  # run before posterior_nn's bin temperature
+            spec["transformer_kwargs"] = {"bin_temperature": 1.0,
+                                          **spec.get("transformer_kwargs", {})}
     found = {"simulations": r["simulations"], "samples": r.get("samples"),
              "max_epochs": r.get("max_epochs"), "observations": list(r["c2st"]),
              "spec": spec}
