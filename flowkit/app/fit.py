@@ -189,8 +189,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="how the flow standardizes its data: each column by its mean and standard "
         "deviation (diagonal), or also dividing out the correlations between columns (full); "
-        "default: the library's (flowkit.MAF's standardize=True). The context is standardized "
-        "per column either way",
+        "default: the library's (flowkit.MAF's standardize=True). full suits many correlated, "
+        "roughly Gaussian columns and loses on nearly collinear real ones (docs/defaults.md, "
+        "'Full-covariance standardization'). The context is standardized per column either way",
     )
     standardization.add_argument(
         "--no-standardize",
