@@ -55,10 +55,10 @@ Spelling = Callable[[Mention], str]
 spells them as its options)."""
 
 
-class WordedError(Exception):
-    """An error whose message names arguments as :class:`Mention` parts, so that the caller
-    that took them under other names (a command line's ``--lr``) can re-spell the message with
-    :meth:`spell_with` instead of rewriting its text.
+class Worded(Exception):
+    """An error or a warning whose message names arguments as :class:`Mention` parts, so that
+    the caller that took them under other names (a command line's ``--lr``) can re-spell the
+    message with :meth:`spell_with` instead of rewriting its text.
 
     Attributes:
         parts: the message, text and :class:`Mention` parts in order.
@@ -70,11 +70,16 @@ class WordedError(Exception):
         self.spelling: Spelling = python_spelling
 
     def spell_with(self, spelling: Spelling) -> None:
-        """Spell the mentioned arguments with ``spelling`` from now on (``str(error)``)."""
+        """Spell the mentioned arguments with ``spelling`` from now on (``str(self)``)."""
         self.spelling = spelling
 
     def __str__(self) -> str:
         return "".join(p if isinstance(p, str) else self.spelling(p) for p in self.parts)
+
+
+class WordedError(Worded):
+    """An error whose message names arguments (:class:`Worded`): bad arguments, a run that
+    failed."""
 
 
 class ArgumentError(WordedError, ValueError):

@@ -606,6 +606,24 @@ def test_the_rows_and_columns_read_are_said_before_the_run(tmp_path, capsys):
     assert _metrics(tmp_path / "m")["rows"] is None
 
 
+def test_warnings_of_fit_name_the_commands_options(tmp_path, recwarn):
+    """Review 32/34: fit's warnings named 'data' and transformer='spline' under flowkit fit; a
+    DataWarning shown inside the command is spelled with its options, as its errors are."""
+    rows = np.random.default_rng(0).normal(size=(100, 2))
+    path = tmp_path / "small.npy"
+    np.save(path, rows)
+    assert cli.main(["fit", "--data", str(path), *FAST, "--out", str(tmp_path / "o")]) == 0
+    texts = [str(w.message) for w in recwarn if issubclass(w.category, flowkit.train.DataWarning)]
+    affine = [t for t in texts if "rows to train a flow with affine" in t]
+    assert len(affine) == 1 and affine[0].startswith("'--data' leaves 80 rows"), texts
+    assert "The spline (--transformer spline) does not" in affine[0]
+    recwarn.clear()
+    assert cli.main(["fit", "--data", str(path), "--valid-fraction", "0.04", *FAST,
+                     "--out", str(tmp_path / "v")]) == 0
+    texts = [str(w.message) for w in recwarn if issubclass(w.category, flowkit.train.DataWarning)]
+    assert any(t.startswith("--valid-fraction 0.04 holds out 4 of the 100 rows") for t in texts)
+
+
 def test_bounds_of_columns_by_name_or_number(tmp_path, capsys):
     """--bounds COL=LOW:HIGH: a positive column and a box from the command line, as the
     builders' bounds= (the CLI could not say that a column is positive)."""

@@ -1330,12 +1330,18 @@ def test_valid_auto_holds_out_rows_of_array_data_and_keeps_the_best_weights():
         fit(_RowRecorder(), x, valid="none", steps=1, **QUIET)
 
 
+def test_a_small_validation_fraction_warns_naming_it():
+    with pytest.warns(flowkit.train.DataWarning, match=r"^valid=0.01 holds out 3 of the 300 rows "
+                      r"for validation: a validation loss over so few rows is noisy"):
+        fit(small_maf(transformer="spline"), gaussian(300), valid=0.01, steps=1, **QUIET)
+
+
 def test_an_affine_flow_on_few_training_rows_warns():
     """Review 32: on 80-200 rows the affine MAF gave single held-out rows 1e2-1e6 nats while it
     validated well; the spline did not."""
     small = gaussian(100)  # 80 rows train after valid="auto"
     with pytest.warns(flowkit.train.DataWarning, match=r"^'data' leaves 80 rows to train a flow "
-                      r"with affine autoregressive layers.*transformer='spline'"):
+                      r"with affine autoregressive layers.*\(transformer='spline'\) does not"):
         fit(small_maf(), small, steps=1, **QUIET)
     with warnings.catch_warnings():
         warnings.simplefilter("error", flowkit.train.DataWarning)
@@ -1350,7 +1356,7 @@ def test_valid_auto_trains_on_every_row_where_copies_leave_none_to_hold_out():
     caller never passed, and two repeated points lost half the rows to validation."""
     for x, held in ((torch.ones(50, 2), 50), (torch.tensor([[0.0, 1.0], [2.0, 3.0]]).repeat(100, 1),
                                               100)):
-        with pytest.warns(flowkit.train.DataWarning, match=rf"valid='auto' would hold out {held}"
+        with pytest.warns(flowkit.train.DataWarning, match=rf"the default holdout would take {held}"
                           r"\): it trains on every row without validation"):
             history = fit(small_maf(), x, steps=2, data_warnings=False, **QUIET)
         assert history.valid_loss == [] and history.train_rows == len(x)

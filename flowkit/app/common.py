@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import Mention, WordedError, python_spelling
+from flowkit.validation import Mention, Worded, python_spelling
 
 from .options import positive_float, positive_int
 
@@ -145,11 +146,12 @@ def refuse_to_replace(checkpoint: Path, resume: bool, *, resumable: bool = True)
 def as_options(
     options: Mapping[str, str], nones: Mapping[str, str] | None = None
 ) -> Iterator[None]:
-    """Inside the block, errors of the library that name its arguments (a
-    :class:`~flowkit.validation.WordedError`: bad arguments, non-finite or diverged training)
-    name them as this command's options: ``'lr'`` as ``'--lr'``, ``lr=0.01`` as ``--lr 0.01``,
-    ``resume=True`` as ``--resume``, ``lr_schedule=None`` as ``--lr-schedule none``. Arguments
-    without an option keep their Python spelling.
+    """Inside the block, errors and warnings of the library that name its arguments (a
+    :class:`~flowkit.validation.Worded` exception: bad arguments, non-finite or diverged
+    training; a :class:`~flowkit.train.DataWarning` when shown) name them as this command's
+    options: ``'lr'`` as ``'--lr'``, ``lr=0.01`` as ``--lr 0.01``, ``resume=True`` as
+    ``--resume``, ``lr_schedule=None`` as ``--lr-schedule none``. Arguments without an option
+    keep their Python spelling.
 
     Args:
         options: the option of each library argument the command sets, e.g.
@@ -177,11 +179,20 @@ def as_options(
             return f"{option} {nones[mention.name]}"
         return option if mention.value is True else f"{option} {mention.value}"
 
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        if isinstance(message, Worded):
+            message.spell_with(spell)
+        previous(message, category, filename, lineno, file, line)
+
+    previous, warnings.showwarning = warnings.showwarning, show
     try:
         yield
-    except WordedError as e:
+    except Worded as e:
         e.spell_with(spell)
         raise
+    finally:
+        warnings.showwarning = previous
 
 
 def check_minimums(args: argparse.Namespace, minimums: dict[str, int]) -> None:

@@ -97,9 +97,11 @@ OPTIONS = {
     "device": "--device",
     "data": "--data",
     "valid": "--valid-fraction",
+    "transformer": "--transformer",
 }
-"""The option of this command that sets each argument of :func:`~flowkit.train.fit`: errors
-of ``fit`` are spelled with them (:func:`~flowkit.app.common.as_options`)."""
+"""The option of this command that sets each argument of :func:`~flowkit.train.fit` (and the
+builders' ``transformer``): errors and warnings of ``fit`` are spelled with them
+(:func:`~flowkit.app.common.as_options`)."""
 
 NONES = {"lr_schedule": "none", "divergence_threshold": "off"}
 """The values of this command's options that pass ``None`` to :func:`~flowkit.train.fit`."""

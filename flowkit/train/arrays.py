@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..data.arrays import native_byte_order
-from ..validation import nonfinite_row_mask
+from ..validation import Worded, nonfinite_row_mask
 
 Batch = tuple[Tensor, Tensor | None]
 """A batch ``(x, context)``, the context None for unconditional data."""
@@ -260,8 +260,10 @@ MIN_LEVELS = 1000
 accepts without a :class:`PrecisionWarning` (about 10 bits of the spread)."""
 
 
-class DataWarning(UserWarning):
-    """Training data that a density model cannot fit as given (see :func:`load_arrays`)."""
+class DataWarning(Worded, UserWarning):
+    """Training data that a density model cannot fit as given (see :func:`load_arrays`). Its
+    message may name arguments as :class:`~flowkit.validation.Mention` parts (a command line
+    re-spells them as its options, as it does errors)."""
 
 
 class PrecisionWarning(DataWarning):

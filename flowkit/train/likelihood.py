@@ -425,13 +425,13 @@ def _warn_if_affine_on_few_rows(model: nn.Module, rows: int) -> None:
         for m in model.modules()
     ):
         return
-    warnings.warn(
-        f"'data' leaves {rows} rows to train a flow with affine autoregressive layers, whose "
-        "shifts and scales grow without bound beyond the training rows: on data this small "
-        "some held-out rows score hundreds to millions of nats, however well it validates "
-        "(docs/defaults.md, 'Validation by default'). The spline (transformer='spline') does "
-        "not", DataWarning, stacklevel=4,
-    )
+    warnings.warn(DataWarning(
+        Mention("data"), f" leaves {rows} rows to train a flow with affine autoregressive "
+        "layers, whose shifts and scales grow without bound beyond the training rows: on data "
+        "this small some held-out rows score hundreds to millions of nats, however well it "
+        "validates (docs/defaults.md, 'Validation by default'). The spline (",
+        Mention("transformer", "spline"), ") does not",
+    ), stacklevel=4)
 
 
 def _check_batch_fits(batch_size: int | None, train: int, rows: int, given: float | str) -> None:
@@ -473,23 +473,23 @@ def _hold_out(
     g = torch.Generator().manual_seed(derive_seed(seed, HOLDOUT_SEED_KEY))
     kept, held = split_rows(torch.randperm(n, generator=g).to(x.device), k, groups)
     if auto and (len(kept) == 0 or len(held) > 2 * k):
-        warnings.warn(
-            f"'data' repeats its rows in groups too large to hold {k} of its {n} rows out for "
-            f"validation without a copy among the training rows (valid='auto' would hold out "
-            f"{len(held)}): it trains on every row without validation; pass validation data "
-            "of your own", DataWarning, stacklevel=4,
-        )
+        warnings.warn(DataWarning(
+            Mention("data"), f" repeats its rows in groups too large to hold {k} of its {n} "
+            "rows out for validation without a copy among the training rows (the default "
+            f"holdout would take {len(held)}): it trains on every row without validation; "
+            "pass validation data of your own",
+        ), stacklevel=4)
         return arrays, None
     if len(kept) == 0:
         raise ArgumentError("valid", Mention("valid", valid), f" of {n} rows holds out "
                             "every row: they are all copies of one another")
     if not auto and len(held) < MIN_VALID_ROWS:
-        warnings.warn(
-            f"holding out a fraction {valid!r} of the {n} rows for validation leaves "
-            f"{len(held)}: a validation loss over so few rows is noisy, and it chooses the "
-            "weights returned and when early stopping ends the run; hold out a larger fraction "
-            "or pass validation data of your own", DataWarning, stacklevel=4,
-        )
+        warnings.warn(DataWarning(
+            Mention("valid", valid), f" holds out {len(held)} of the {n} rows for validation: "
+            "a validation loss over so few rows is noisy, and it chooses the weights returned "
+            "and when early stopping ends the run; hold out a larger fraction or pass "
+            "validation data of your own",
+        ), stacklevel=4)
 
     def take(r: Tensor) -> tuple[Tensor, Tensor | None]:
         return x[r], None if c is None else c[r]
