@@ -470,9 +470,14 @@ def test_csv_with_a_header_names_the_context_and_the_plot(tmp_path, capsys):
     assert cli.main(["fit", "--data", str(path), "--key", "x", *FAST,
                      "--out", str(tmp_path / "key")]) == 2
     assert "'--key' names an array of a .npz file" in capsys.readouterr().err
-    assert cli.main(["fit", "--data", str(path), "--context", "age", "age", *FAST,
-                     "--out", str(tmp_path / "twice")]) == 2  # was "got ['0', '0']"
-    assert "'--context' names 'age' twice" in capsys.readouterr().err
+    for twice in (["--context", "age", "age"], ["--context", "age", "--context", "age"]):
+        assert cli.main(["fit", "--data", str(path), *twice, *FAST,
+                         "--out", str(tmp_path / "twice")]) == 2  # was "got ['0', '0']"
+        assert "'--context' names 'age' more than once" in capsys.readouterr().err
+    out3 = tmp_path / "two-flags"  # one --context after another: both (review 35)
+    assert cli.main(["fit", "--data", str(path), "--context", "age", "--context", "z", *FAST,
+                     "--out", str(out3)]) == 0
+    assert (_metrics(out3)["features"], _metrics(out3)["context_features"]) == (2, 2)
 
 
 def test_csv_without_a_header_reads_every_line(tmp_path, monkeypatch):
@@ -560,10 +565,16 @@ def test_first_lines_that_look_like_a_header_and_are_not_or_the_reverse(tmp_path
         table, names = read_csv(path)
     assert names is None and table.shape == (21, 3) and table[0].tolist() == [2019, 2020, 2021]
     counts = "\n".join(f"{i},{2 * i},{i % 7}" for i in range(20)) + "\n"
-    path.write_text(counts)  # whole numbers throughout: nothing to say
     with warnings.catch_warnings():
         warnings.simplefilter("error", flowkit.train.DataWarning)
+        path.write_text(counts)  # whole numbers throughout: nothing to say
         assert read_csv(path)[0].shape == (20, 3)
+        for first in ("0,0,0", "-1,2,3"):  # repeated or signed: a row (review 35)
+            path.write_text(f"{first}\n" + body)
+            assert read_csv(path)[0].shape == (21, 3)
+    path.write_text(",NA\n0,1.5\n1,2.5\n")  # pandas' index beside a column named NA
+    with pytest.raises(ValueError, match=r"the header names no column 0 \(pandas' to_csv"):
+        read_csv(path)
 
 
 def test_quoted_numbers_and_files_in_other_encodings(tmp_path):
@@ -585,6 +596,18 @@ def test_quoted_numbers_and_files_in_other_encodings(tmp_path):
         read_csv(path)
     path.write_bytes("a,b\n1.5,2\n3,4\n".encode("utf-16"))
     with pytest.raises(ValueError, match=r"looks like UTF-16 text: save it as UTF-8"):
+        read_csv(path)
+    path.write_bytes(b"a,b\n1.5,2\n# caf\xe9")  # at the end, without a newline (review 35)
+    with pytest.raises(ValueError, match=r"is not UTF-8 text: line 3 holds the byte 0xe9"):
+        read_csv(path)
+    lines, rest = divmod((1 << 20) - 1 - 4, 6)  # an "é" cut by the first 1 MiB read
+    text = b"a,b\n" + b"1.5,2\n" * lines + b"1.5,2"[:rest] + "é\n".encode() + b"1,\xe9\n"
+    assert text[(1 << 20) - 1] == 0xC3
+    path.write_bytes(text)
+    with pytest.raises(ValueError, match=rf"line {lines + 3} holds the byte 0xe9"):
+        read_csv(path)
+    path.write_text('a,b\n"1.5,2.5\n')
+    with pytest.raises(ValueError, match=r"\(a quote left open\)"):
         read_csv(path)
 
 
@@ -645,6 +668,7 @@ def test_bounds_of_columns_by_name_or_number(tmp_path, capsys):
                            (["income=a:"], "LOW and HIGH should be numbers or empty"),
                            (["income"], r"takes COL=LOW:HIGH"),
                            (["income=5:1"], r"'income=5:1': LOW should be below HIGH"),
+                           (["income=nan:1"], r"LOW and HIGH should be numbers, not nan"),
                            (["1=0:", "income=1:"], r"'--bounds' names column 'income' twice")):
         assert cli.main(["fit", "--data", str(path), "--bounds", *specs, *FAST,
                          "--out", str(tmp_path / "x")]) == 2

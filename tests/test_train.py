@@ -1567,7 +1567,7 @@ def test_linearly_dependent_columns_are_named_and_independent_ones_are_not():
     dependent = torch.cat([z, a, 3 * a - 2 * b + 7, b], dim=1)
     assert linearly_dependent(dependent) == [1, 2, 3]
     scaled = (dependent * torch.tensor([1.0, 1e4, 1e-3, 50.0], dtype=torch.float64)
-              + torch.tensor([0.0, 1e5, 0.0, 1e3], dtype=torch.float64))
+              + torch.tensor([0.0, 1e4, 0.0, 1e2], dtype=torch.float64))
     assert linearly_dependent(scaled.float()) == [1, 2, 3]
     messages = _degenerate_warnings(dependent)
     assert len(messages) == 1 and "'data', columns [1, 2, 3], are linearly dependent" in (
@@ -1583,6 +1583,19 @@ def test_linearly_dependent_columns_are_named_and_independent_ones_are_not():
     messages = _degenerate_warnings(torch.cat([one_hot, z], dim=1))
     assert messages and all("distinct values" in m for m in messages), messages
     assert _degenerate_warnings(torch.randn(4, 6, generator=g)) == []
+    # review 35: two dependences are both named; full-rank but ill-conditioned data (a Hilbert
+    # covariance, condition number 1.5e10) is not flagged; a column skipped as made constant
+    # by the cast does not shift the columns named
+    e = torch.randn(500, 1, generator=g, dtype=torch.float64)
+    assert linearly_dependent(torch.cat([a, b, a + b, e, 2 * e], dim=1)) == [0, 1, 2, 3, 4]
+    hilbert = 1.0 / (torch.arange(8.0)[:, None] + torch.arange(8.0) + 1).double()
+    normal = torch.randn(5000, 8, generator=g, dtype=torch.float64)
+    ill = normal @ torch.linalg.cholesky(hilbert).T
+    assert _degenerate_warnings(ill.float()) == []
+    rounded = torch.cat([1e8 + torch.rand(500, 1, generator=g, dtype=torch.float64), a, b,
+                         a + b], dim=1)
+    with pytest.warns(flowkit.train.DataWarning, match=r"columns \[1, 2, 3\], are linearly"):
+        fit(flowkit.MAF(4, layers=1, hidden_features=(8,)), rounded, steps=1, seed=0, **QUIET)
     flow = flowkit.MAF(4, layers=1, hidden_features=(8,))
     with pytest.warns(flowkit.train.DataWarning, match=r"are linearly dependent"):
         fit(flow, dependent.float(), steps=1, seed=0, **QUIET)

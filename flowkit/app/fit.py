@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--context",
         nargs="+",
+        action="extend",  # --context a --context b: both, checked for repeats
         default=None,
         metavar="COL|NAME",
         help="condition on these columns of the data (integers, e.g. --context 2 3, or a CSV "
@@ -511,7 +513,8 @@ def _summary(metrics: dict[str, Any]) -> str:
 def _columns(features: int, labels: list[str] | None, context_features: int) -> str:
     """The columns read from a file, for the line that says what was read: the modelled ones
     (named by a CSV header) and the context's."""
-    names = "" if labels is None else f" ({', '.join(labels)})"
+    shown = labels if labels is None or len(labels) <= 8 else [*labels[:6], "..."]
+    names = "" if shown is None else f" ({', '.join(shown)})"
     context = f" and {count(context_features, 'context column')}" if context_features else ""
     return f"{count(features, 'modelled column')}{names}{context}"
 
@@ -568,6 +571,8 @@ def _bounds(
         except ValueError:
             raise ValueError(f"'--bounds' {spec!r}: LOW and HIGH should be numbers or "
                              "empty") from None
+        if any(end is not None and math.isnan(end) for end in (low[j], high[j])):
+            raise ValueError(f"'--bounds' {spec!r}: LOW and HIGH should be numbers, not nan")
         if low[j] is not None and high[j] is not None and not low[j] < high[j]:
             raise ValueError(f"'--bounds' {spec!r}: LOW should be below HIGH")
     return low, high

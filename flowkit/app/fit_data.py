@@ -92,7 +92,7 @@ def load_file(
     c, kept = None, list(range(loaded.shape[1]))
     if context is not None:
         if repeated := sorted({c for c in context if context.count(c) > 1}):
-            raise ValueError(f"'--context' names {', '.join(map(repr, repeated))} twice")
+            raise ValueError(f"'--context' names {', '.join(map(repr, repeated))} more than once")
         numbers = all(c.lstrip("-").isdigit() for c in context)  # positions, as for .npy
         if names is not None and not numbers and all(n in names for n in context):
             context = [str(names.index(n)) for n in context]
@@ -127,7 +127,7 @@ def read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
         raise ValueError(f"'--data' '{path}' seems separated by {other!r} (line {number + 1}): "
                          "only commas are read")
     text = [field for field in fields if field and not _is_number(field)]
-    header = bool(text) and not (len(text) < len(fields)
+    header = bool(text) and not (any(_is_number(f) for f in fields)
                                  and all(f.lower() in MISSING_MARKERS for f in text))
     names = fields if header else None
     if header:
@@ -177,9 +177,10 @@ whose only texts are these, beside numbers, is a row with missing values, not a 
 
 def _numbers_as_names(fields: list[str], table: np.ndarray) -> bool:
     """Whether the first row, read as data, looks like a header of numbers: its fields all
-    whole numbers, and most columns of the rows below it not (``2019,2020,2021`` above
-    measurements)."""
-    if table.shape[0] < 3 or not all(f.lstrip("+-").isdigit() for f in fields):
+    distinct whole numbers of no sign (``2019,2020,2021``, ``0,1,2``), and most columns of the
+    rows below it not whole numbers."""
+    if (table.shape[0] < 3 or not all(f.isdigit() for f in fields)
+            or len(set(map(int, fields))) < len(fields)):
         return False
     below = table[1:]
     return bool((below != np.round(below)).any(axis=0).mean() > 0.5)
@@ -195,14 +196,16 @@ def _check_utf8(path: Path) -> None:
                              "UTF-8 in a spreadsheet's save dialog)")
         f.seek(0)
         decoder, line = codecs.getincrementaldecoder("utf-8")(), 1
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in [*iter(lambda: f.read(1 << 20), b""), b""]:  # b"": the end of the file
+            pending = decoder.getstate()[0]  # bytes of a character cut by the last chunk
             try:
-                decoder.decode(chunk)
+                decoder.decode(chunk, final=not chunk)
             except UnicodeDecodeError as e:
-                line += chunk[: e.start].count(b"\n")
+                data = pending + chunk
+                line += data[: e.start].count(b"\n")
                 raise ValueError(
                     f"'--data' '{path}' is not UTF-8 text: line {line} holds the byte "
-                    f"0x{chunk[e.start]:02x}, which UTF-8 does not allow there (Latin-1 or "
+                    f"0x{data[e.start]:02x}, which UTF-8 does not allow there (Latin-1 or "
                     "another 8-bit code?); save it as UTF-8"
                 ) from None
             line += chunk.count(b"\n")
@@ -239,8 +242,9 @@ def _first_bad_field(path: Path, skip: int) -> str:
                     other = next((sep for sep in (";", "\t", "|") if sep in field), None)
                     hint = ("" if other is None else
                             f" (the file seems separated by {other!r}: only commas are read)")
-                    if other is None and "," in field:  # a quoted "1,234"
-                        hint = " (write numbers without thousands separators)"
+                    if other is None and "," in field:  # a quoted "1,234", or a quote left open
+                        hint = (" (write numbers without thousands separators)"
+                                if line.count('"') % 2 == 0 else " (a quote left open)")
                     if field.strip().lower() in MISSING_MARKERS:
                         hint = " (a missing value: drop or fill such rows first)"
                     return f"line {number}, field {column} is {field.strip()!r}{hint}"

@@ -345,8 +345,9 @@ def warn_if_degenerate(
             "(dequantization), or model it with a discrete distribution", stacklevel=stacklevel
         )
     has_run[list(skip)] = False
-    continuous = ((distinct > 1) & ~few_mask).nonzero().flatten().tolist()
-    if dependent := linearly_dependent(x[:, [j for j in continuous if j not in skip]]):
+    continuous = [j for j in ((distinct > 1) & ~few_mask).nonzero().flatten().tolist()
+                  if j not in skip]
+    if dependent := linearly_dependent(x, continuous):
         columns = [continuous[j] for j in dependent]
         _data_warning(
             f"'{name}', columns {columns}"
@@ -371,22 +372,26 @@ def warn_if_degenerate(
         )
 
 
-COLLINEAR_SPREAD = 1e-4
+COLLINEAR_SPREAD = 1e-6
 """A combination of standardized columns whose standard deviation is at most this share of
-theirs makes them linearly dependent for :func:`linearly_dependent` (exact dependence in float32
-data leaves about ``1e-7`` times the ratio of the columns' magnitude to their spread)."""
+theirs makes them linearly dependent for :func:`linearly_dependent`: exact dependence in float32
+data leaves about ``1e-7`` times the ratio of the columns' magnitude to their spread, while an
+ill-conditioned but full-rank data set (a 30-D Gaussian of condition number 3e9) keeps 8e-5."""
 
 _COLLINEAR_ROWS, _COLLINEAR_COLUMNS = 20_000, 1024
 """At most this many rows (evenly spaced) enter :func:`linearly_dependent`; more columns than
 this are not checked (the check's ``O(D^3)`` eigendecomposition)."""
 
 
-def linearly_dependent(x: Tensor) -> list[int]:
-    """The columns of ``x`` ``(N, D)`` (none constant) that take part in a linear dependence:
-    a combination of the standardized columns whose spread is at most :data:`COLLINEAR_SPREAD`
-    (the eigenvector of the correlation matrix's smallest eigenvalue, its entries of at least a
-    tenth of the largest); ``[]`` when there is none, and unchecked (``[]``) when ``x`` has more
-    than 1024 columns or no more rows than columns (rows that are always dependent).
+def linearly_dependent(x: Tensor, columns: Sequence[int] | None = None) -> list[int]:
+    """The columns of ``x`` ``(N, D)`` (positions in ``columns``, all of ``x``'s by default;
+    none of them constant) that take part in a linear dependence: a combination of the
+    standardized columns whose spread is at most :data:`COLLINEAR_SPREAD` of theirs. Those
+    combinations are the eigenvectors of the columns' correlation matrix whose eigenvalues are
+    at most ``COLLINEAR_SPREAD ** 2``; a column takes part when its projection on them is at
+    least a tenth of the largest column's. ``[]`` when there is none, and unchecked (``[]``)
+    with more than 1024 columns or no more rows than columns (rows that are always dependent).
+    At most 20,000 evenly spaced rows are read.
 
     Example:
         >>> a, b = torch.randn(100, 1), torch.randn(100, 1)
@@ -395,19 +400,21 @@ def linearly_dependent(x: Tensor) -> list[int]:
         >>> linearly_dependent(torch.randn(100, 3))
         []
     """
-    n, d = x.shape
+    n = x.shape[0]
+    columns = list(range(x.shape[1])) if columns is None else list(columns)
+    d = len(columns)
     if d < 2 or d > _COLLINEAR_COLUMNS or n <= d:
         return []
-    rows = x[:: -(-n // _COLLINEAR_ROWS)].detach().to("cpu", torch.float64)
+    rows = x[:: -(-n // _COLLINEAR_ROWS)][:, columns].detach().to("cpu", torch.float64)
     rows = rows - rows.mean(0)
     spread = rows.norm(dim=0)
     if not (spread > 0).all():  # a column constant over the rows taken: not these columns' case
         return []
-    z = rows / spread
-    values, vectors = torch.linalg.eigh(z.T @ z)
-    if values[0] > COLLINEAR_SPREAD**2:
+    values, vectors = torch.linalg.eigh((rows / spread).T @ (rows / spread))
+    null = vectors[:, values <= COLLINEAR_SPREAD**2]
+    if null.shape[1] == 0:
         return []
-    weights = vectors[:, 0].abs()
+    weights = null.norm(dim=1)
     return (weights >= 0.1 * weights.max()).nonzero().flatten().tolist()
 
 
