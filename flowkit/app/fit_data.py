@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import itertools
 import warnings
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,7 @@ def _check_utf8(path: Path) -> None:
                              "UTF-8 in a spreadsheet's save dialog)")
         f.seek(0)
         decoder, line = codecs.getincrementaldecoder("utf-8")(), 1
-        for chunk in [*iter(lambda: f.read(1 << 20), b""), b""]:  # b"": the end of the file
+        for chunk in itertools.chain(iter(lambda: f.read(1 << 20), b""), [b""]):  # b"": the end
             pending = decoder.getstate()[0]  # bytes of a character cut by the last chunk
             try:
                 decoder.decode(chunk, final=not chunk)
