@@ -57,7 +57,7 @@ def test_validation_every_40_steps_misses_the_best_weights_of_a_tiny_data_set():
 
 def test_a_fraction_holding_out_few_rows_warns_and_names_the_count():
     x, _ = tiny_data()
-    few = r"a fraction 0\.1 of the 24 rows .* leaves 2"
+    few = r"valid=0\.1 holds out 2 of the 24 rows for validation"
     with pytest.warns(flowkit.train.DataWarning, match=few) as w:
         fit(flowkit.MAF(3), x, valid=0.1, steps=2, seed=0, **QUIET)
     assert all(r.filename == __file__ for r in w if r.category is flowkit.train.DataWarning)
