@@ -325,19 +325,18 @@ VALID_DEFAULT_BEFORE = 0.1
 predates fit's ``valid="auto"`` (they record no ``valid_default``)."""
 
 
-def _file_validation(args: argparse.Namespace, data: Any) -> float | str | None:
-    """fit's ``valid`` for a file: ``--valid-fraction`` (0: none), or without it
+def _file_validation(args: argparse.Namespace, rows: int) -> float | str | None:
+    """fit's ``valid`` for a file of ``rows`` rows: ``--valid-fraction`` (0: none), or without it
     ``args.valid_default`` (``"auto"``; :data:`VALID_DEFAULT_BEFORE` for a ``--resume`` of a run
     that recorded none, set by :func:`_check_same_run`). A ``--batch-size`` above the rows it
     leaves to train on is lowered to them, with a note (fit chooses the default batch size from
     those rows itself; whole groups of equal rows held out may leave it a few rows more)."""
     valid = args.valid_default if args.valid_fraction is None else args.valid_fraction or None
-    rows = len(data[0]) if isinstance(data, tuple) else len(data)
-    rows -= held_out_rows(valid, rows)
-    if args.batch_size is not None and args.batch_size > rows:
-        print(f"flowkit fit: note: --batch-size {args.batch_size} is more than the {rows} "
-              f"training rows; using {rows}", flush=True)
-        args.batch_size = rows
+    train = rows - held_out_rows(valid, rows)
+    if args.batch_size is not None and args.batch_size > train:
+        print(f"flowkit fit: note: --batch-size {args.batch_size} is more than the {train} "
+              f"training rows; using {train}", flush=True)
+        args.batch_size = train
     return valid
 
 
@@ -406,7 +405,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         typed["bounds"] = [list(bounds[0]), list(bounds[1])]
     record_options = _check_same_run(args, typed)
     if args.data not in TOY_DATASETS:
-        valid = _file_validation(args, data)
+        valid = _file_validation(args, rows)
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     # a toy dataset's validation set is --valid-size points, a file's a --valid-fraction
     options = {**OPTIONS, "valid": "--valid-size"} if args.data in TOY_DATASETS else OPTIONS

@@ -48,6 +48,8 @@ _SPLINE_RES: dict[str, Any] = {
     "lu_linear": False,
 }
 _T1 = {"transformer_kwargs": {"bin_temperature": 1.0}}  # the builders' spline, as it is
+_LU_T8: dict[str, Any] = {"library": "flowkit", "model": "maf", "transformer": "spline",
+                          "lu_linear": True, "transformer_kwargs": {"bin_temperature": 8.0}}
 
 MODELS: dict[str, dict[str, Any]] = {
     "sbi-maf": {"library": "sbi", "model": "maf"},
@@ -66,13 +68,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "flowkit-spline-defaults-box": {"library": "flowkit", "model": "maf",
                                     "transformer": "spline", "bounds": "prior",
                                     "lu_linear": False, **_T1},
-    "flowkit-spline-defaults-lu-t8": {"library": "flowkit", "model": "maf",
-                                      "transformer": "spline", "lu_linear": True,
-                                      "transformer_kwargs": {"bin_temperature": 8.0}},
-    "flowkit-spline-defaults-lu-t8-noclip": {"library": "flowkit", "model": "maf",
-                                             "transformer": "spline", "lu_linear": True,
-                                             "transformer_kwargs": {"bin_temperature": 8.0},
-                                             "train": {"clip_max_norm": None}},
+    "flowkit-spline-defaults-lu-t8": _LU_T8,
+    "flowkit-spline-defaults-lu-t8-noclip": {**_LU_T8, "train": {"clip_max_norm": None}},
     "flowkit-spline-res": _SPLINE_RES,
     "flowkit-spline-res-cb": {**_SPLINE_RES, "conditional_base": True},
     "flowkit-spline-res-cb-noclip": {**_SPLINE_RES, "conditional_base": True,

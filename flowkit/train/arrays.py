@@ -345,10 +345,9 @@ def warn_if_degenerate(
             "(dequantization), or model it with a discrete distribution", stacklevel=stacklevel
         )
     has_run[list(skip)] = False
-    continuous = [j for j in ((distinct > 1) & ~few_mask).nonzero().flatten().tolist()
-                  if j not in skip]
-    if dependent := linearly_dependent(x, continuous):
-        columns = [continuous[j] for j in dependent]
+    continuous = (distinct > 1) & ~few_mask
+    continuous[list(skip)] = False
+    if columns := linearly_dependent(x, continuous.nonzero().flatten().tolist()):
         _data_warning(
             f"'{name}', columns {columns}"
             + ("" if labels is None else f" ({', '.join(repr(labels[j]) for j in columns)})")
@@ -358,7 +357,7 @@ def warn_if_degenerate(
             "contracts across it; drop one of these columns (the others determine it)",
             stacklevel=stacklevel,
         )
-    if massed := (has_run & (distinct > 1) & ~few_mask).nonzero().flatten().tolist():
+    if massed := (has_run & continuous).nonzero().flatten().tolist():
         j = massed[0]
         values, counts = x[:, j].unique(return_counts=True)
         count, k = counts.max(dim=0)
@@ -384,8 +383,8 @@ this are not checked (the check's ``O(D^3)`` eigendecomposition)."""
 
 
 def linearly_dependent(x: Tensor, columns: Sequence[int] | None = None) -> list[int]:
-    """The columns of ``x`` ``(N, D)`` (positions in ``columns``, all of ``x``'s by default;
-    none of them constant) that take part in a linear dependence: a combination of the
+    """The columns of ``x`` ``(N, D)`` among ``columns`` (all of them by default; none of them
+    constant) that take part in a linear dependence, by their numbers in ``x``: a combination of the
     standardized columns whose spread is at most :data:`COLLINEAR_SPREAD` of theirs. Those
     combinations are the eigenvectors of the columns' correlation matrix whose eigenvalues are
     at most ``COLLINEAR_SPREAD ** 2``; a column takes part when its projection on them is at
@@ -415,7 +414,7 @@ def linearly_dependent(x: Tensor, columns: Sequence[int] | None = None) -> list[
     if null.shape[1] == 0:
         return []
     weights = null.norm(dim=1)
-    return (weights >= 0.1 * weights.max()).nonzero().flatten().tolist()
+    return [columns[j] for j in (weights >= 0.1 * weights.max()).nonzero().flatten().tolist()]
 
 
 DUPLICATE_ROWS = 0.05
