@@ -32,10 +32,13 @@ _NO_VALUE = object()
 
 class Mention(NamedTuple):
     """An argument named in an error message: ``Mention("lr")`` reads ``'lr'``,
-    ``Mention("lr", 0.01)`` reads ``lr=0.01`` (a setting the message reports or suggests)."""
+    ``Mention("lr", 0.01)`` reads ``lr=0.01`` (a setting the message reports or suggests).
+    ``python``: what a Python caller reads instead, for a setting that a command line takes as
+    an option and Python code as a call (``Mention("dtype", "float64", "model.double()")``)."""
 
     name: str
     value: object = _NO_VALUE
+    python: str | None = None
 
     @property
     def has_value(self) -> bool:
@@ -44,7 +47,10 @@ class Mention(NamedTuple):
 
 
 def python_spelling(mention: Mention) -> str:
-    """How a Python caller writes an argument: ``'lr'``, or ``lr=0.01`` with a value."""
+    """How a Python caller writes an argument: ``'lr'``, or ``lr=0.01`` with a value (or the
+    mention's own ``python`` text)."""
+    if mention.python is not None:
+        return mention.python
     if not mention.has_value:
         return f"'{mention.name}'"
     return f"{mention.name}={mention.value!r}"

@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import flowkit
 from flowkit.app import cli
@@ -740,3 +741,35 @@ def test_a_toy_validation_set_outside_the_bounds_names_valid_size(tmp_path, caps
                      "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
     assert "'--valid-size' holds" in err and "--valid-fraction" not in err
+
+
+def test_float64_runs_for_columns_that_float32_rounds(tmp_path, capsys, recwarn):
+    """Review 34's leftover: the PrecisionWarning told a command-line user to call
+    model.double(). It names --dtype float64 there, which trains, saves and resumes a float64
+    flow that sees the column unrounded; the Python wording stays model.double()."""
+    rng = np.random.default_rng(0)
+    t = 1.7e9 + rng.normal(0.0, 3600.0, 400)  # timestamps in seconds: float32 keeps ~18 steps/sd
+    np.savetxt(tmp_path / "ts.csv", np.c_[t, rng.normal(size=400)], delimiter=",",
+               header="time,value", comments="", fmt="%.6f")
+    run = ["fit", "--data", str(tmp_path / "ts.csv"), *FAST]
+    assert cli.main([*run, "--out", str(tmp_path / "a")]) == 0
+    texts = [str(w.message) for w in recwarn if w.category is flowkit.train.PrecisionWarning]
+    assert len(texts) == 1 and texts[0].startswith("'--data', column 0, has a standard deviation")
+    assert texts[0].endswith("train a float64 model (--dtype float64)")
+    recwarn.clear()
+    out = tmp_path / "b"
+    assert cli.main([*run, "--dtype", "float64", "--out", str(out)]) == 0
+    assert not [w for w in recwarn if w.category is flowkit.train.PrecisionWarning]
+    assert _metrics(out)["dtype"] == "float64"
+    flow = flowkit.load_model(out / "checkpoint.pt")
+    assert {p.dtype for p in flow.parameters()} == {torch.float64}
+    shift = next(m for m in flow.modules() if isinstance(m, Standardize)).shift
+    assert abs(float(shift[0]) - t.mean()) < 1e3 and shift.dtype == torch.float64
+    capsys.readouterr()
+    assert cli.main([*run, "--out", str(out), "--resume"]) == 2
+    assert ("these differ: no --dtype (started with --dtype float64)"
+            in capsys.readouterr().err)
+    assert cli.main([*run, "--dtype", "float64", "--out", str(out), "--resume"]) == 0
+    with pytest.warns(flowkit.train.PrecisionWarning, match=r"\(model.double\(\)\)$"):
+        flowkit.fit(flowkit.MAF(2, hidden_features=(8,), layers=1), np.c_[t, t], steps=1,
+                    valid=None)

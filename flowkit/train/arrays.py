@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..data.arrays import native_byte_order
-from ..validation import Worded, nonfinite_row_mask
+from ..validation import Mention, Worded, nonfinite_row_mask
 
 Batch = tuple[Tensor, Tensor | None]
 """A batch ``(x, context)``, the context None for unconditional data."""
@@ -197,8 +197,9 @@ def load_arrays(
     x, c = split_pair(name, value)
     raw = readable(name, x), None if c is None else readable(f"{name} context", c)
     rounded = []  # (a loop, not a comprehension: the warnings' stack level counts frames)
-    for label, t in zip((f"'{name}'", f"the context of '{name}'"), raw, strict=True):
-        rounded.append(_warn_if_rounded(label, t, dtype))
+    for label, t, names in zip(((Mention(name),), ("the context of ", Mention(name))), raw,
+                               (labels, None), strict=True):
+        rounded.append(_warn_if_rounded(label, t, dtype, names))
     x, c = as_batch(name, *raw, device, dtype)
     check_pair_shapes(name, x, c)
     check_finite(name, x, c, given=raw)
@@ -501,19 +502,21 @@ def split_rows(
     return kept.nonzero().flatten().to(order.device), held_rows.to(order.device)
 
 
-def _data_warning(
-    message: str, category: type[DataWarning] = DataWarning, stacklevel: int = 6
-) -> None:
-    """A warning pointing at the caller of ``fit`` by default, whose checks of array data all
-    run at one depth: fit -> _make_source (or held_out.held_out_loss) -> load_arrays -> the check ->
-    here."""
-    warnings.warn(message, category, stacklevel=stacklevel)
+def _data_warning(message: str | DataWarning, stacklevel: int = 6) -> None:
+    """A :class:`DataWarning` (of ``message``'s text, or ``message`` itself) pointing at the
+    caller of ``fit`` by default, whose checks of array data all run at one depth: fit ->
+    _make_source (or held_out.held_out_loss) -> load_arrays -> the check -> here."""
+    warnings.warn(message, DataWarning, stacklevel=stacklevel)
 
 
-def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> list[int]:
+def _warn_if_rounded(
+    label: tuple[str | Mention, ...], t: Any, dtype: torch.dtype,
+    names: Sequence[str] | None = None,
+) -> list[int]:
     """Warn if casting the floating array ``t`` ``(N, D)`` to ``dtype`` keeps fewer than
     :data:`MIN_LEVELS` steps per standard deviation in some column (the step near ``v`` is about
-    ``eps(dtype) |v|``); return those columns."""
+    ``eps(dtype) |v|``); return those columns. ``label``: the message parts that name ``t``;
+    ``names``: its columns' names, if any."""
     if isinstance(t, np.ndarray) and t.dtype.kind == "f":
         t = torch.from_numpy(t)
     if not (isinstance(t, Tensor) and t.is_floating_point() and t.dim() == 2 and len(t) > 1):
@@ -526,12 +529,11 @@ def _warn_if_rounded(label: str, t: Any, dtype: torch.dtype) -> list[int]:
     coarse = ((levels < MIN_LEVELS) & (spread > 0)).nonzero().flatten().tolist()
     if coarse:
         j = coarse[0]
-        _data_warning(
-            f"{label}, column {j}, has a standard deviation of {spread[j].item():.3g} at values "
+        _data_warning(PrecisionWarning(
+            *label, f", column {j}{'' if names is None else f' ({names[j]!r})'}, has a standard deviation of {spread[j].item():.3g} at values "
             f"up to {size[j].item():.3g}: cast to {dtype} it keeps about "
             f"{levels[j].item():.3g} steps per standard deviation ({len(coarse)} column(s) "
             "like it). Subtract a typical value first (e.g. x - x.mean(0), in float64), or "
-            "train a float64 model (model.double())",
-            PrecisionWarning,
-        )
+            "train a float64 model (", Mention("dtype", "float64", "model.double()"), ")",
+        ))
     return coarse
