@@ -732,6 +732,15 @@ def test_data_warnings_name_the_option_and_the_headers_columns(tmp_path, recwarn
     named = [t for t in texts if "column 0 ('age'), takes only 10 distinct values" in t]
     assert len(named) == 1 and named[0].startswith("'--data'")
     assert not any(t.startswith("'data'") for t in texts)
+    recwarn.clear()  # without a header, by their positions in the file, context columns apart
+    np.savetxt(tmp_path / "n.csv", np.c_[rng.normal(size=300), np.full(300, 3.0), rows],
+               delimiter=",")
+    assert cli.main(["fit", "--data", str(tmp_path / "n.csv"), "--context", "0", *FAST,
+                     "--out", str(tmp_path / "n")]) == 0
+    texts = [str(w.message) for w in recwarn if issubclass(w.category, flowkit.train.DataWarning)]
+    assert any(t.startswith("'--data', column 1, holds a single value (3)") and
+               "(1 constant column(s): [1])" in t for t in texts), texts
+    assert any(t.startswith("'--data', column 2, takes only 10 distinct values") for t in texts)
 
 
 def test_a_toy_validation_set_outside_the_bounds_names_valid_size(tmp_path, capsys):

@@ -405,7 +405,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.quiet:
             print(f"flowkit fit: read {count(rows, 'row')} from '{args.data}': "
                   f"{_columns(features, labels, context_features)}", flush=True)
-        _warn_about_rows(data, labels)
+        _warn_about_rows(data, labels, positions)
         shown = data
     if args.steps is None and args.epochs is None:
         args.steps = DEFAULT_STEPS
@@ -537,13 +537,14 @@ def _standardize(args: argparse.Namespace) -> bool | str:
     return True if args.standardize is None else args.standardize
 
 
-def _warn_about_rows(data: Any, labels: list[str] | None) -> None:
+def _warn_about_rows(data: Any, labels: list[str] | None, positions: list[int]) -> None:
     """fit's data warnings about a file's rows (constant or discrete columns, point masses,
-    repeated rows), naming the option and the columns by their header's names."""
+    repeated rows), naming the option and the columns by their positions in the file
+    (``positions``, of the modelled columns) and their header's names."""
     x, c = data if isinstance(data, tuple) else (data, None)
     rows = torch.as_tensor(x, dtype=torch.float64)
     context = None if c is None else torch.as_tensor(c, dtype=torch.float64)
-    warn_if_degenerate("--data", rows, stacklevel=3, labels=labels)
+    warn_if_degenerate("--data", rows, stacklevel=3, labels=labels, numbers=positions)
     warn_if_duplicated("--data", rows, context, stacklevel=3)
 
 

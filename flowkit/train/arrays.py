@@ -290,7 +290,7 @@ bounds its temporaries (the sort's int64 indices among them) whatever the data's
 
 def warn_if_degenerate(
     name: str, x: Tensor, stacklevel: int = 6, skip: Sequence[int] = (),
-    labels: Sequence[str] | None = None,
+    labels: Sequence[str] | None = None, numbers: Sequence[int] | None = None,
 ) -> None:
     """Warn if a floating column of ``x`` ``(N, D)`` (other than those in ``skip``) holds one
     value; few distinct values (at least two, at most ``max(FEW_VALUES * N, 10)`` and at most
@@ -302,12 +302,18 @@ def warn_if_degenerate(
     rows when ``v[i] == v[i + T - 1]`` for some ``i``. ``stacklevel`` as
     :func:`warnings.warn` counts it from the helper this calls (2: this function's caller; the
     default 6, fit's caller). ``labels``: the columns' names (a data frame's), which the
-    messages give beside their numbers."""
+    messages give beside their numbers; ``numbers``: the columns' numbers as the user counts
+    them (a file's, of which some columns are the context), by default their positions in
+    ``x``."""
     if not x.is_floating_point() or x.dim() != 2:
         return
 
+    def number(columns: list[int]) -> list[int]:
+        return columns if numbers is None else [numbers[j] for j in columns]
+
     def column(j: int) -> str:
-        return f"column {j}" if labels is None else f"column {j} ({labels[j]!r})"
+        name = "" if labels is None else f" ({labels[j]!r})"
+        return f"column {number([j])[0]}{name}"
 
     n = x.shape[0]
     if n == 1:
@@ -331,7 +337,7 @@ def warn_if_degenerate(
         j = constant[0]
         _data_warning(
             f"'{name}', {column(j)}, holds a single value ({x[0, j].item():.6g}) in all "
-            f"{n} rows ({len(constant)} constant column(s): {constant[:10]}): a density "
+            f"{n} rows ({len(constant)} constant column(s): {number(constant[:10])}): a density "
             "over it is a point mass, so the training NLL falls without bound while the model "
             "contracts that column; drop constant columns before fitting", stacklevel=stacklevel
         )
@@ -340,7 +346,7 @@ def warn_if_degenerate(
         j = few[0]
         _data_warning(
             f"'{name}', {column(j)}, takes only {int(distinct[j])} distinct values in "
-            f"{n} rows ({len(few)} column(s) like it: {few[:10]}): a continuous density "
+            f"{n} rows ({len(few)} column(s) like it: {number(few[:10])}): a continuous density "
             "concentrates on such values as it trains, so its log-density there grows and "
             "means little; add uniform noise of one quantization step to the column "
             "(dequantization), or model it with a discrete distribution", stacklevel=stacklevel
@@ -350,7 +356,7 @@ def warn_if_degenerate(
     continuous[list(skip)] = False
     if columns := linearly_dependent(x, continuous.nonzero().flatten().tolist()):
         _data_warning(
-            f"'{name}', columns {columns}"
+            f"'{name}', columns {number(columns)}"
             + ("" if labels is None else f" ({', '.join(repr(labels[j]) for j in columns)})")
             + ", are linearly dependent (a combination of them is constant, to within "
             f"{COLLINEAR_SPREAD:g} of their spread): the rows lie on a hyperplane, where a "
@@ -365,7 +371,7 @@ def warn_if_degenerate(
         _data_warning(
             f"'{name}', {column(j)}, holds the value {values[k].item():.6g} in "
             f"{int(count)} of its {n} rows ({len(massed)} column(s) like it: "
-            f"{massed[:10]}): a point mass inside a continuous column, which a flow approaches "
+            f"{number(massed[:10])}): a point mass inside a continuous column, which a flow approaches "
             "by contracting the column there, so the training NLL falls without bound; model "
             "that value apart (e.g. a mixture of the point mass and a density of the other "
             "rows) or add noise of the measurement's resolution", stacklevel=stacklevel
