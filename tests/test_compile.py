@@ -57,6 +57,29 @@ def test_iaf_sample_and_log_prob():
     torch.testing.assert_close(clog_p, log_p)
 
 
+@pytest.mark.parametrize("conditional_base", [False, True])
+def test_a_sampling_step_compiled_for_one_batch_size_runs_at_others(conditional_base):
+    """Review 37: an RL policy's compiled rsample_and_log_prob broke at the second batch size
+    (dynamo then traces the batch as dynamic, and torch.randn(..., generator=None) cannot be
+    traced so); also with dynamic=True from the start."""
+    flow = flowkit.IAF(2, layers=2, hidden_features=(16,), context_features=4,
+                       conditional_base=conditional_base).eval()
+
+    def step(obs):
+        return flow(obs).rsample_and_log_prob()
+
+    for compiled in (torch.compile(step, backend="aot_eager"),
+                     torch.compile(step, backend="aot_eager", dynamic=True)):
+        for batch in (6, 7, 11):
+            obs = torch.randn(batch, 4)
+            torch.manual_seed(batch)
+            x, log_p = compiled(obs)
+            torch.manual_seed(batch)
+            ex, elog_p = step(obs)
+            torch.testing.assert_close(x, ex)
+            torch.testing.assert_close(log_p, elog_p)
+
+
 def test_discrete_log_prob():
     model = flowkit.BernoulliMADE(6, hidden_features=(16,), seed=0)
     x = torch.randint(0, 2, (4, 6)).float()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from flowkit.distributions.normal import diagonal_normal_log_prob
+from flowkit.distributions.normal import diagonal_normal_log_prob, standard_normal_noise
 from flowkit.nn.embedding import MLPEmbedding
 from flowkit.validation import check_int, check_width
 
@@ -97,7 +97,7 @@ class ConditionalDiagonalGaussian(nn.Module):
         """One reparameterized draw per context row, ``(N, D)``, and its log-density ``(N,)``
         (from the noise, without recomputing the head)."""
         loc, log_scale = self.loc_and_log_scale(context)
-        eps = torch.randn(loc.shape, generator=generator, device=loc.device, dtype=loc.dtype)
+        eps = standard_normal_noise(loc.shape, loc, generator)
         z = loc + eps * torch.exp(log_scale)
         return z, diagonal_normal_log_prob(eps, log_scale)
 

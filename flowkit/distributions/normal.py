@@ -12,6 +12,16 @@ from flowkit.validation import check_bool, check_int, check_width
 _LOG_2PI = math.log(2 * math.pi)
 
 
+def standard_normal_noise(
+    shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
+    """Draws of ``N(0, 1)`` of ``shape`` on ``like``'s device and dtype, from ``generator``
+    (default: the global one). The keyword is left out without a generator: ``torch.compile``
+    cannot trace ``torch.randn(..., generator=None)`` once the batch size is dynamic."""
+    options = {} if generator is None else {"generator": generator}
+    return torch.randn(shape, device=like.device, dtype=like.dtype, **options)
+
+
 def diagonal_normal_log_prob(eps: Tensor, log_scale: Tensor) -> Tensor:
     r"""The log-density of a diagonal Gaussian ``N(loc, diag(exp(log_scale))^2)`` at ``z``,
     from the standardized residual ``eps = (z - loc) * exp(-log_scale)``:
@@ -63,9 +73,7 @@ class DiagonalGaussian(nn.Module):
 
     def rsample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` reparameterized draws, ``(n, D)``, on the module's device and dtype."""
-        eps = torch.randn(
-            n, self.features, generator=generator, device=self.loc.device, dtype=self.loc.dtype
-        )
+        eps = standard_normal_noise((n, self.features), self.loc, generator)
         return self.loc + eps * torch.exp(self.log_scale)
 
     def extra_repr(self) -> str:
