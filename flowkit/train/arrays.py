@@ -371,8 +371,9 @@ def warn_if_degenerate(
         _data_warning(
             f"'{name}', {column(j)}, holds the value {values[k].item():.6g} in "
             f"{int(count)} of its {n} rows ({len(massed)} column(s) like it: "
-            f"{number(massed[:10])}): a point mass inside a continuous column, which a flow approaches "
-            "by contracting the column there, so the training NLL falls without bound; model "
+            f"{number(massed[:10])}): a point mass inside a continuous column, which a flow "
+            "approaches by contracting the column there, so the training NLL falls without "
+            "bound; model "
             "that value apart (e.g. a mixture of the point mass and a density of the other "
             "rows) or add noise of the measurement's resolution", stacklevel=stacklevel
         )
@@ -536,7 +537,8 @@ def _warn_if_rounded(
     if coarse:
         j = coarse[0]
         _data_warning(PrecisionWarning(
-            *label, f", column {j}{'' if names is None else f' ({names[j]!r})'}, has a standard deviation of {spread[j].item():.3g} at values "
+            *label, f", column {j}{'' if names is None else f' ({names[j]!r})'}, has a "
+            f"standard deviation of {spread[j].item():.3g} at values "
             f"up to {size[j].item():.3g}: cast to {dtype} it keeps about "
             f"{levels[j].item():.3g} steps per standard deviation ({len(coarse)} column(s) "
             "like it). Subtract a typical value first (e.g. x - x.mean(0), in float64), or "
