@@ -163,6 +163,10 @@ def test_cached_log_prob_of_own_sample(kind, monkeypatch):
     log_p = d.log_prob(x)
     assert calls[0] == 0 and log_p.requires_grad
     torch.testing.assert_close(log_p, d.log_prob(x.clone()))
+    # Each call returns a tensor of its own (review 37: an in-place edit of one moved the next)
+    with torch.no_grad():
+        log_p.add_(100.0)
+    torch.testing.assert_close(d.log_prob(x), d.log_prob(x.clone()))
     # A sample drawn without gradients is scored afresh, so its log-density has gradients.
     y = d.sample()
     calls[0] = 0

@@ -192,7 +192,8 @@ def test_batch_norm_training_mode_uses_batch_statistics():
     assert torch.allclose(z.std(0, unbiased=False), torch.ones(D), atol=1e-3)
     assert torch.allclose(bn.running_mean, 0.1 * x.mean(0))
     assert torch.allclose(log_det, -0.5 * torch.log(x.var(0, unbiased=False) + bn.eps).sum())
-    with pytest.raises(ValueError, match="'x' should have at least 2 rows"):
+    with pytest.raises(ValueError, match=r"needs at least 2 rows, got a batch of shape "
+                       r"\(1, 4\): evaluate single rows in eval mode \(model.eval\(\)\)"):
         bn(x[:1])
 
 

@@ -25,7 +25,10 @@ gradients enabled are kept (a sample drawn by :meth:`sample` or under ``torch.no
 scored afresh, so its log-density carries gradients), and only while the tensor is not written
 in place (``x.mul_(2)``, ``x[0] = 1`` bump its version; a write through ``x.data`` does not and
 is not seen). Build a new ``FlowDistribution`` after changing the flow's parameters, as with any
-torch distribution.
+torch distribution. With batch-norm layers in training mode, the kept value is that of the
+sampling pass, which uses the running averages, where ``log_prob`` of another tensor uses the
+batch's statistics (see :meth:`flowkit.Flow.sample_and_log_prob`): compare densities in eval
+mode.
 
 Values outside the support. A value with an infinite coordinate (an action clipped to +-1 and
 mapped back through ``atanh``, say) has log-density ``-inf``, as in torch's distributions; a
@@ -165,7 +168,7 @@ class FlowDistribution(Distribution):
         if self._cache is not None and value is self._cache[0] and (
             value._version == self._cache[2]  # not written in place since (x.mul_(2), x[0] = 1)
         ):
-            log_p = self._cache[1]
+            log_p = self._cache[1].clone()  # a tensor of its own, as every call returns
             return log_p if torch.is_grad_enabled() else log_p.detach()
         features = self.event_shape[0]
         value = check_batch("value", value, features, reference(self.flow))

@@ -53,9 +53,10 @@ class BatchNorm(Transform):
         if x is None or not self.training:
             return self.running_mean, self.running_var
         if x.shape[0] < 2:
-            raise ValueError(
-                "'x' should have at least 2 rows for BatchNorm in training mode (batch "
-                f"statistics), got shape {tuple(x.shape)}"
+            raise ValueError(  # reached from Flow.log_prob, a distribution's, fit's: no name
+                "BatchNorm in training mode takes statistics over the batch and needs at least "
+                f"2 rows, got a batch of shape {tuple(x.shape)}: evaluate single rows in eval "
+                "mode (model.eval()), which uses the running averages"
             )
         mean, var = x.mean(0), x.var(0, unbiased=False)
         with torch.no_grad():
