@@ -2,6 +2,7 @@
 
 import inspect
 import math
+import re
 import warnings
 from collections import Counter
 
@@ -674,3 +675,62 @@ def test_a_row_inside_the_first_bounds_but_outside_a_later_support_is_named_with
     x = torch.full((5, 1), 5.0)  # inside [0, 10], z = 0 outside (-10, -1)
     with pytest.raises(ValueError, match=r"holds 5 row\(s\).*log-density -inf"):
         flowkit.fit(flow, x, steps=1, progress=False)
+
+
+@pytest.mark.parametrize("base", ["standard", "learnable", "conditional"])
+@pytest.mark.parametrize("builder", [MAF, IAF])
+def test_sample_from_noise_maps_the_base_noise_rsample_draws(builder, base):
+    """Review 37: the zero-noise action of docs/rl.md, transform.inverse(0), ignored a
+    conditional base's mean. sample_from_noise maps the base's standard-normal noise: the
+    noise rsample draws gives rsample's samples, zero noise the image of the base's mode."""
+    torch.manual_seed(0)
+    flow = builder(2, layers=2, hidden_features=(8,), context_features=3, seed=1,
+                   learnable_base=base == "learnable", conditional_base=base == "conditional")
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    flow = flow.double().eval()
+    c = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(7)
+    x = flow.rsample(4, c)
+    torch.manual_seed(7)
+    noise = torch.randn(4, 5, 2, dtype=torch.float64)
+    torch.testing.assert_close(flow.sample_from_noise(noise, c), x)
+    zero = flow.sample_from_noise(torch.zeros(2, dtype=torch.float64), c)
+    assert zero.shape == (5, 2)
+    h = flow.embed_context(c)
+    if base == "conditional":
+        mode = flow.base.loc_and_log_scale(h)[0]
+    else:
+        mode = flow.base.loc.expand(5, 2)
+    torch.testing.assert_close(zero, flow.transform.inverse(mode, h)[0])
+    if base != "standard":
+        assert (zero - flow.transform.inverse(torch.zeros_like(mode), h)[0]).abs().max() > 1e-3
+    zero.sum().backward()
+    assert c.grad is not None and c.grad.abs().sum() > 0
+    assert flow.sample_from_noise(noise[:, :1], c[:1]).shape == (4, 1, 2)
+    with pytest.raises(ValueError, match=re.escape("'noise' should have shape (..., 2), got (3,)")):
+        flow.sample_from_noise(torch.zeros(3, dtype=torch.float64), c)
+    with pytest.raises(ValueError, match="'noise' contains infinite"):
+        flow.sample_from_noise(torch.full((2,), math.inf, dtype=torch.float64), c)
+
+
+def test_sample_from_noise_needs_a_base_with_a_noise_map():
+    class Uniform(torch.nn.Module):
+        features = 2
+
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("low", torch.zeros(2))
+
+        def rsample(self, n):
+            return torch.rand(n, 2)
+
+        def log_prob(self, z):
+            return torch.zeros(len(z))
+
+    flow = Flow(Compose([Permutation(torch.tensor([1, 0]))]), Uniform())
+    with pytest.raises(TypeError, match="Uniform has none"):
+        flow.sample_from_noise(torch.zeros(2))
+    unconditional = MAF(2, layers=1, hidden_features=(8,))
+    assert unconditional.sample_from_noise(torch.zeros(3, 2)).shape == (3, 2)

@@ -119,11 +119,9 @@ class FlowPolicy(nn.Module):
         return self.flow.sample_and_log_prob(context=obs)
 
     def deterministic(self, obs: Tensor) -> Tensor:
-        """The action of zero noise (the image of the standard normal base's mode): ``(B, A)``.
-        The layers read the observation as sampling gives it to them, standardized
-        (:meth:`flowkit.Flow.embed_context`; review 29: the raw observation was passed)."""
-        zero = obs.new_zeros(obs.shape[0], self.flow.features)
-        return self.flow.transform.inverse(zero, self.flow.embed_context(obs))[0]
+        """The action of zero noise (the image of the base's mode,
+        :meth:`flowkit.Flow.sample_from_noise`): ``(B, A)``."""
+        return self.flow.sample_from_noise(obs.new_zeros(self.flow.features), obs)
 
 
 def save_policy(policy: nn.Module, path: str | Path) -> None:

@@ -105,5 +105,11 @@ class ConditionalDiagonalGaussian(nn.Module):
         """One reparameterized draw per context row: ``(N, C)`` -> ``(N, D)``."""
         return self.rsample_and_log_prob(context, generator)[0]
 
+    def from_noise(self, eps: Tensor, context: Tensor) -> Tensor:
+        """The draws ``mu(c) + sigma(c) * eps`` of standard-normal noise ``eps`` ``(N, D)``,
+        one per context row ``(N, C)``."""
+        loc, log_scale = self._loc_and_log_scale(context)
+        return loc + eps * torch.exp(log_scale)
+
     def extra_repr(self) -> str:
         return f"features={self.features}, context_features={self.context_features}"

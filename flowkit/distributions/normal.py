@@ -73,7 +73,10 @@ class DiagonalGaussian(nn.Module):
 
     def rsample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` reparameterized draws, ``(n, D)``, on the module's device and dtype."""
-        eps = standard_normal_noise((n, self.features), self.loc, generator)
+        return self.from_noise(standard_normal_noise((n, self.features), self.loc, generator))
+
+    def from_noise(self, eps: Tensor) -> Tensor:
+        """The draws ``loc + exp(log_scale) * eps`` of standard-normal noise ``eps`` ``(N, D)``."""
         return self.loc + eps * torch.exp(self.log_scale)
 
     def extra_repr(self) -> str:

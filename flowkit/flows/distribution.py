@@ -226,7 +226,8 @@ class FlowDistribution(Distribution):
             "a flow's mode has no closed form, and the image of the base distribution's mode is "
             "not it (the Jacobian moves the mode); search for it from samples: of "
             "x = d.sample((n,)), the one of highest d.log_prob(x) along the first axis, refined "
-            "by gradient ascent on d.log_prob"
+            "by gradient ascent on d.log_prob. The image of the base's mode (a deterministic "
+            "action) is d.flow.sample_from_noise(zeros(D), d.context)"
         )
 
     def cdf(self, value: Tensor) -> Tensor:

@@ -237,13 +237,16 @@ class Flow(nn.Module):
         return log_prob(z, h) if self.conditional_base else log_prob(z)
 
     def _base_sample(
-        self, rows: int, h: Tensor | None, log_prob: bool
+        self, rows: int, h: Tensor | None, log_prob: bool, noise: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """``rows`` reparameterized base draws ``(rows, D)`` given the base's context ``h`` (or
         None) and, with ``log_prob``, their log-density: from a conditional base's
         ``rsample_and_log_prob`` where it has one (its head runs once), else by scoring the
-        draws."""
-        if not self.conditional_base:
+        draws. With ``noise`` ``(rows, D)``, the draws of that standard-normal noise."""
+        if noise is not None:
+            z = self.base.from_noise(noise, h) if self.conditional_base else self.base.from_noise(
+                noise)
+        elif not self.conditional_base:
             z = self.base.rsample(rows)
         elif log_prob and hasattr(self.base, "rsample_and_log_prob"):
             return self.base.rsample_and_log_prob(h)
@@ -295,11 +298,13 @@ class Flow(nn.Module):
 
     @_autocast_off
     def _sample_batch(
-        self, sample_shape: torch.Size, context: Tensor | None, log_prob: bool
+        self, sample_shape: torch.Size, context: Tensor | None, log_prob: bool,
+        noise: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Samples ``(*sample_shape, *batch, D)`` (``batch = context.shape[:-1]``) and, with
-        ``log_prob``, their log-density from the same inverse pass. Internal protocol (see the
-        class notes): the caller checked ``context``."""
+        ``log_prob``, their log-density from the same inverse pass; with ``noise``, the samples
+        of that standard-normal noise of the base, one row ``(D,)`` per sample, flattened.
+        Internal protocol (see the class notes): the caller checked ``context`` and ``noise``."""
         shape = sample_shape + (() if context is None else context.shape[:-1])
         rows = math.prod(shape)
         if rows == 0:
@@ -310,7 +315,7 @@ class Flow(nn.Module):
         eager = not torch.compiler.is_compiling()
         with std._sampling_pass() if eager and std is not None else nullcontext():
             h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
-        z, log_pz = self._base_sample(rows, h_base, log_prob)
+        z, log_pz = self._base_sample(rows, h_base, log_prob, noise)
         # samples to train through: the data standardization counts this flow's steps
         counted = (next((p for p in self.transform.parameters() if p.requires_grad), None)
                    if eager and self.training and torch.is_grad_enabled() else None)
@@ -375,6 +380,41 @@ class Flow(nn.Module):
     def sample(self, n: SampleShape = None, context: Tensor | None = None) -> Tensor:
         """Samples without gradient tracking; shapes as :meth:`rsample`."""
         return self.rsample(n, context)
+
+    def sample_from_noise(self, noise: Tensor, context: Tensor | None = None) -> Tensor:
+        """The samples that the base's standard-normal noise gives, differentiable as
+        :meth:`rsample`: a sample is ``x = T^{-1}(z)`` with ``z = mu + sigma * noise`` for the
+        base ``N(mu, sigma^2)`` (``mu`` and ``sigma`` from the context for a conditional base;
+        ``z = noise`` for the standard normal). ``noise`` ``(*A, D)`` and ``context`` ``(*B, C)``
+        broadcast as in :meth:`log_prob`; returns ``(*broadcast(A, B), D)``.
+
+        ``noise = 0`` gives the image of the base's mode (a deterministic action of a policy:
+        ``flow.sample_from_noise(torch.zeros(D), obs)``; not the flow's own mode, which the
+        Jacobian moves), ``t * noise`` samples at temperature ``t``, and one fixed ``noise``
+        compares models or contexts on common random numbers. Needs a base with a noise map
+        (``from_noise``, as flowkit's Gaussian bases have).
+
+        Example:
+            >>> import torch, flowkit
+            >>> flow = flowkit.IAF(2, layers=2, hidden_features=(8,), context_features=3)
+            >>> flow.sample_from_noise(torch.zeros(2), torch.randn(5, 3)).shape
+            torch.Size([5, 2])
+        """
+        ref = self._reference()
+        if not hasattr(self.base, "from_noise"):
+            raise TypeError(f"sample_from_noise needs a base with a noise map (from_noise, as "
+                            f"flowkit's Gaussian bases have); {type(self.base).__name__} has none")
+        noise = check_batch("noise", noise, self.features, ref)
+        context = check_batch_context(context, self.context_features, ref)
+        shape = broadcast_batch("noise", noise, context)
+        check_not_empty("noise", noise, shape)
+        if nonfinite_rows("noise", noise) is not None:
+            raise ValueError("'noise' contains infinite values")
+        if context is not None:  # a view: the context broadcast to every sample
+            context = context.expand(*shape, context.shape[-1])
+        rows = noise.expand(*shape, self.features).reshape(-1, self.features)
+        return self._sample_batch(torch.Size(()) if context is not None else shape, context,
+                                  log_prob=False, noise=rows)[0]
 
     def sample_and_log_prob(
         self, n: SampleShape = None, context: Tensor | None = None
