@@ -322,9 +322,19 @@ def test_a_mask_set_other_than_the_first_is_accepted(tmp_path):
 
 
 def test_model_without_config_cannot_be_saved_with_save_model(tmp_path):
-    with pytest.raises(CheckpointError, match="has no 'config'"):
+    with pytest.raises(CheckpointError, match="has no 'config'") as info:
         save_model(nn.Linear(2, 2), tmp_path / "l.pt")
+    assert "holds a model" not in str(info.value)
     assert not (tmp_path / "l.pt").exists()
+
+    class Wrapper(nn.Module):  # as sbi's estimator holds the flow in .net (review 36)
+        def __init__(self):
+            super().__init__()
+            self.head, self.net = nn.Linear(2, 2), flowkit.MAF(2, layers=1, hidden_features=(4,))
+
+    with pytest.raises(CheckpointError, match=r"holds a model that can be saved, 'net': "
+                       r"flowkit.save_model\(model.net, path\)"):
+        save_model(Wrapper(), tmp_path / "w.pt")
 
 
 def test_model_without_config_is_saved_and_restored_with_checks(tmp_path):

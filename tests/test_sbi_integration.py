@@ -156,8 +156,6 @@ def test_misuse_is_named_in_sbis_terms():
         build(theta, bad)
     with pytest.raises(ValueError, match="the simulations' theta holds NaN"):
         likelihood_nn("maf", layers=2, hidden_features=(8,))(bad[:, :2], theta)
-    with pytest.raises(ValueError, match="'z_score_x': sbi's z-scoring options"):
-        posterior_nn("maf", z_score_x="independent")
     boxed = posterior_nn("maf", layers=2, hidden_features=(8,), bounds=([-1.0, -1.0], [1, 1]))
     with pytest.raises(ValueError, match="'bounds' should contain every simulated theta: "):
         boxed(theta, x)  # theta lies in [-3, 3]^2
@@ -167,6 +165,74 @@ def test_misuse_is_named_in_sbis_terms():
     with pytest.raises(ValueError, match="'bounds' should contain every simulated theta: "):
         posterior_nn("maf", layers=2, hidden_features=(8,), bounds=([0.0, None], [None, None]))(
             theta, x)
+
+
+def test_z_score_options_as_sbi_takes_them():
+    """Review 36: the iid-trials recipe (Unflatten in front of sbi's
+    PermutationInvariantEmbedding) moved log q by 0.61 nats when the trials were reordered,
+    since each trial slot was standardized by its own statistics; z_score_x="structured" (one
+    mean and scale over all of x's values) keeps it invariant, "none" leaves a side as given,
+    "independent" is the default."""
+    from sbi.neural_nets.embedding_nets import FCEmbedding, PermutationInvariantEmbedding
+
+    trials, n = 8, 300
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(n, 2, generator=g)
+    x = theta[:, None, :1] * torch.linspace(0.5, 2.0, trials)[:, None] + torch.randn(
+        n, trials, 1, generator=g)
+    torch.manual_seed(0)
+    embedding = torch.nn.Sequential(
+        torch.nn.Unflatten(1, (trials, 1)),
+        PermutationInvariantEmbedding(FCEmbedding(1, 10, num_hiddens=16), 10, output_dim=4))
+    perm = torch.randperm(trials, generator=g)
+    shifts = {}
+    for z_score in ("independent", "structured", "none"):
+        est = trained_weights(posterior_nn("maf", embedding=embedding, layers=2,
+                                           hidden_features=(16,), z_score_x=z_score)(theta, x))
+        moved = (est.log_prob(theta[:50], x[:50]) - est.log_prob(theta[:50], x[:50, perm]))
+        assert (moved.abs().max() < 1e-5) == (z_score != "independent"), z_score
+        shifts[z_score] = est.net.standardize_context.shift
+    assert shifts["structured"].unique().numel() == 1
+    torch.testing.assert_close(shifts["structured"][0], x.mean().double().float())
+    assert not shifts["none"].any()
+    est = posterior_nn("maf", layers=2, hidden_features=(8,), z_score_theta=None)(theta, x[:, :, 0])
+    data = next(t for t in est.net.transform.transforms if isinstance(t, Standardize))
+    assert not data.shift.any() and (data.scale == 1).all()
+    likelihood = likelihood_nn("maf", layers=2, hidden_features=(8,), z_score_x="structured",
+                               z_score_theta="none")(theta, x[:, :, 0])
+    assert next(t for t in likelihood.net.transform.transforms
+                if isinstance(t, Standardize)).shift.unique().numel() == 1
+    assert not likelihood.net.standardize_context.shift.any()
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: posterior_nn(z_score_x="structure"), ValueError,
+         r"'z_score_x' should be one of \('independent', 'structured', 'none'\)"),
+        (lambda: posterior_nn(z_score_y="none"), ValueError, "'z_score_y' is not an option"),
+        (lambda: posterior_nn(z_score_x="independent", standardize=False), ValueError,
+         "adjust the builders' per-element standardization"),
+        (lambda: posterior_nn(embedding_net=torch.nn.Identity()), TypeError,
+         r"'embedding_net': not options of flowkit.MAF; sbi's names: 'embedding_net' "
+         r"\(flowkit: embedding=\)"),
+        (lambda: posterior_nn("iaf", num_transforms=3, num_bins=4), TypeError,
+         r"'num_transforms', 'num_bins': not options of flowkit.IAF.*'num_transforms' "
+         r"\(flowkit: layers=\), 'num_bins' \(flowkit: transformer_kwargs=\{'bins': ...\}\)"),
+        (lambda: posterior_nn(hiden_features=(8,)), TypeError,
+         "'hiden_features': not options of flowkit.MAF; its options: layers, hidden_features"),
+    ],
+)
+def test_options_sbi_users_type(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_likelihood_bounds_name_the_simulators_support():
+    theta, x = simulations()
+    with pytest.raises(ValueError, match="give the bounds of the support of the simulator's"):
+        likelihood_nn("maf", layers=2, hidden_features=(8,),
+                      bounds=([0.0] * 3, [None] * 3))(theta, x - 20)
 
 
 @pytest.mark.parametrize(

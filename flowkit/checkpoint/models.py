@@ -410,10 +410,15 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"'model' should be a torch.nn.Module, got {type(model).__name__}")
     if getattr(model, "config", None) is None:
+        inner = next((name for name, child in model.named_children()
+                      if getattr(child, "config", None) is not None), None)
+        wrapped = ("" if inner is None else f"; it holds a model that can be saved, "
+                   f"'{inner}': flowkit.save_model(model.{inner}, path)")
         raise CheckpointError(
             f"'model' ({type(model).__name__}) has no 'config' attribute, so it cannot be rebuilt "
-            "from a file; register its constructor with flowkit.checkpoint.register_model, or "
-            "save its weights with flowkit.checkpoint.save_checkpoint(path, kind, model=model)"
+            f"from a file{wrapped}; or register its constructor with "
+            "flowkit.checkpoint.register_model, or save its weights with "
+            "flowkit.checkpoint.save_checkpoint(path, kind, model=model)"
         )
     save_checkpoint(path, MODEL_KIND, model=model)
 

@@ -41,7 +41,12 @@ standardization enters with its exact log-determinant,
 
 and the condition is standardized, :math:`\tilde x = (x - m_x) / s_x`, before the flow's
 embedding network (if any) and layers read it. An element that is constant over the batch is
-only shifted (see :mod:`flowkit.transforms.standardize`).
+only shifted (see :mod:`flowkit.transforms.standardize`). sbi's ``z_score_theta`` and
+``z_score_x`` choose per side (:data:`Z_SCORES`): ``"independent"`` (the default, the above),
+``"structured"`` (one mean and scale for all of a side's elements: give it to iid trials,
+images and time series, whose elements share units, and always with a
+permutation-invariant embedding, which per-element statistics would make see the trials'
+order) or ``"none"``.
 
 **Shapes.** Inputs and conditions may have any event shape (``input_shape``,
 ``condition_shape``); the flow sees them flattened to ``D`` and ``C`` numbers per row. An
@@ -49,7 +54,7 @@ embedding network passed as ``embedding`` therefore receives ``(rows, C)``: give
 structured data its shape back with :class:`torch.nn.Unflatten`, e.g.
 ``embedding=nn.Sequential(nn.Unflatten(1, (1, 16, 16)), cnn)`` for images, or
 ``nn.Unflatten(1, (trials, d))`` in front of sbi's ``PermutationInvariantEmbedding`` for iid
-trials. A builder builds a new flow each time sbi calls it, but the embedding network passed
+trials (with ``z_score_x="structured"``). A builder builds a new flow each time sbi calls it, but the embedding network passed
 to it is the same object: build a new one for each training run that should start afresh.
 
 This module needs the package ``sbi`` (``pip install "flowkit-made[sbi]"``); ``import
@@ -75,13 +80,14 @@ except ImportError as e:  # pragma: no cover - exercised only without sbi
     ) from e
 
 from flowkit.flows import IAF, MAF, Flow
-from flowkit.transforms import Logit, set_from_data
+from flowkit.transforms import Logit, Standardize, set_from_data
 from flowkit.validation import check_batch, check_batch_context, nonfinite_rows, reference
 
 __all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn"]
 
 Model = Literal["maf", "iaf"]
 _BUILDERS: dict[str, Callable[..., Flow]] = {"maf": MAF, "iaf": IAF}
+_RESERVED = ("features", "context_features", "embedding")  # set by the builders here
 
 
 class FlowkitEstimator(ConditionalDensityEstimator):
@@ -215,19 +221,16 @@ def _builder(
 ) -> Callable[[Tensor, Tensor], FlowkitEstimator]:
     if model not in _BUILDERS:
         raise ValueError(f"'model' should be one of {sorted(_BUILDERS)}, got {model!r}")
-    for reserved in ("features", "context_features", "embedding"):
+    for reserved in _RESERVED:
         if reserved in flow_kwargs:
             raise ValueError(
                 f"'{reserved}' is set by the builder from the simulations; do not pass it "
                 "(the embedding network goes in 'embedding')"
             )
-    if sbi_style := sorted(k for k in flow_kwargs if k.startswith("z_score_")):
-        raise ValueError(
-            f"{', '.join(map(repr, sbi_style))}: sbi's z-scoring options; flowkit's builders "
-            "standardize both sides per element (as z_score_x='independent') with "
-            "standardize=True, their default, and not at all with standardize=False"
-        )
     build_flow = _BUILDERS[model]
+    flow_kwargs = dict(flow_kwargs)
+    z_scores = _z_scores(flow_kwargs)  # takes the z_score_* options out of flow_kwargs
+    _check_names(build_flow, flow_kwargs)
     flow_kwargs = _with_bin_temperature(build_flow, flow_kwargs)
     names = ("x", "theta") if swap else ("theta", "x")  # of the input, of the condition
 
@@ -236,9 +239,9 @@ def _builder(
         for name, value in zip(names, (inputs, conditions), strict=True):
             if bad := int((~torch.isfinite(value.reshape(len(value), -1))).any(-1).sum()):
                 raise ValueError(
-                    f"the simulations' {name} holds NaN or Inf values in {bad} of its "
-                    f"{len(value)} rows; leave sbi's exclude_invalid_x=True (its default) or "
-                    "remove them"
+                    f"the simulations' {name} holds NaN or Inf values in {bad} of the "
+                    f"{len(value)} rows of sbi's training split; leave sbi's "
+                    "exclude_invalid_x=True (its default) or remove them"
                 )
         flow = build_flow(
             math.prod(inputs.shape[1:]),
@@ -246,11 +249,16 @@ def _builder(
             embedding=embedding,
             **flow_kwargs,
         ).to(inputs.dtype)
+        rows = inputs.reshape(len(inputs), -1), conditions.reshape(len(conditions), -1)
         if flow_kwargs.get("bounds") is not None:  # checked by the flow's builder
-            _check_inside(names[0], inputs.reshape(len(inputs), -1), flow)
-        # The flow's Standardize modules (if standardize=True) from the whole batch.
-        set_from_data(flow, [(inputs.reshape(len(inputs), -1),
-                              conditions.reshape(len(conditions), -1))])
+            _check_inside(names[0], rows[0], flow, swap)
+        # The flow's Standardize modules (if standardize=True) from the whole batch, each
+        # side then as its z_score_* option asks.
+        set_from_data(flow, [rows])
+        data = next((t for t in flow.transform.transforms if isinstance(t, Standardize)), None)
+        for name, module, values in zip(names, (data, flow.standardize_context), rows,
+                                        strict=True):
+            _z_score(z_scores.get(f"z_score_{name}", "independent"), module, values)
         return FlowkitEstimator(flow, inputs.shape[1:], conditions.shape[1:])
 
     return build
@@ -277,7 +285,7 @@ def _with_bin_temperature(build_flow: Callable[..., Flow],
     return {**flow_kwargs, "transformer_kwargs": {**given, "bin_temperature": math.sqrt(width)}}
 
 
-def _check_inside(name: str, values: Tensor, flow: Flow) -> None:
+def _check_inside(name: str, values: Tensor, flow: Flow, likelihood: bool) -> None:
     """Refuse ``bounds=(low, high)`` that leave simulated rows outside (a density of zero there
     gives a NaN loss, which sbi reports without saying why): the flow's
     :class:`~flowkit.transforms.Logit` holds them as built (open ends infinite)."""
@@ -285,10 +293,83 @@ def _check_inside(name: str, values: Tensor, flow: Flow) -> None:
     outside = (~box.contains(values)).any(-1)
     if outside.any():
         row = int(outside.nonzero()[0])
+        support = "the simulator's output" if likelihood else "the prior"
         raise ValueError(
             f"'bounds' should contain every simulated {name}: {int(outside.sum())} of "
             f"{len(values)} rows lie outside it (row {row}: {values[row].tolist()}); give the "
-            "bounds of the prior's support"
+            f"bounds of the support of {support}"
+        )
+
+
+Z_SCORES = ("independent", "structured", "none")
+"""sbi's ``z_score_theta`` / ``z_score_x``, as the builders here take them: each element by
+its own mean and standard deviation over the training split (``"independent"``, sbi's default
+and flowkit's standardization), all elements of a side by the mean and standard deviation of
+all its values (``"structured"``: iid trials, pixels, a time series, whose elements share
+units and whose order a permutation-invariant embedding must not see; sbi's scale is the mean
+of the rows' standard deviations instead), or not at all (``"none"``, or ``None``)."""
+
+# sbi's names of options that the flowkit builders name otherwise
+_SBI_NAMES = {
+    "embedding_net": "embedding=",
+    "num_transforms": "layers=",
+    "num_bins": "transformer_kwargs={'bins': ...}",
+    "tail_bound": "transformer_kwargs={'bound': ...}",
+    "num_blocks": "hidden_features=(H,) * blocks",
+    "use_residual_blocks": "residual=",
+    "dropout_probability": "no dropout option",
+    "use_batch_norm": "batch_norm=",
+}
+
+
+def _z_scores(flow_kwargs: dict[str, Any]) -> dict[str, str]:
+    """The ``z_score_theta`` / ``z_score_x`` options, taken out of ``flow_kwargs`` and checked
+    (``None`` read as ``"none"``); any other ``z_score_*`` is refused. Sides that are not
+    ``"none"`` need the builders' diagonal standardization, which they then adjust."""
+    taken = {k: flow_kwargs.pop(k) for k in sorted(flow_kwargs) if k.startswith("z_score_")}
+    for name, value in taken.items():
+        if name not in ("z_score_theta", "z_score_x"):
+            raise ValueError(f"{name!r} is not an option; sbi's z-scoring options are "
+                             "'z_score_theta' and 'z_score_x'")
+        if value is None:
+            taken[name] = value = "none"
+        if value not in Z_SCORES:
+            raise ValueError(f"{name!r} should be one of {Z_SCORES} (or None), got {value!r}")
+    standardize = flow_kwargs.get("standardize", True)
+    if standardize not in (True, "diagonal") and any(v != "none" for v in taken.values()):
+        raise ValueError(
+            f"the z_score options {taken} adjust the builders' per-element standardization "
+            f"(standardize=True, the default), not standardize={standardize!r}: pass only "
+            "one of them"
+        )
+    return taken
+
+
+def _z_score(mode: str, module: Standardize | None, values: Tensor) -> None:
+    """Set ``module`` (a side's standardization, set per element from ``values`` ``(N, K)``
+    already) as ``mode`` asks (see :data:`Z_SCORES`)."""
+    if module is None or mode == "independent":
+        return
+    k = values.shape[1]
+    if mode == "none":
+        module.set(torch.zeros(k), torch.ones(k))
+        return
+    flat = values.detach().double().flatten()
+    spread = float(flat.std()) if flat.numel() > 1 else 0.0
+    module.set(torch.full((k,), float(flat.mean())),
+               torch.full((k,), spread if spread > 0 else 1.0))
+
+
+def _check_names(build_flow: Callable[..., Flow], flow_kwargs: dict[str, Any]) -> None:
+    """Refuse, when the builder is made rather than when sbi first calls it, options that
+    ``build_flow`` does not take, naming flowkit's name for sbi's."""
+    accepted = inspect.signature(build_flow).parameters
+    if unknown := [k for k in flow_kwargs if k not in accepted]:
+        hints = [f"{k!r} (flowkit: {_SBI_NAMES[k]})" for k in unknown if k in _SBI_NAMES]
+        raise TypeError(
+            f"{', '.join(map(repr, unknown))}: not options of flowkit.{build_flow.__name__}"
+            + (f"; sbi's names: {', '.join(hints)}" if hints else "")
+            + f"; its options: {', '.join(k for k in accepted if k not in _RESERVED)}"
         )
 
 
@@ -308,9 +389,14 @@ def posterior_nn(
         **flow_kwargs: options of the flowkit builder, e.g. ``layers``, ``hidden_features``,
             ``transformer="spline"`` (with ``bin_temperature=sqrt(H)`` unless
             ``transformer_kwargs`` gives one, see above), ``transformer_kwargs``, ``permutation``,
-            ``conditional_base``, ``standardize``, ``seed``; for a uniform prior on a box,
+            ``conditional_base``, ``standardize``, ``seed`` (of the MADEs' degrees and the
+            permutations, as the builders'; the initial weights come from torch's global
+            generator, ``torch.manual_seed``); for a uniform prior on a box,
             ``bounds=(low, high)`` makes the posterior zero outside it (see
-            :class:`flowkit.transforms.Logit`).
+            :class:`flowkit.transforms.Logit`); and sbi's ``z_score_theta`` and
+            ``z_score_x`` (:data:`Z_SCORES`). Options are checked here, and sbi's names of
+            flowkit's options (``embedding_net``, ``num_transforms``, ``num_bins``) are
+            named in the error.
 
     Returns:
         ``build(batch_theta, batch_x) -> FlowkitEstimator``, called by sbi with its training
