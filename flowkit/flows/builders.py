@@ -340,7 +340,8 @@ def MAF(
             column, a free second one). A :class:`flowkit.transforms.Logit` first maps each
             interval onto the real line (a logit on a box, the log of the distance to the end
             on a half-line), so the density is zero outside it, normalized inside, and samples
-            stay inside; the standardization, if any, then acts on the mapped values.
+            stay inside (or on a finite edge, where they round onto it: see the Logit); the
+            standardization, if any, then acts on the mapped values.
             ``None``: data anywhere.
         seed: seed of the MADE degrees and random permutations.
         base_context: what a conditional base's head reads: ``"embedded"``, the embedded
