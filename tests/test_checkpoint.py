@@ -889,3 +889,19 @@ def test_a_float64_model_is_rebuilt_in_float64(tmp_path):
     assert torch.get_default_dtype() == previous
     x = torch.tensor([[1.0 + 5e-10]], dtype=torch.float64)
     assert torch.equal(loaded.log_prob(x), flow.eval().log_prob(x))
+
+
+def test_a_model_whose_buffers_a_load_would_refuse_is_not_saved(tmp_path):
+    """Review 38: `o = made.order; o[0] = 3` wrote into the stored orderings; save_model then
+    wrote a file that load_model refused. order is a copy now, and a save runs the checks a
+    load runs."""
+    model = flowkit.BernoulliMADE(4, hidden_features=(8,), seed=0)
+    order = model.order
+    order[0] = 3
+    assert model.order.tolist() == [0, 1, 2, 3]
+    with torch.no_grad():
+        model.made.orders[0, 0] = 3  # written in place
+    with pytest.raises(CheckpointError, match="'model' holds a buffer 'made.orders' that should "
+                       "be permutations of range\\(features\\).*would not load"):
+        save_model(model, tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()

@@ -191,6 +191,32 @@ def test_categorical_sample_frequencies_match_the_probabilities():
     assert chi_square(x, support, model.log_prob(support)) < 26.12
 
 
+def test_mask_ensemble_samples_follow_the_mixture_log_prob_scores():
+    """Review 38: samples came only from the active set while log_prob(mask_ensemble=K)
+    scored the mixture; sample(mask_ensemble=K) draws each row's set uniformly."""
+    model = bernoulli(3, order="random", num_masks=3)
+    model.set_mask(1)
+    support = all_binary(3)
+    mixture = model.log_prob(support, mask_ensemble=3)
+    x = model.sample(20000, generator=torch.Generator().manual_seed(3), mask_ensemble=3)
+    assert chi_square(x, support, mixture) < 24.32  # 7 degrees of freedom, P = 0.001
+    assert chi_square(x, support, model.log_prob(support)) > 100  # not the active set's
+    assert model.mask_set_index == 1
+    categorical = CategoricalMADE(2, classes=3, hidden_features=(8,), order="random",
+                                  num_masks=2, context_features=1, seed=4).double()
+    for p in categorical.parameters():
+        torch.nn.init.normal_(p)
+    c = torch.randn(4, 1, dtype=torch.float64)
+    assert categorical.sample(5, c, mask_ensemble=2).shape == (5, 4, 2)
+    support = all_categorical(2, 3)
+    x = categorical.sample(20000, c[0], generator=torch.Generator().manual_seed(5),
+                           mask_ensemble=2)
+    mixture = categorical.log_prob(support, mask_ensemble=2, context=c[0])
+    assert chi_square(x, support, mixture) < 26.12  # 8 degrees of freedom
+    with pytest.raises(ValueError, match=r"'mask_ensemble' should be None or an int in \[1, 2\]"):
+        categorical.sample(2, c, mask_ensemble=3)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_models_sample_rare_values_at_their_probability(dtype):
     """Uniforms of the model's own half dtype take 2^11 (2^8) values: a probability of 3.4e-4
@@ -309,7 +335,7 @@ def test_mask_ensemble_and_classes_accept_numpy_integers_as_sample_counts_do():
 @pytest.mark.parametrize("index", [True, 1.0, -1, 3])
 def test_set_mask_names_a_bad_index(index):
     """set_mask(True) and set_mask(1.0) used to fail inside torch (review 5, finding 11)."""
-    for model in (BernoulliMADE(4, (8,), num_masks=3), CategoricalMADE(2, 3, (8,), num_masks=3)):
+    for model in (BernoulliMADE(4, (8,), num_masks=3), CategoricalMADE(3, 3, (8,), num_masks=3)):
         with pytest.raises(ValueError, match="'index' should be"):
             model.set_mask(index)
         assert model.made.mask_set_index == 0
@@ -322,6 +348,14 @@ def test_bad_sample_count(n):
         BernoulliMADE(4, hidden_features=(8,)).sample(n)
     with pytest.raises(ValueError, match=expected):
         CategoricalMADE(2, classes=3, hidden_features=(8,)).sample(n)
+
+
+def test_one_hot_rows_for_a_categorical_are_named_as_such():
+    model = CategoricalMADE(3, classes=4, hidden_features=(8,))
+    x = torch.tensor([[0, 3, 1]])
+    with pytest.raises(ValueError, match=r"'x' of shape \(1, 3, 4\) looks one-hot; pass class "
+                       r"indices \(N, 3\) in 0..3: x.argmax\(-1\)"):
+        model.log_prob(torch.nn.functional.one_hot(x, 4).float())
 
 
 @pytest.mark.parametrize("classes", [1, 0, 2.0, True, "3"])

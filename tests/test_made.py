@@ -80,6 +80,40 @@ def test_context_reaches_every_output():
     assert (jac.abs().sum(dim=(0, 2, 3, 4)) > 0).all()
 
 
+@pytest.mark.parametrize("hidden_degrees", ["random", "even"])
+@pytest.mark.parametrize("features, hidden", [(100, (64, 64)), (784, (500,)), (30, (16,) * 3)])
+def test_every_hidden_layer_keeps_units_of_degree_0_for_the_context(features, hidden,
+                                                                     hidden_degrees):
+    """Review 38: with more features than hidden units, a layer often drew no unit of degree
+    0, and the first feature's conditional then ignored the context (6 seeds of 10 at D=100,
+    hidden (64, 64)). Each layer keeps min(CONTEXT_UNITS, H // 4) of them; without a context,
+    none (they would see nothing)."""
+    for seed in range(10):
+        made = MADE(features, hidden, context_features=2, hidden_degrees=hidden_degrees,
+                    order="random", seed=seed)
+        for layer in made.degrees()[1:]:
+            assert int((layer == 0).sum()) >= min(masks.CONTEXT_UNITS, len(layer) // 4)
+        # paths from the context (the last input columns) to the first feature's outputs
+        paths = made.hidden[0].mask[:, -2:]
+        for layer in made.hidden[1:]:
+            paths = layer.mask @ paths
+        first = int(made.order[0])
+        reach = made.output.mask.view(features, made.params_per_feature, -1)[first] @ paths
+        assert (reach >= min(masks.CONTEXT_UNITS, min(hidden) // 4)).all(), seed
+    assert all((d > 0).all() for d in MADE(features, hidden, seed=0).degrees()[1:])
+
+
+def test_identical_mask_sets_are_refused():
+    """Review 38: num_masks > 1 where no choice is left (no hidden layers, or D = 2 without a
+    context, with a fixed order) made K copies of one model at K times the cost."""
+    for kwargs in (dict(features=3, hidden_features=()), dict(features=2, hidden_features=(8,)),
+                   dict(features=1, hidden_features=(8,), context_features=2, order="random")):
+        with pytest.raises(ValueError, match="gives identical mask sets"):
+            MADE(num_masks=3, **kwargs)
+    MADE(2, (8,), num_masks=3, order="random")
+    MADE(2, (8,), num_masks=3, context_features=1)
+
+
 def test_masks_follow_degrees():
     degrees_in = torch.tensor([1, 2, 3])
     degrees_hidden = torch.tensor([1, 2, 2])

@@ -229,7 +229,8 @@ def save_checkpoint(
         TypeError, ValueError: ``path`` is not a file path, ``kind`` not a non-empty string,
             ``extra`` holds another type or a subclass of a plain one (the error names its key,
             e.g. ``extra['c']``, and the conversion), or ``model.config`` is
-            malformed (a :class:`CheckpointError`).
+            malformed, or a buffer of the model fails the checks a load runs (a
+            :class:`CheckpointError`).
         CheckpointWriteError: the write failed; the previous file is intact.
     """
     path = check_path_to_write(path)
@@ -244,6 +245,11 @@ def save_checkpoint(
     if entry is not None:
         _check_plain(entry["config"], "model.config")
         _check_plain(entry["state_dict"], "model.state_dict()")
+        for name, error in check_buffers(model):  # the checks a load runs: no unloadable file
+            raise CheckpointError(
+                f"'model' holds a buffer '{name}' that should be {error.expected} (written in "
+                "place?); a file of it would not load"
+            )
     write_file({"kind": kind, "model": entry, "extra": extra}, path)
 
 

@@ -186,17 +186,54 @@ class _DiscreteMADE(nn.Module):
         context = self._context(context, x.shape[0])
         if mask_ensemble is None:
             return self._log_prob(x, context)
-        if not is_int(mask_ensemble) or not 1 <= mask_ensemble <= self.num_masks:
-            raise ValueError(
-                f"'mask_ensemble' should be None or an int in [1, {self.num_masks}] "
-                f"(num_masks={self.num_masks}), got {mask_ensemble!r}"
-            )
+        self._check_ensemble(mask_ensemble)
         per_mask = []
         with torch.no_grad():
             for k in range(mask_ensemble):
                 with self.made.mask_set(k):
                     per_mask.append(self._log_prob(x, context))
         return torch.logsumexp(torch.stack(per_mask), dim=0) - math.log(mask_ensemble)
+
+    def _check_ensemble(self, mask_ensemble: object) -> None:
+        if not is_int(mask_ensemble) or not 1 <= mask_ensemble <= self.num_masks:
+            raise ValueError(
+                f"'mask_ensemble' should be None or an int in [1, {self.num_masks}] "
+                f"(num_masks={self.num_masks}), got {mask_ensemble!r}"
+            )
+
+    @torch.no_grad()
+    def _sample(
+        self, n: SampleShape, context: Tensor | None, generator: torch.Generator | None,
+        mask_ensemble: int | None,
+    ) -> Tensor:
+        """:meth:`sample` of a subclass: ``(*shape, D)`` from :meth:`_draw`, with the active
+        mask set or, with ``mask_ensemble = K``, each row from a set drawn uniformly among
+        ``0..K-1`` (the mixture :meth:`log_prob` scores with the same ``K``)."""
+        shape, context = self._sample_shape(n, context)
+        rows = math.prod(shape)
+        if mask_ensemble is not None:
+            self._check_ensemble(mask_ensemble)
+        if mask_ensemble is None or rows == 0:
+            return self._draw(rows, context, generator).reshape(*shape, self.features)
+        sets = torch.randint(mask_ensemble, (rows,), generator=generator,
+                             device=self._reference().device)
+        x: Tensor | None = None
+        for k in range(mask_ensemble):
+            picked = (sets == k).nonzero().flatten()
+            if len(picked):
+                with self.made.mask_set(k):
+                    draws = self._draw(len(picked), None if context is None else
+                                       context[picked], generator)
+                x = draws.new_empty(rows, self.features) if x is None else x
+                x[picked] = draws
+        assert x is not None
+        return x.reshape(*shape, self.features)
+
+    def _draw(self, rows: int, context: Tensor | None,
+              generator: torch.Generator | None) -> Tensor:
+        """``rows`` samples ``(rows, D)`` from the active mask set, given ``context``
+        ``(rows, C)`` (or None)."""
+        raise NotImplementedError
 
     def extra_repr(self) -> str:
         context = f"context_features={self.context_features}, " if self.context_features else ""
@@ -286,12 +323,12 @@ class BernoulliMADE(_DiscreteMADE):
         logits = self.made._forward(x, context).squeeze(-1)
         return -F.binary_cross_entropy_with_logits(logits, x, reduction="none").sum(-1)
 
-    @torch.no_grad()
     def sample(
         self,
         n: SampleShape = None,
         context: Tensor | None = None,
         generator: torch.Generator | None = None,
+        mask_ensemble: int | None = None,
     ) -> Tensor:
         """Exact samples (floats 0/1) from the active mask set's model,
         ``(*sample_shape, *context.shape[:-1], D)``: ``sample(n)`` is ``(n, D)``; with a context
@@ -307,10 +344,15 @@ class BernoulliMADE(_DiscreteMADE):
             context: ``(..., C)``, required when ``context_features > 0``.
             generator: a :class:`torch.Generator` on the model's device (default: the global
                 one).
+            mask_ensemble: ``K`` draws each sample from a mask set chosen uniformly among
+                ``0..K-1``: samples of the mixture that :meth:`log_prob` scores with the same
+                ``K`` (default: the active set's model).
         """
-        shape, context = self._sample_shape(n, context)
+        return self._sample(n, context, generator, mask_ensemble)
+
+    def _draw(self, rows: int, context: Tensor | None,
+              generator: torch.Generator | None) -> Tensor:
         ref = self._reference()
-        rows = math.prod(shape)
         u = torch.rand(rows, self.features, generator=generator, device=ref.device,
                        dtype=_noise_dtype(ref.dtype))
 
@@ -320,7 +362,7 @@ class BernoulliMADE(_DiscreteMADE):
             return (threshold.index_select(1, index) < params[..., 0]).to(ref.dtype)
 
         like = torch.empty(rows, self.features, device=ref.device, dtype=ref.dtype)
-        return solve(self.made, step, like, context).reshape(*shape, self.features)
+        return solve(self.made, step, like, context)
 
     def extra_repr(self) -> str:
         return f"features={self.features}, " + super().extra_repr()
@@ -380,6 +422,11 @@ class CategoricalMADE(_DiscreteMADE):
         self.classes = classes
 
     def check_data(self, x: object, name: str = "x") -> Tensor:
+        if isinstance(x, Tensor) and x.shape[-2:] == (self.features, self.classes):
+            raise ValueError(
+                f"'{name}' of shape {tuple(x.shape)} looks one-hot; pass class indices "
+                f"(N, {self.features}) in 0..{self.classes - 1}: {name}.argmax(-1)"
+            )
         x = check_features(name, x, self.features, self._reference(), floating=False)
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             raise TypeError(
@@ -407,12 +454,12 @@ class CategoricalMADE(_DiscreteMADE):
         log_p = torch.log_softmax(self.made._forward(self._one_hot()(x), context), dim=-1)
         return log_p.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
-    @torch.no_grad()
     def sample(
         self,
         n: SampleShape = None,
         context: Tensor | None = None,
         generator: torch.Generator | None = None,
+        mask_ensemble: int | None = None,
     ) -> Tensor:
         """Exact samples (``torch.long``) from the active mask set's model, shaped as
         :meth:`BernoulliMADE.sample`'s.
@@ -424,9 +471,12 @@ class CategoricalMADE(_DiscreteMADE):
             n: number of samples, a sample shape, or None (one per context row).
             context: ``(..., C)``, required when ``context_features > 0``.
             generator: a :class:`torch.Generator` on the model's device.
+            mask_ensemble: as in :meth:`BernoulliMADE.sample`.
         """
-        shape, context = self._sample_shape(n, context)
-        rows = math.prod(shape)
+        return self._sample(n, context, generator, mask_ensemble)
+
+    def _draw(self, rows: int, context: Tensor | None,
+              generator: torch.Generator | None) -> Tensor:
         ref = self._reference()
         noise = _noise_dtype(ref.dtype)
         u = torch.rand(rows, self.features, self.classes, generator=generator,
@@ -437,8 +487,7 @@ class CategoricalMADE(_DiscreteMADE):
             return (params + gumbel[:, index]).argmax(-1)
 
         like = torch.zeros(rows, self.features, dtype=torch.long, device=ref.device)
-        x = solve(self.made, step, like, context, encode=self._one_hot())
-        return x.reshape(*shape, self.features)
+        return solve(self.made, step, like, context, encode=self._one_hot())
 
     def extra_repr(self) -> str:
         return f"features={self.features}, classes={self.classes}, " + super().extra_repr()

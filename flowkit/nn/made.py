@@ -68,8 +68,10 @@ class MADE(nn.Module):
             categorical features. With ``m > 1`` the input has shape ``(..., D, m)``; all ``m``
             units of a feature share its degree.
         context_features: width ``C`` of an optional conditioning vector. Context inputs get
-            degree 0 and hidden units may get degree 0, so the context reaches every output,
-            also when ``features == 1``.
+            degree 0, and so do some hidden units of every layer (at least
+            ``min(8, max(1, H // 4))`` of a layer of ``H``,
+            :data:`flowkit.nn.masks.CONTEXT_UNITS`), so the context reaches every output,
+            the first feature's too, also when ``features == 1``.
         order: ``"natural"``, ``"reversed"``, ``"random"``, or a sequence such that
             ``order[i]`` is the ``i``-th feature to be modelled.
         hidden_degrees: ``"random"`` (as in the paper) or ``"even"`` (deterministic). The
@@ -141,6 +143,17 @@ class MADE(nn.Module):
             raise ValueError(
                 "'num_masks' > 1 needs order='random' or hidden_degrees='random', otherwise "
                 "every mask set is the same"
+            )
+        # hidden degrees lie in [0 with a context else 1, D - 1]: one value leaves no choice
+        if (num_masks > 1 and (not random_order or features == 1)
+                and (not hidden_features or features - 1 <= (0 if context_features else 1))):
+            raise ValueError(
+                f"'num_masks' > 1 with features={features}, hidden_features="
+                f"{tuple(hidden_features)}, context_features={context_features} and "
+                f"order={order!r} gives identical mask sets (with "
+                f"{'no hidden layers' if not hidden_features else 'one possible degree'} and "
+                "one ordering there is nothing to vary): pass num_masks=1"
+                + ("" if features == 1 else ", or order='random'")
             )
         self.features = features
         self.hidden_features = hidden_features
@@ -220,8 +233,9 @@ class MADE(nn.Module):
 
     @property
     def order(self) -> Tensor:
-        """Ordering of the active mask set: ``order[i]`` is the ``i``-th feature, ``(D,)``."""
-        return self.orders[self._active]
+        """Ordering of the active mask set: ``order[i]`` is the ``i``-th feature, ``(D,)`` (a
+        copy: the stored orderings change only with the model)."""
+        return self.orders[self._active].clone()
 
     def degrees(self) -> list[Tensor]:
         """Degrees of the active mask set, one tensor per layer: ``[inputs (D m + C,),
