@@ -30,6 +30,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 from PIL import Image
 from torch import Tensor
 
@@ -241,8 +242,10 @@ def pairs_figure(
 ) -> Figure:
     """Samples of a model over the data they should look like, for any number of features: a
     ``K x K`` grid for the ``K`` features shown, with the histograms of feature ``i`` (data in
-    grey, samples in blue, both as densities over the same bins) on the diagonal and the scatter
-    plot of features ``(j, i)`` (data under samples) at row ``i``, column ``j < i``.
+    grey, samples in blue, both as densities over the same bins) on the diagonal and, at row
+    ``i``, column ``j < i``, the samples' scatter plot of features ``(j, i)`` under the contours
+    of the data's 2-D histogram (enclosing about 30%, 60% and 90% of the rows), so that neither
+    hides the other. With fewer features shown than the data have, the title says so.
 
     Each feature's range is that of the data (their 0.5th to 99.5th percentile, padded by a
     tenth), so that a few far samples do not squash the panels; the share of samples outside
@@ -257,8 +260,8 @@ def pairs_figure(
         title: figure title.
         bins: histogram bins on the diagonal.
         size: side of one panel in inches.
-        max_points: at most this many rows of ``data`` and of ``samples`` are scattered (the
-            first ones); the histograms use all.
+        max_points: at most this many rows of ``samples`` are scattered (the first ones); the
+            histograms and contours use all.
 
     Example:
         >>> x = torch.randn(500, 3)
@@ -299,7 +302,7 @@ def pairs_figure(
     k = len(features)
     fig = Figure(figsize=(size * k + 0.4, size * k + 0.4))
     axes = fig.subplots(k, k, squeeze=False)
-    shown_x, shown_y = x[:max_points], y[:max_points]
+    shown_y = y[:max_points]
     for row, i in enumerate(features):
         for col, j in enumerate(features):
             ax = axes[row, col]
@@ -317,11 +320,10 @@ def pairs_figure(
                 if outside > 0:
                     ax.set_title(f"{outside:.1%} of samples outside", fontsize=7)
                 ax.set_yticks([])
-            else:
-                ax.scatter(shown_x[:, j], shown_x[:, i], s=1.5, color=DATA_COLOR, linewidths=0,
-                           rasterized=True)
-                ax.scatter(shown_y[:, j], shown_y[:, i], s=1.5, color=SAMPLE_COLOR, alpha=0.5,
+            else:  # samples as points, the data as the contours of their histogram over them
+                ax.scatter(shown_y[:, j], shown_y[:, i], s=2, color=SAMPLE_COLOR, alpha=0.5,
                            linewidths=0, rasterized=True)
+                _data_contours(ax, x[:, j], x[:, i], (low[j], high[j]), (low[i], high[i]))
                 ax.set_ylim(low[i], high[i])
                 if col == 0:
                     ax.set_ylabel(labels[i], fontsize=8)
@@ -333,11 +335,17 @@ def pairs_figure(
             else:
                 ax.set_xticklabels([])
             ax.tick_params(labelsize=6)
+            ax.xaxis.set_major_locator(MaxNLocator(3))
+            if col != row:  # the histograms' density axis has no ticks
+                ax.yaxis.set_major_locator(MaxNLocator(3))
     fig.legend(
-        handles=[Patch(color=DATA_COLOR, alpha=0.6, label="data"),
+        handles=[Patch(color=DATA_COLOR, alpha=0.6, label="data (contours in the pairs)"),
                  Patch(color=SAMPLE_COLOR, label="samples")],
         loc="upper right", fontsize=8, frameon=False,
     )
+    if k < dims:
+        title = f"{title + ': ' if title else ''}the first {k} of {dims} columns" if (
+            features == list(range(k))) else f"{title + ': ' if title else ''}{k} of {dims} columns"
     head = 0.0
     if title:
         head = 0.35 / fig.get_figheight()
@@ -356,13 +364,66 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
 
 def draw_history(ax: Axes, history: History, label: str, *, smooth: int = 50) -> None:
     """Per-step training loss of a :class:`~flowkit.train.History`: raw (faint) and its moving
-    average over ``smooth`` steps (labelled), plus validation losses if any."""
+    average over ``smooth`` steps (labelled), plus validation losses if any (dots) and the best
+    of them (a star, labelled with its step: the weights ``fit`` returns with
+    ``restore_best``)."""
     loss = np.asarray(history.train_loss, dtype=np.float64)
     steps = np.arange(1, len(loss) + 1)
     (line,) = ax.plot(steps, moving_average(loss, smooth), lw=1.3, label=label)
     ax.plot(steps, loss, lw=0.5, alpha=0.2, color=line.get_color())
     if history.valid_loss:
         ax.plot(history.valid_steps, history.valid_loss, "o", ms=3, color=line.get_color())
+    if history.best_step is not None and history.best_valid_loss is not None:
+        ax.plot(history.best_step, history.best_valid_loss, "*", ms=10, color=line.get_color(),
+                markeredgecolor="k", markeredgewidth=0.5,
+                label=f"best valid {history.best_valid_loss:.4g} (step {history.best_step})")
+
+
+def _data_contours(ax: Axes, u: np.ndarray, v: np.ndarray, u_range: tuple[float, float],
+                   v_range: tuple[float, float]) -> None:
+    """Contours of the 2-D histogram of the points ``(u, v)`` (finite ones) on the ranges
+    given, ``sqrt(N) / 2`` bins a side (8 to 30): the levels that enclose about 30%, 60% and
+    90% of them (thinner outwards)."""
+    finite = np.isfinite(u) & np.isfinite(v)
+    bins = int(np.clip(np.sqrt(finite.sum()) / 2, 8, 30))
+    counts, u_edges, v_edges = np.histogram2d(u[finite], v[finite], bins=bins,
+                                              range=(u_range, v_range))
+    total = counts.sum()
+    if total == 0:
+        return
+    ordered = np.sort(counts.ravel())[::-1]
+    enclosed = np.cumsum(ordered) / total
+    levels = sorted({float(ordered[min(np.searchsorted(enclosed, q), len(ordered) - 1)])
+                     for q in (0.9, 0.6, 0.3)})
+    levels = [level for level in levels if level > 0]
+    if len(levels) < 1:
+        return
+    centres_u, centres_v = (u_edges[1:] + u_edges[:-1]) / 2, (v_edges[1:] + v_edges[:-1]) / 2
+    ax.contour(centres_u, centres_v, counts.T, levels=levels, colors="0.15",
+               linewidths=[0.6, 0.9, 1.2][-len(levels):])
+
+
+def _loss_range(runs: Mapping[str, History], smooth: int) -> tuple[float, float]:
+    """The y range of a panel: the smoothed training curves (the first 5% of steps left out, so
+    that early losses do not flatten the part worth reading) and the validation losses, those
+    above it by more than twice its span left out (a validation loss that explodes would
+    flatten the rest); ``(inf, -inf)`` when nothing is finite."""
+    low, high = np.inf, -np.inf
+    for history in runs.values():
+        curve = moving_average(np.asarray(history.train_loss, dtype=np.float64), smooth)
+        tail = curve[len(curve) // 20 :]
+        tail = tail[np.isfinite(tail)]
+        if tail.size:
+            low, high = min(low, tail.min()), max(high, tail.max())
+    valid = np.concatenate([np.asarray(h.valid_loss, dtype=np.float64) for h in runs.values()])
+    valid = valid[np.isfinite(valid)]
+    if valid.size:
+        low = min(low, valid.min())
+        if np.isfinite(high):
+            span = max(high - low, 1e-3)
+            valid = valid[valid <= high + 2 * span]
+        high = max(high, valid.max()) if valid.size else high
+    return low, high
 
 
 _LOSS_LABELS = {"nll": "NLL (nats)", "neg_elbo": "-ELBO (nats)"}
@@ -387,8 +448,9 @@ def loss_figure(
         columns: panels per row.
         size: ``(width, height)`` of one panel in inches.
 
-    The y range is set from the smoothed curves (the first 5% of steps left out), so that early
-    losses do not flatten the part worth reading.
+    The y range covers the smoothed training curves (the first 5% of steps left out, so that
+    early losses do not flatten the part worth reading) and the validation losses, but for
+    those far above (a note in the panel counts them and gives the largest).
     """
     from flowkit.train import History
 
@@ -414,14 +476,9 @@ def loss_figure(
     fig = Figure(figsize=(size[0] * ncols, size[1] * nrows))
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, (group, runs) in zip(axes, histories.items(), strict=False):
-        low, high = np.inf, -np.inf
         for label, history in runs.items():
             draw_history(ax, history, label, smooth=smooth)
-            curve = moving_average(np.asarray(history.train_loss), smooth)
-            tail = curve[len(curve) // 20 :]
-            tail = tail[np.isfinite(tail)]
-            if tail.size:
-                low, high = min(low, tail.min()), max(high, tail.max())
+        low, high = _loss_range(runs, smooth)
         objective = next(iter(runs.values())).objective
         if group in references:
             name, value = references[group]
@@ -430,6 +487,11 @@ def loss_figure(
         if np.isfinite(low) and np.isfinite(high):
             pad = 0.08 * (high - low) + 1e-3
             ax.set_ylim(low - pad, high + pad)
+            above = [v for h in runs.values() for v in h.valid_loss if v > high + pad]
+            if above:  # said, not hidden: the run overfits or diverges there
+                ax.text(0.99, 0.98, f"{len(above)} validation loss(es) above the plot, up to "
+                        f"{max(above):.4g}", transform=ax.transAxes, ha="right", va="top",
+                        fontsize=7, color="C3")
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel(_LOSS_LABELS.get(objective, objective), fontsize=8)

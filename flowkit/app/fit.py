@@ -599,10 +599,10 @@ def plot_samples(
     flow: torch.nn.Module, data: Any, path: Path, title: str, labels: list[str] | None
 ) -> None:
     """Samples of the flow over the data they should look like: one sample per row of the
-    first 5000 rows of ``data``, given that row's context for a conditional flow. 2-D data: one
-    scatter plot (data in grey, samples in blue); other dimensions: a grid of the first six
-    features' histograms and pairs (:func:`flowkit.plot.pairs_figure`), ``labels`` naming the
-    features."""
+    first 5000 rows of ``data``, given that row's context for a conditional flow. 2-D data: two
+    scatter plots on the same axes, the data and the samples; other dimensions: a grid of the
+    first six features' histograms and pairs (:func:`flowkit.plot.pairs_figure`), ``labels``
+    naming the features."""
     from matplotlib.figure import Figure
 
     from flowkit.plot import pairs_figure, save_figure
@@ -621,20 +621,22 @@ def plot_samples(
         fig = pairs_figure(x, samples, labels=labels, title=title)
         save_figure(fig, path, dpi=100)
         return
-    fig = Figure(figsize=(5.0, 5.0))
-    ax = fig.add_subplot()
-    ax.scatter(x[:, 0], x[:, 1], s=3, color="0.6", linewidths=0, label="data")
-    ax.scatter(samples[:, 0], samples[:, 1], s=3, color="tab:blue", alpha=0.6, linewidths=0,
-               label="flow samples")
+    fig = Figure(figsize=(9.0, 4.6), layout="constrained")
+    axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    names = labels or ["column 0", "column 1"]
+    for ax, points, color, what in ((axes[0], x, "0.35", f"data ({len(x)} rows)"),
+                                    (axes[1], samples, "tab:blue", "flow samples" if c is None
+                                     else "flow samples, given each row's context")):
+        ax.scatter(points[:, 0], points[:, 1], s=3, color=color, alpha=0.6, linewidths=0)
+        ax.set_title(what, fontsize=10)
+        ax.set_xlabel(names[0])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(names[1])
     low, high = np.percentile(x, [0.5, 99.5], axis=0)
-    pad = 0.1 * (high - low)
-    ax.set_xlim(low[0] - pad[0], high[0] + pad[0])
-    ax.set_ylim(low[1] - pad[1], high[1] + pad[1])
-    if labels is not None:
-        ax.set_xlabel(labels[0])
-        ax.set_ylabel(labels[1])
-    ax.legend(loc="upper right", markerscale=4)
-    ax.set_title(title)
+    pad = 0.1 * (high - low) + 1e-12
+    axes[0].set_xlim(low[0] - pad[0], high[0] + pad[0])
+    axes[0].set_ylim(low[1] - pad[1], high[1] + pad[1])
+    fig.suptitle(title)
     save_figure(fig, path, dpi=120)
 
 

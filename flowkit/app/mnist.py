@@ -103,7 +103,15 @@ def save_learning_curves(history: dict[str, list], path: str | Path, title: str 
     ax.set_ylabel("NLL (nats per image)")
     if history["valid_nll"]:
         best = min(history["valid_nll"])
-        ax.set_ylim(best - 5, best + 25)
+        epoch = history["epoch"][history["valid_nll"].index(best)]
+        ax.plot(epoch, best, "*", ms=10, color="C1", markeredgecolor="k", markeredgewidth=0.5,
+                label=f"best valid {best:.2f} (epoch {epoch})")
+        # both curves from the second epoch on (the first epoch's mean is far above the rest)
+        shown = [v for key in ("train_nll", "valid_nll") for v in history[key][1:]
+                 if math.isfinite(v)] or [best]
+        low, high = min(shown), max(shown)
+        pad = 0.05 * (high - low) + 0.5
+        ax.set_ylim(low - pad, high + pad)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
