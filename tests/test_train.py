@@ -2025,6 +2025,6 @@ def test_progress_bar_refreshes_rarely_in_a_log_file(monkeypatch):
             return self.tty
 
     monkeypatch.setattr(loop.sys, "stderr", Stream(False))
-    assert loop._refresh_interval() == loop.LOG_REFRESH_S == 10.0
+    assert loop.refresh_interval() == loop.LOG_REFRESH_S == 10.0
     monkeypatch.setattr(loop.sys, "stderr", Stream(True))
-    assert loop._refresh_interval() == 0.1
+    assert loop.refresh_interval() == 0.1

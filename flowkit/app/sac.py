@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from flowkit.train import resolve_device
+from flowkit.train import refresh_interval, resolve_device
 from flowkit.validation import ArgumentError
 
 from .common import mlp
@@ -234,8 +234,10 @@ def train_sac(
     obs, _ = env.reset(seed=seed)
     episode_return = 0.0
     t0 = time.perf_counter()
-    for step in tqdm(range(1, config.steps + 1), disable=not progress, unit="step",
-                     desc=f"{config.policy} seed {seed}", dynamic_ncols=True):
+    bar = tqdm(range(1, config.steps + 1), disable=not progress, unit="step",
+               desc=f"{config.policy} seed {seed}", dynamic_ncols=True,
+               mininterval=refresh_interval())
+    for step in bar:
         if step <= config.start_steps:
             action = env.action_space.sample()
         else:
@@ -256,6 +258,7 @@ def train_sac(
             eval_returns.append(
                 _evaluate(eval_env, policy, low, high, config.eval_episodes, 10_000 + seed)
             )
+            bar.set_postfix(eval_return=f"{eval_returns[-1]:.1f}", refresh=False)
     wall_seconds = time.perf_counter() - t0
     if policy_path is not None:
         save_policy(policy, policy_path)

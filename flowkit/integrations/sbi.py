@@ -54,8 +54,9 @@ embedding network passed as ``embedding`` therefore receives ``(rows, C)``: give
 structured data its shape back with :class:`torch.nn.Unflatten`, e.g.
 ``embedding=nn.Sequential(nn.Unflatten(1, (1, 16, 16)), cnn)`` for images, or
 ``nn.Unflatten(1, (trials, d))`` in front of sbi's ``PermutationInvariantEmbedding`` for iid
-trials (with ``z_score_x="structured"``). A builder builds a new flow each time sbi calls it, but the embedding network passed
-to it is the same object: build a new one for each training run that should start afresh.
+trials (with ``z_score_x="structured"``). A builder builds a new flow each time sbi calls it,
+but the embedding network passed to it is the same object: build a new one for each training
+run that should start afresh.
 
 This module needs the package ``sbi`` (``pip install "flowkit-made[sbi]"``); ``import
 flowkit`` never imports it.

@@ -20,6 +20,7 @@ from .likelihood import (
     fit,
     held_out_rows,
 )
+from .loop import refresh_interval
 from .options import DEFAULTS, TrainOptions
 from .reverse_kl import fit_reverse_kl
 from .session import CHECKPOINT_NAME
@@ -37,6 +38,7 @@ __all__ = [
     "Progress",
     "TrainOptions",
     "auto_valid_rows",
+    "refresh_interval",
     "default_batch_size",
     "fit",
     "fit_reverse_kl",

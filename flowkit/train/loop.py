@@ -101,9 +101,11 @@ notebook: each update is a line's worth of text, ten a second by tqdm's default 
 log grew by 3.6 MB an hour)."""
 
 
-def _refresh_interval() -> float:
-    """tqdm's ``mininterval``: its default 0.1 s on a terminal or in a notebook (IPython's
-    kernel), :data:`LOG_REFRESH_S` when standard error goes to a file or pipe."""
+def refresh_interval() -> float:
+    """tqdm's ``mininterval`` for a progress bar on standard error: its default 0.1 s on a
+    terminal or in a notebook (IPython's kernel), :data:`LOG_REFRESH_S` when standard error goes
+    to a file or pipe (a log). Every progress bar of flowkit's training loops and commands uses
+    it."""
     interactive = sys.stderr.isatty() if hasattr(sys.stderr, "isatty") else False
     return 0.1 if interactive or "ipykernel" in sys.modules else LOG_REFRESH_S
 
@@ -114,7 +116,7 @@ class _Bar:
 
     def __init__(self, steps: int, step: int, objective: str, enabled: bool):
         self.tqdm = tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True,
-                         desc=objective, disable=not enabled, mininterval=_refresh_interval())
+                         desc=objective, disable=not enabled, mininterval=refresh_interval())
         self.postfix: dict[str, str] = {}
         self.label, self.sign = ("elbo", -1.0) if objective == "neg_elbo" else ("loss", 1.0)
 
