@@ -782,3 +782,23 @@ def test_float64_runs_for_columns_that_float32_rounds(tmp_path, capsys, recwarn)
     with pytest.warns(flowkit.train.PrecisionWarning, match=r"\(model.double\(\)\)$"):
         flowkit.fit(flowkit.MAF(2, hidden_features=(8,), layers=1), np.c_[t, t], steps=1,
                     valid=None)
+
+
+def test_resume_says_where_it_resumed_and_what_changed(tmp_path, capsys):
+    """Review 39: a --resume with nothing to resume started a new run silently, a resume never
+    said its step, a new --lr went unremarked, and an early stop was not in the result line."""
+    out = tmp_path / "o"
+    run = ["fit", "--data", "moons", "--hidden", "8", "--layers", "1", "--quiet", "--threads",
+           "1", "--lr-schedule", "none", "--checkpoint-every", "2", "--out", str(out)]
+    assert cli.main([*run, "--steps", "4", "--resume"]) == 0
+    assert "nothing to resume in" in capsys.readouterr().out
+    assert cli.main([*run, "--steps", "8", "--resume", "--lr", "0.01"]) == 0
+    printed = capsys.readouterr().out
+    assert "--lr 0.01 differs from the 0.003 the run started with" in printed
+    assert "resumed '" in printed and "checkpoint.pt' at step 4" in printed
+    assert "nothing to resume" not in printed
+    assert cli.main(["fit", "--data", "moons", "--hidden", "8", "--layers", "1", "--quiet",
+                     "--steps", "400", "--valid-every", "1", "--patience", "1", "--lr", "0.1",
+                     "--out", str(tmp_path / "p")]) == 0
+    assert "(stopped early: no better validation in --patience validations)" in (
+        capsys.readouterr().out)

@@ -318,12 +318,18 @@ def _check_same_run(
         if changed:
             raise ValueError("--resume continues a run with the options it was started with; "
                              f"these differ: {'; '.join(changed)}")
+        if "lr" in started and started["lr"] != args.lr and is_main_process():
+            print(f"flowkit fit: note: --lr {args.lr} differs from the {started['lr']} the run "
+                  "started with: the steps from here on use it", flush=True)
         return None
+    if args.resume and is_main_process():
+        print(f"flowkit fit: note: nothing to resume in '{args.out}' (no options.json): starting "
+              "a new run", flush=True)
     args.valid_default = "auto"
 
     def record(progress: Any) -> None:  # beside the first checkpoint (a run that fails
         if is_main_process() and not path.exists():  # before it leaves no folder behind)
-            recorded = {**typed, "valid_default": "auto"}  # see VALID_DEFAULT_BEFORE
+            recorded = {**typed, "valid_default": "auto", "lr": args.lr}  # VALID_DEFAULT_BEFORE
             write_bytes_atomic(path, (json.dumps(recorded, indent=2) + "\n").encode())
 
     return record
@@ -402,9 +408,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         features = len(positions)
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
-        if not args.quiet:
-            print(f"flowkit fit: read {count(rows, 'row')} from '{args.data}': "
-                  f"{_columns(features, labels, context_features)}", flush=True)
+        print(f"flowkit fit: read {count(rows, 'row')} from '{args.data}': "
+              f"{_columns(features, labels, context_features)}", flush=True)
         _warn_about_rows(data, labels, positions)
         shown = data
     if args.steps is None and args.epochs is None:
@@ -415,6 +420,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     record_options = _check_same_run(args, typed)
     if args.data not in TOY_DATASETS:
         valid = _file_validation(args, rows)
+    resuming = args.resume and (args.out / CHECKPOINT_NAME).exists()
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     # a toy dataset's validation set is --valid-size points, a file's a --valid-fraction
     options = {**OPTIONS, "valid": "--valid-size"} if args.data in TOY_DATASETS else OPTIONS
@@ -453,7 +459,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
             progress=not args.quiet,
-            callbacks=None if record_options is None else Callbacks(on_checkpoint=record_options),
+            callbacks=Callbacks(after_step=_note_resumed(args) if resuming else None,
+                                on_checkpoint=record_options),
             data_warnings=args.data in TOY_DATASETS,  # a file's rows: warned about by name
         )
     metrics: dict[str, Any] = {
@@ -495,6 +502,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
+def _note_resumed(args: argparse.Namespace) -> Callable[[Any], None]:
+    """``after_step`` of a ``--resume``: says once, at its first step, where the run resumed."""
+    said = False
+
+    def note(progress: Any) -> None:
+        nonlocal said
+        if not said and is_main_process():
+            said = True
+            print(f"flowkit fit: resumed '{args.out / CHECKPOINT_NAME}' at step "
+                  f"{progress.step - 1}", flush=True)
+
+    return note
+
+
 def _summary(metrics: dict[str, Any]) -> str:
     """The result in one line: the saved flow's validation NLL (and the KL estimate of a toy
     dataset), or the training NLL of a run without validation; the passes over a file's rows,
@@ -514,6 +535,8 @@ def _summary(metrics: dict[str, Any]) -> str:
         if "kl_estimate" in metrics:
             text += f", KL estimate {metrics['kl_estimate']:.4f} nats"
         text += f"; {steps}"
+        if metrics["stopped_early"]:
+            text += " (stopped early: no better validation in --patience validations)"
     if epochs is not None and epochs < 1:
         text += ("\nflowkit fit: note: the run saw less than one pass over the training rows; "
                  "validations come once per epoch by default: pass --epochs, more --steps, or "
