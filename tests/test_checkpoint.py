@@ -661,7 +661,10 @@ def test_a_registered_application_model_is_saved_rebuilt_and_checked(tmp_path):
     loaded = load_model(tmp_path / "s.pt")
     assert type(loaded) is _Scale and torch.equal(loaded.log_scale, model.log_scale)
     model.sign[1] = 0.5
-    save_model(model, tmp_path / "s.pt")
+    with pytest.raises(CheckpointError, match=r"'model' holds a buffer 'sign' that should be "
+                       r"\+1 or -1"):  # its check runs on a save too
+        save_model(model, tmp_path / "s.pt")
+    _tampered(model, tmp_path / "s.pt", "sign", lambda sign: sign)  # a file written otherwise
     with pytest.raises(CheckpointError, match=r"stored buffer 'sign' should be \+1 or -1"):
         load_model(tmp_path / "s.pt")
 

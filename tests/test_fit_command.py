@@ -646,6 +646,14 @@ def test_warnings_of_fit_name_the_commands_options(tmp_path, recwarn):
                      "--out", str(tmp_path / "v")]) == 0
     texts = [str(w.message) for w in recwarn if issubclass(w.category, flowkit.train.DataWarning)]
     assert any(t.startswith("--valid-fraction 0.04 holds out 4 of the 100 rows") for t in texts)
+    recwarn.clear()  # the builders' warnings too (review 39)
+    np.save(tmp_path / "one.npy", rows[:, :1])
+    assert cli.main(["fit", "--data", str(tmp_path / "one.npy"), *FAST,
+                     "--out", str(tmp_path / "one")]) == 0
+    texts = [str(w.message) for w in recwarn if w.category is flowkit.checkpoint.BuildWarning]
+    assert texts == ["MAF(1) with --transformer affine is a Gaussian whatever its layers: a "
+                     "one-feature MADE has nothing to condition on, so each layer is one affine "
+                     "map; pass --transformer spline for a density of another shape"]
 
 
 def test_bounds_of_columns_by_name_or_number(tmp_path, capsys):
@@ -743,13 +751,14 @@ def test_data_warnings_name_the_option_and_the_headers_columns(tmp_path, recwarn
     assert any(t.startswith("'--data', column 2, takes only 10 distinct values") for t in texts)
 
 
-def test_a_toy_validation_set_outside_the_bounds_names_valid_size(tmp_path, capsys):
-    """A toy dataset validates on --valid-size points; the error named --valid-fraction, which
-    toy data refuse (review 27)."""
+def test_toy_data_outside_the_bounds_are_named_as_the_datasets(tmp_path, capsys):
+    """The error named --valid-fraction, which toy data refuse (review 27), then --valid-size,
+    which is only their count (review 39): it names the toy dataset and --bounds."""
     assert cli.main(["fit", "--data", "moons", "--bounds", "0=0:1", *FAST,
                      "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
-    assert "'--valid-size' holds" in err and "--valid-fraction" not in err
+    assert "'--bounds' should contain toy dataset 'moons': " in err
+    assert "--valid-fraction" not in err and "--valid-size" not in err
 
 
 def test_float64_runs_for_columns_that_float32_rounds(tmp_path, capsys, recwarn):

@@ -167,7 +167,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         module.add_arguments(p)
         add_common_arguments(p, name)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _parser=p)
     return parser
 
 
@@ -181,10 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's parser ('flowkit fit: error: ...', with its usage)
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    del args._parser
     if args.out is None:
         args.out = Path("runs") / f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"
     module = args.__dict__.pop("_module")

@@ -417,6 +417,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bounds = _bounds(args.bounds, positions, labels)
     if bounds is not None:  # recorded as the bounds, however the columns were named
         typed["bounds"] = [list(bounds[0]), list(bounds[1])]
+        if args.data in TOY_DATASETS:
+            _check_toy_inside(args.data, shown, bounds)
     record_options = _check_same_run(args, typed)
     if args.data not in TOY_DATASETS:
         valid = _file_validation(args, rows)
@@ -569,6 +571,23 @@ def _warn_about_rows(data: Any, labels: list[str] | None, positions: list[int]) 
     context = None if c is None else torch.as_tensor(c, dtype=torch.float64)
     warn_if_degenerate("--data", rows, stacklevel=3, labels=labels, numbers=positions)
     warn_if_duplicated("--data", rows, context, stacklevel=3)
+
+
+def _check_toy_inside(
+    name: str, points: torch.Tensor, bounds: tuple[list[float | None], list[float | None]]
+) -> None:
+    """Refuse ``--bounds`` that leave points of toy dataset ``name`` outside (its validation
+    points ``(N, 2)``; fit would name them as its validation data, review 39)."""
+    low = torch.tensor([-math.inf if v is None else v for v in bounds[0]], dtype=points.dtype)
+    high = torch.tensor([math.inf if v is None else v for v in bounds[1]], dtype=points.dtype)
+    outside = ((points < low) | (points > high)).any(-1)
+    if outside.any():
+        row = points[int(outside.nonzero()[0])].tolist()
+        raise ValueError(
+            f"'--bounds' should contain toy dataset {name!r}: {int(outside.sum())} of its "
+            f"{len(points)} validation points lie outside (e.g. {row}); give bounds that "
+            "contain the data, or none"
+        )
 
 
 def _bounds(

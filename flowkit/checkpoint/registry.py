@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..validation import Mention, Worded
 from .format import CheckpointError
 
 __all__ = ["BuildWarning", "InvalidBuffer", "register_check", "register_model", "upgraded_config"]
@@ -50,22 +51,24 @@ Upgrade = Callable[[dict[str, Any], int], dict[str, Any]]
 _VERSIONS: dict[str, tuple[int, Upgrade | None]] = {}
 
 
-class BuildWarning(UserWarning):
+class BuildWarning(Worded, UserWarning):
     """Advice that a registered constructor gives about the model it builds (for example that
     ``MAF(1)`` with affine layers is a Gaussian), through :func:`warn_on_build`.
     :func:`flowkit.load_model` does not repeat it when it rebuilds a saved model: the choice was
-    made, and warned about, when it was built."""
+    made, and warned about, when it was built. Its message may name arguments as
+    :class:`~flowkit.validation.Mention` parts (a command line spells them as its options)."""
 
 
 _REBUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("rebuilding", default=False)
 
 
-def warn_on_build(message: str, stacklevel: int) -> None:
-    """Give ``message`` as a :class:`BuildWarning` (``stacklevel`` counted from the caller),
-    unless :func:`flowkit.load_model` is rebuilding a saved model (no change of the warning
-    filters, which would show every warning the program already gave once again)."""
+def warn_on_build(*parts: str | Mention, stacklevel: int) -> None:
+    """Give the message of ``parts`` (text and :class:`~flowkit.validation.Mention` parts) as
+    a :class:`BuildWarning` (``stacklevel`` counted from the caller), unless
+    :func:`flowkit.load_model` is rebuilding a saved model (no change of the warning filters,
+    which would show every warning the program already gave once again)."""
     if not _REBUILDING.get():
-        warnings.warn(message, BuildWarning, stacklevel=stacklevel + 1)
+        warnings.warn(BuildWarning(*parts), stacklevel=stacklevel + 1)
 
 
 @contextmanager

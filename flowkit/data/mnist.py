@@ -143,6 +143,9 @@ def _read_amat(path: Path) -> np.ndarray:
 def _open_npz(path: Path) -> np.lib.npyio.NpzFile:
     """Open an ``.npz`` archive; anything else (an empty or text file, a bare ``.npy``) is a
     ValueError naming the file."""
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist" if not path.exists() else
+                         f"{path} is not a file")
     try:
         archive = np.load(path)
     except DAMAGED_NPZ as error:

@@ -29,7 +29,7 @@ from flowkit.transforms.bounded import Logit
 from flowkit.transforms.elementwise import make_transformer
 from flowkit.transforms.linear import LULinear
 from flowkit.transforms.standardize import Standardize
-from flowkit.validation import check_bool, check_int
+from flowkit.validation import Mention, check_bool, check_int
 
 PermutationSpec = Literal["reverse", "random", "none"] | Sequence[int] | Sequence[Sequence[int]]
 
@@ -118,9 +118,10 @@ def _autoregressive_flow(
         raise ValueError(f"{given} but 'context_features' is 0; pass the width of the context")
     if features == 1 and context_features == 0 and transformer == "affine" and bounds is None:
         warn_on_build(
-            f"{'MAF' if direction == 'maf' else 'IAF'}(1) with transformer='affine' is a Gaussian "
-            "whatever its layers: a one-feature MADE has nothing to condition on, so each layer "
-            "is one affine map; pass transformer='spline' for a density of another shape",
+            f"{'MAF' if direction == 'maf' else 'IAF'}(1) with ", Mention("transformer", "affine"),
+            " is a Gaussian whatever its layers: a one-feature MADE has nothing to condition on, "
+            "so each layer is one affine map; pass ", Mention("transformer", "spline"),
+            " for a density of another shape",
             stacklevel=4,  # _autoregressive_flow, MAF, register_model's wrapper
         )
     # The context path: raw (N, C) -> Standardize -> embedding -> (N, H), read by every MADE
