@@ -46,7 +46,8 @@ docs: setup
 doctest: setup
 	$(DOCTEST)
 
-demo: setup
+demo: setup  # the demo's own folder, replaced on every run (flowkit refuses to replace results)
+	rm -rf runs/demo
 	$(BIN)/flowkit toy --datasets moons --flows maf --out runs/demo
 
 clean:

@@ -145,10 +145,14 @@ def refuse_to_replace_gallery(
     """Fail before any training if ``out`` holds the results of an earlier run that this one
     would replace: its ``table.md`` or a flow it would save (:func:`flow_path`), e.g. of an
     interrupted run (see :func:`~flowkit.app.common.refuse_to_replace`)."""
-    paths = [out / "table.md"]
-    paths += [flow_path(out, t, f, tr) for t in targets for f in flows for tr in transformers]
-    for path in paths:
-        refuse_to_replace(path, False, resumable=False)
+    refuse_to_replace(out / "table.md", False, resumable=False)
+    for path in (flow_path(out, t, f, tr) for t in targets for f in flows for tr in transformers):
+        if path.exists():  # without a table: left by a run that did not finish (review 39)
+            raise ValueError(
+                f"'{path}' exists, left by a run into '{out}' that did not finish (it has no "
+                "table.md); this command cannot resume it: remove that folder, or pick another "
+                "--out"
+            )
 
 
 def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:

@@ -220,8 +220,8 @@ def _in_use(path: Path, holder: dict[str, Any] | None) -> str:
     )
     return (
         f"the run folder '{path.parent}' is in use by {who}, which holds '{path}': one run "
-        "writes to a folder at a time (wait for it to end or stop it before --resume, or pick "
-        "another folder)"
+        "writes to a folder at a time (wait for it to end or stop it first, or pick another "
+        "folder)"
     )
 
 
