@@ -9,10 +9,11 @@ log.txt; the CLI adds metrics.json. flowkit mnist-eval scores saved models.
 NLLs are in nats per image: the mean over the split of -log p(x), with standard error
 std / sqrt(n).
 
-Training schedule: AdamW on mini-batches, one optimizer step per batch, then
-model.next_mask() in a callback after each step (order/connectivity-agnostic training cycles
-the mask sets 0, 1, ..., K-1, 0, ..., one per step); after each epoch the validation NLL of
-mask set 0 decides the best weights (and early stopping with --patience). Epoch e (from 1)
+Training schedule: AdamW (Adam at the default --weight-decay 0) on mini-batches, one optimizer
+step per batch, then model.next_mask() in a callback after each step (order/connectivity-agnostic
+training cycles the mask sets 0, 1, ..., K-1, 0, ..., one per step); after each epoch the
+validation NLL of mask set 0 decides the best weights (and early stopping with --patience).
+Epoch e (from 1)
 visits the training images in the order torch.randperm draws from a generator seeded with
 seed * 100003 + e, so a run resumed from an epoch's checkpoint continues exactly as the
 uninterrupted run would have.
@@ -146,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("training")
     add_epoch_options(train, epochs=100, schedule="constant")
     train.add_argument("--weight-decay", type=nonnegative_float, default=0.0,
-                       help="AdamW weight decay")
+                       help="AdamW's decoupled weight decay (default: 0, i.e. Adam)")
     train.add_argument("--patience", type=int, default=None,
                        help="stop after this many epochs without a better validation NLL")
     train.add_argument("--ensemble", type=int, default=None,
