@@ -27,9 +27,11 @@ train_nll_last_100, the mean training NLL of the last 100 steps (of all steps in
 For toy datasets with an exact density, it also holds the entropy H(p) and the estimate
 KL(p || q) = valid_nll - H(p). samples.png shows samples of the flow over the data: the first
 5000 rows of a file (training and validation rows alike) or of a toy dataset's validation points,
-one sample per row (for a conditional flow, given that row's context); for data of other than
-two columns, a grid of the first six columns' histograms and pairwise scatter plots. The result
-is printed as well: the validation NLL and, for toy datasets, the KL estimate.
+one sample per row (for a conditional flow, given that row's context): two columns side by
+side, data and samples; other numbers of columns, a grid of the first six columns' histograms
+and pairwise plots (samples as points under the data's contours). loss.png marks the best
+validation, the weights the run ends with. The result is printed as well: the validation NLL
+and, for toy datasets, the KL estimate.
 
 examples:
   flowkit fit --data moons --steps 2000 --out runs/moons

@@ -352,8 +352,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     _write_text(path, json.dumps(r, indent=2))
                     results.append(r)
                     if not args.quiet:
-                        print(f"{task} seed {seed} {model}: C2ST {r['c2st']}, "
-                              f"{r['epochs']} epochs of {r['epoch_seconds']:.2f} s", flush=True)
+                        c2st = ", ".join(f"{v:.3f}" for v in r["c2st"].values())
+                        print(f"{task} seed {seed} {model}: C2ST {c2st} (observations "
+                              f"{', '.join(r['c2st'])}), {r['epochs']} epochs of "
+                              f"{r['epoch_seconds']:.2f} s", flush=True)
                     _write(out, results, args.tasks, args.models)
     return _write(out, results, args.tasks, args.models)
 
