@@ -17,7 +17,7 @@ def made_configs(draw, max_features: int, hidden: tuple[int, int], max_context: 
         layers = (draw(width),) * draw(st.integers(1, 3))
     else:
         layers = tuple(draw(st.lists(width, min_size=0, max_size=3)))
-    num_masks = draw(st.integers(1, 3))
+    num_masks = draw(st.integers(1, 3)) if features > 1 else 1  # one feature: one mask set
     config = dict(
         features=features,
         hidden_features=layers,
