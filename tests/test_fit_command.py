@@ -772,7 +772,8 @@ def test_float64_runs_for_columns_that_float32_rounds(tmp_path, capsys, recwarn)
     run = ["fit", "--data", str(tmp_path / "ts.csv"), *FAST]
     assert cli.main([*run, "--out", str(tmp_path / "a")]) == 0
     texts = [str(w.message) for w in recwarn if w.category is flowkit.train.PrecisionWarning]
-    assert len(texts) == 1 and texts[0].startswith("'--data', column 0, has a standard deviation")
+    assert len(texts) == 1 and texts[0].startswith(
+        "'--data', column 0 ('time'), has a standard deviation")
     assert texts[0].endswith("train a float64 model (--dtype float64)")
     recwarn.clear()
     out = tmp_path / "b"
@@ -809,5 +810,18 @@ def test_resume_says_where_it_resumed_and_what_changed(tmp_path, capsys):
     assert cli.main(["fit", "--data", "moons", "--hidden", "8", "--layers", "1", "--quiet",
                      "--steps", "400", "--valid-every", "1", "--patience", "1", "--lr", "0.1",
                      "--out", str(tmp_path / "p")]) == 0
-    assert "(stopped early: no better validation in --patience validations)" in (
+    assert "(stopped early: no better validation in 1 validations, --patience)" in (
         capsys.readouterr().out)
+
+
+def test_a_rounded_column_is_named_as_the_file_has_it(tmp_path, recwarn):
+    """Review 40: with --context, the PrecisionWarning counted the modelled columns (column 1
+    for the file's column 2) and gave no header name; once, not again from fit."""
+    rng = np.random.default_rng(1)
+    stamp = 1.7e9 + rng.normal(0.0, 3600.0, 300)
+    np.savetxt(tmp_path / "t.csv", np.c_[rng.normal(size=300), rng.normal(size=300), stamp],
+               delimiter=",", header="c,v,stamp", comments="", fmt="%.6f")
+    assert cli.main(["fit", "--data", str(tmp_path / "t.csv"), "--context", "c", *FAST,
+                     "--out", str(tmp_path / "o")]) == 0
+    texts = [str(w.message) for w in recwarn if w.category is flowkit.train.PrecisionWarning]
+    assert len(texts) == 1 and texts[0].startswith("'--data', column 2 ('stamp'), has a "), texts

@@ -1,5 +1,7 @@
 """MADE: masks follow degrees, the autoregressive property holds, mask sets behave."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.overrides import TorchFunctionMode
 
+import flowkit
 from flowkit import MADE
+from flowkit.checkpoint import BuildWarning
 from flowkit.nn import MaskedLinear, masks
 from flowkit.testing import check_autoregressive
 
@@ -103,15 +107,24 @@ def test_every_hidden_layer_keeps_units_of_degree_0_for_the_context(features, hi
     assert all((d > 0).all() for d in MADE(features, hidden, seed=0).degrees()[1:])
 
 
-def test_identical_mask_sets_are_refused():
+def test_identical_mask_sets_are_warned_about_and_their_files_still_load(tmp_path):
     """Review 38: num_masks > 1 where no choice is left (no hidden layers, or D = 2 without a
-    context, with a fixed order) made K copies of one model at K times the cost."""
+    context, with a fixed order) made K copies of one model at K times the cost, silently. A
+    warning, not an error (review 40): files saved before it load, without the warning."""
     for kwargs in (dict(features=3, hidden_features=()), dict(features=2, hidden_features=(8,)),
                    dict(features=1, hidden_features=(8,), context_features=2, order="random")):
-        with pytest.raises(ValueError, match="gives identical mask sets"):
+        with pytest.warns(BuildWarning, match="gives identical mask sets"):
             MADE(num_masks=3, **kwargs)
-    MADE(2, (8,), num_masks=3, order="random")
-    MADE(2, (8,), num_masks=3, context_features=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MADE(2, (8,), num_masks=3, order="random")
+        MADE(2, (8,), num_masks=3, context_features=1)
+    with pytest.warns(BuildWarning):
+        model = flowkit.BernoulliMADE(2, hidden_features=(8,), num_masks=3)
+    flowkit.save_model(model, tmp_path / "m.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert flowkit.load_model(tmp_path / "m.pt").num_masks == 3
 
 
 def test_masks_follow_degrees():

@@ -203,6 +203,13 @@ def test_z_score_options_as_sbi_takes_them():
     assert next(t for t in likelihood.net.transform.transforms
                 if isinstance(t, Standardize)).shift.unique().numel() == 1
     assert not likelihood.net.standardize_context.shift.any()
+    # with bounds=, the standardization reads the logit of the rows: set from them (review 40)
+    positive = x[:, :, 0].exp()
+    bounded = likelihood_nn("maf", layers=2, hidden_features=(8,), z_score_x="structured",
+                            bounds=([0.0] * trials, [None] * trials))(theta, positive)
+    data = next(t for t in bounded.net.transform.transforms if isinstance(t, Standardize))
+    z = data(bounded.net.transform.transforms[0](positive)[0])[0]
+    assert abs(float(z.mean())) < 1e-4 and abs(float(z.std()) - 1) < 1e-3
 
 
 @pytest.mark.parametrize(

@@ -150,7 +150,7 @@ def refuse_to_replace_gallery(
         if path.exists():  # without a table: left by a run that did not finish (review 39)
             raise ValueError(
                 f"'{path}' exists, left by a run into '{out}' that did not finish (it has no "
-                "table.md); this command cannot resume it: remove that folder, or pick another "
+                f"table.md); this command cannot resume it: remove '{out}', or pick another "
                 "--out"
             )
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,13 +63,16 @@ from flowkit.train import (
     DEFAULTS,
     Callbacks,
     History,
+    PrecisionWarning,
     default_batch_size,
     fit,
     held_out_rows,
     is_main_process,
     warn_if_degenerate,
     warn_if_duplicated,
+    warn_if_rounded,
 )
+from flowkit.validation import Mention
 
 from .common import FLOW_OPTIONS_ADDED, add_threads_option, as_options, count, use_threads
 from .fit_data import load_file, load_toy
@@ -320,9 +324,7 @@ def _check_same_run(
         if changed:
             raise ValueError("--resume continues a run with the options it was started with; "
                              f"these differ: {'; '.join(changed)}")
-        if "lr" in started and started["lr"] != args.lr and is_main_process():
-            print(f"flowkit fit: note: --lr {args.lr} differs from the {started['lr']} the run "
-                  "started with: the steps from here on use it", flush=True)
+        args.started_lr = started.get("lr")  # said by _note_resumed once the run goes on
         return None
     if args.resume and is_main_process():
         print(f"flowkit fit: note: nothing to resume in '{args.out}' (no options.json): starting "
@@ -412,7 +414,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
         print(f"flowkit fit: read {count(rows, 'row')} from '{args.data}': "
               f"{_columns(features, labels, context_features)}", flush=True)
-        _warn_about_rows(data, labels, positions)
+        with as_options(OPTIONS):  # the PrecisionWarning's advice names --dtype
+            _warn_about_rows(data, labels, positions,
+                             torch.float64 if args.dtype == "float64" else torch.float32)
         shown = data
     if args.steps is None and args.epochs is None:
         args.steps = DEFAULT_STEPS
@@ -444,29 +448,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         if args.dtype == "float64":
             flow = flow.double()
-        history = fit(
-            flow,
-            data,
-            valid=valid,
-            steps=args.steps,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule,
-            clip_grad_norm=args.clip_grad_norm,
-            divergence_threshold=args.divergence_threshold,
-            valid_every=args.valid_every,
-            early_stopping_patience=args.patience,
-            seed=args.seed,
-            device=args.device,
-            checkpoint_dir=args.out,
-            checkpoint_every=args.checkpoint_every,
-            resume=args.resume,
-            progress=not args.quiet,
-            callbacks=Callbacks(after_step=_note_resumed(args) if resuming else None,
-                                on_checkpoint=record_options),
-            data_warnings=args.data in TOY_DATASETS,  # a file's rows: warned about by name
-        )
+        with warnings.catch_warnings():
+            if args.data not in TOY_DATASETS:  # said by _warn_about_rows, in the file's terms
+                warnings.filterwarnings("ignore", category=PrecisionWarning)
+            history = fit(
+                flow,
+                data,
+                valid=valid,
+                steps=args.steps,
+                epochs=args.epochs,
+                batch_size=args.batch_size,
+                lr=args.lr,
+                lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule,
+                clip_grad_norm=args.clip_grad_norm,
+                divergence_threshold=args.divergence_threshold,
+                valid_every=args.valid_every,
+                early_stopping_patience=args.patience,
+                seed=args.seed,
+                device=args.device,
+                checkpoint_dir=args.out,
+                checkpoint_every=args.checkpoint_every,
+                resume=args.resume,
+                progress=not args.quiet,
+                callbacks=Callbacks(after_step=_note_resumed(args) if resuming else None,
+                                    on_checkpoint=record_options),
+                data_warnings=args.data in TOY_DATASETS,  # a file's rows: warned about by name
+            )
     metrics: dict[str, Any] = {
         "data": args.data,
         "flow": args.flow,
@@ -489,6 +496,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "last_valid_nll": history.valid_loss[-1] if history.valid_loss else None,
         "best_step": history.best_step,
         "stopped_early": history.stopped_early,
+        "patience": args.patience,
         "wall_time_s": history.wall_time,
         "steps_per_s": len(history.train_loss) / max(history.wall_time, 1e-9),
         "checkpoint": str(args.out / CHECKPOINT_NAME),
@@ -516,6 +524,10 @@ def _note_resumed(args: argparse.Namespace) -> Callable[[Any], None]:
             said = True
             print(f"flowkit fit: resumed '{args.out / CHECKPOINT_NAME}' at step "
                   f"{progress.step - 1}", flush=True)
+            started = getattr(args, "started_lr", None)
+            if started is not None and started != args.lr:
+                print(f"flowkit fit: note: --lr {args.lr} differs from the {started} the run "
+                      "started with: the steps from here on use it", flush=True)
 
     return note
 
@@ -540,7 +552,8 @@ def _summary(metrics: dict[str, Any]) -> str:
             text += f", KL estimate {metrics['kl_estimate']:.4f} nats"
         text += f"; {steps}"
         if metrics["stopped_early"]:
-            text += " (stopped early: no better validation in --patience validations)"
+            text += (f" (stopped early: no better validation in {metrics['patience']} "
+                     "validations, --patience)")
     if epochs is not None and epochs < 1:
         text += ("\nflowkit fit: note: the run saw less than one pass over the training rows; "
                  "validations come once per epoch by default: pass --epochs, more --steps, or "
@@ -564,31 +577,48 @@ def _standardize(args: argparse.Namespace) -> bool | str:
     return True if args.standardize is None else args.standardize
 
 
-def _warn_about_rows(data: Any, labels: list[str] | None, positions: list[int]) -> None:
-    """fit's data warnings about a file's rows (constant or discrete columns, point masses,
-    repeated rows), naming the option and the columns by their positions in the file
-    (``positions``, of the modelled columns) and their header's names."""
+def _warn_about_rows(
+    data: Any, labels: list[str] | None, positions: list[int], dtype: torch.dtype
+) -> None:
+    """fit's data warnings about a file's rows (columns that the cast to the flow's ``dtype``
+    rounds, constant or discrete columns, point masses, repeated rows), naming the option and
+    the columns by their positions in the file (``positions``, of the modelled columns) and
+    their header's names (fit's own are off for a file's rows, or filtered: PrecisionWarning)."""
     x, c = data if isinstance(data, tuple) else (data, None)
     rows = torch.as_tensor(x, dtype=torch.float64)
     context = None if c is None else torch.as_tensor(c, dtype=torch.float64)
+    warn_if_rounded((Mention("--data"),), rows, dtype, labels, positions, stacklevel=3)
+    if context is not None:
+        warn_if_rounded(("the context of ", Mention("--data")), context, dtype, stacklevel=3)
     warn_if_degenerate("--data", rows, stacklevel=3, labels=labels, numbers=positions)
     warn_if_duplicated("--data", rows, context, stacklevel=3)
 
 
+TOY_BOUNDS_CHECK = 100_000
+"""Fresh samples of a toy dataset that ``--bounds`` must contain besides its validation points
+(training samples are drawn afresh at every step)."""
+
+
 def _check_toy_inside(
-    name: str, points: torch.Tensor, bounds: tuple[list[float | None], list[float | None]]
+    name: str, valid: torch.Tensor, bounds: tuple[list[float | None], list[float | None]]
 ) -> None:
-    """Refuse ``--bounds`` that leave points of toy dataset ``name`` outside (its validation
-    points ``(N, 2)``; fit would name them as its validation data, review 39)."""
+    """Refuse ``--bounds`` that leave points of toy dataset ``name`` outside: its validation
+    points ``(N, 2)`` (fit would name them as its validation data, review 39) and
+    :data:`TOY_BOUNDS_CHECK` fresh samples (those a training step draws, review 40)."""
+    from flowkit.data import sample_toy
+
+    fresh = sample_toy(name, TOY_BOUNDS_CHECK, generator=torch.Generator().manual_seed(0))
+    points = torch.cat([valid.cpu(), fresh.to(valid.dtype)])
     low = torch.tensor([-math.inf if v is None else v for v in bounds[0]], dtype=points.dtype)
     high = torch.tensor([math.inf if v is None else v for v in bounds[1]], dtype=points.dtype)
     outside = ((points < low) | (points > high)).any(-1)
     if outside.any():
         row = points[int(outside.nonzero()[0])].tolist()
         raise ValueError(
-            f"'--bounds' should contain toy dataset {name!r}: {int(outside.sum())} of its "
-            f"{len(points)} validation points lie outside (e.g. {row}); give bounds that "
-            "contain the data, or none"
+            f"'--bounds' should contain toy dataset {name!r}: {int(outside.sum())} of "
+            f"{len(points)} of its points ({len(valid)} validation points and "
+            f"{TOY_BOUNDS_CHECK} fresh samples) lie outside (e.g. {row}); give bounds that "
+            "contain the data, or none (a toy with Gaussian noise has no finite bounds)"
         )
 
 
@@ -644,7 +674,8 @@ def plot_samples(
 ) -> None:
     """Samples of the flow over the data they should look like: one sample per row of the
     first 5000 rows of ``data``, given that row's context for a conditional flow. 2-D data: two
-    scatter plots on the same axes, the data and the samples; other dimensions: a grid of the
+    scatter plots side by side on the same scales, the data and the samples; other dimensions: a
+    grid of the
     first six features' histograms and pairs (:func:`flowkit.plot.pairs_figure`), ``labels``
     naming the features."""
     from matplotlib.figure import Figure

@@ -13,10 +13,9 @@ Training schedule: AdamW (Adam at the default --weight-decay 0) on mini-batches,
 step per batch, then model.next_mask() in a callback after each step (order/connectivity-agnostic
 training cycles the mask sets 0, 1, ..., K-1, 0, ..., one per step); after each epoch the
 validation NLL of mask set 0 decides the best weights (and early stopping with --patience).
-Epoch e (from 1)
-visits the training images in the order torch.randperm draws from a generator seeded with
-seed * 100003 + e, so a run resumed from an epoch's checkpoint continues exactly as the
-uninterrupted run would have.
+Epoch e (from 1) visits the training images in the order torch.randperm draws from a generator
+seeded with seed * 100003 + e, so a run resumed from an epoch's checkpoint continues exactly as
+the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -102,14 +101,16 @@ def save_learning_curves(history: dict[str, list], path: str | Path, title: str 
     ax.plot(history["epoch"], history["valid_nll"], label="valid (mask 0)")
     ax.set_xlabel("epoch")
     ax.set_ylabel("NLL (nats per image)")
-    if history["valid_nll"]:
-        best = min(history["valid_nll"])
-        epoch = history["epoch"][history["valid_nll"].index(best)]
+    finite = [(v, e) for v, e in zip(history["valid_nll"], history["epoch"], strict=True)
+              if math.isfinite(v)]
+    if finite:
+        best, epoch = min(finite)
         ax.plot(epoch, best, "*", ms=10, color="C1", markeredgecolor="k", markeredgewidth=0.5,
                 label=f"best valid {best:.2f} (epoch {epoch})")
-        # both curves from the second epoch on (the first epoch's mean is far above the rest)
-        shown = [v for key in ("train_nll", "valid_nll") for v in history[key][1:]
-                 if math.isfinite(v)] or [best]
+        # both curves from the second epoch on (the first epoch's mean is far above the rest),
+        # and the best validation wherever it is
+        shown = [best] + [v for key in ("train_nll", "valid_nll") for v in history[key][1:]
+                          if math.isfinite(v)]
         low, high = min(shown), max(shown)
         pad = 0.05 * (high - low) + 0.5
         ax.set_ylim(low - pad, high + pad)

@@ -418,8 +418,9 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
     if getattr(model, "config", None) is None:
         inner = next((name for name, child in model.named_children()
                       if getattr(child, "config", None) is not None), None)
+        access = f"[{inner}]" if inner is not None and inner.isdigit() else f".{inner}"
         wrapped = ("" if inner is None else f"; it holds a model that can be saved, "
-                   f"'{inner}': flowkit.save_model(model.{inner}, path)")
+                   f"'{inner}': flowkit.save_model(model{access}, path)")
         raise CheckpointError(
             f"'model' ({type(model).__name__}) has no 'config' attribute, so it cannot be rebuilt "
             f"from a file{wrapped}; or register its constructor with "

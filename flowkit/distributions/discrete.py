@@ -422,7 +422,8 @@ class CategoricalMADE(_DiscreteMADE):
         self.classes = classes
 
     def check_data(self, x: object, name: str = "x") -> Tensor:
-        if isinstance(x, Tensor) and x.shape[-2:] == (self.features, self.classes):
+        if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1:] == (self.features,
+                                                                          self.classes):
             raise ValueError(
                 f"'{name}' of shape {tuple(x.shape)} looks one-hot; pass class indices "
                 f"(N, {self.features}) in 0..{self.classes - 1}: {name}.argmax(-1)"

@@ -256,9 +256,14 @@ def _builder(
         # The flow's Standardize modules (if standardize=True) from the whole batch, each
         # side then as its z_score_* option asks.
         set_from_data(flow, [rows])
-        data = next((t for t in flow.transform.transforms if isinstance(t, Standardize)), None)
-        for name, module, values in zip(names, (data, flow.standardize_context), rows,
-                                        strict=True):
+        layers = list(flow.transform.transforms)
+        data = next((t for t in layers if isinstance(t, Standardize)), None)
+        seen = rows[0]  # what the data's Standardize reads: the rows after a Logit of bounds=
+        with torch.no_grad():
+            for t in layers[: layers.index(data) if data is not None else 0]:
+                seen = t(seen)[0]
+        for name, module, values in zip(names, (data, flow.standardize_context),
+                                        (seen, rows[1]), strict=True):
             _z_score(z_scores.get(f"z_score_{name}", "independent"), module, values)
         return FlowkitEstimator(flow, inputs.shape[1:], conditions.shape[1:])
 

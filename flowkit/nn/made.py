@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from flowkit.checkpoint import InvalidBuffer, register_check
+from flowkit.checkpoint.registry import warn_on_build
 from flowkit.nn import layout, masks, staircase
 from flowkit.nn.activation import activation_class
 from flowkit.nn.linear import MaskedLinear
@@ -145,15 +146,17 @@ class MADE(nn.Module):
                 "every mask set is the same"
             )
         # hidden degrees lie in [0 with a context else 1, D - 1]: one value leaves no choice
+        # (a warning, not an error: files saved before it still load, silently)
         if (num_masks > 1 and (not random_order or features == 1)
                 and (not hidden_features or features - 1 <= (0 if context_features else 1))):
-            raise ValueError(
+            warn_on_build(
                 f"'num_masks' > 1 with features={features}, hidden_features="
                 f"{tuple(hidden_features)}, context_features={context_features} and "
                 f"order={order!r} gives identical mask sets (with "
                 f"{'no hidden layers' if not hidden_features else 'one possible degree'} and "
-                "one ordering there is nothing to vary): pass num_masks=1"
-                + ("" if features == 1 else ", or order='random'")
+                f"one ordering there is nothing to vary), {num_masks} copies of one model: pass "
+                "num_masks=1" + ("" if features == 1 else ", or order='random'"),
+                stacklevel=2,
             )
         self.features = features
         self.hidden_features = hidden_features

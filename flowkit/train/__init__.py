@@ -8,6 +8,7 @@ from .arrays import (
     split_rows,
     warn_if_degenerate,
     warn_if_duplicated,
+    warn_if_rounded,
 )
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, NonFiniteLossError
@@ -48,4 +49,5 @@ __all__ = [
     "split_rows",
     "warn_if_degenerate",
     "warn_if_duplicated",
+    "warn_if_rounded",
 ]

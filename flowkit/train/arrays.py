@@ -199,7 +199,7 @@ def load_arrays(
     rounded = []  # (a loop, not a comprehension: the warnings' stack level counts frames)
     for label, t, names in zip(((Mention(name),), ("the context of ", Mention(name))), raw,
                                (labels, None), strict=True):
-        rounded.append(_warn_if_rounded(label, t, dtype, names))
+        rounded.append(warn_if_rounded(label, t, dtype, names))
     x, c = as_batch(name, *raw, device, dtype)
     check_pair_shapes(name, x, c)
     check_finite(name, x, c, given=raw)
@@ -516,14 +516,17 @@ def _data_warning(message: str | DataWarning, stacklevel: int = 6) -> None:
     warnings.warn(message, DataWarning, stacklevel=stacklevel)
 
 
-def _warn_if_rounded(
+def warn_if_rounded(
     label: tuple[str | Mention, ...], t: Any, dtype: torch.dtype,
-    names: Sequence[str] | None = None,
+    names: Sequence[str] | None = None, numbers: Sequence[int] | None = None,
+    stacklevel: int = 6,
 ) -> list[int]:
-    """Warn if casting the floating array ``t`` ``(N, D)`` to ``dtype`` keeps fewer than
-    :data:`MIN_LEVELS` steps per standard deviation in some column (the step near ``v`` is about
-    ``eps(dtype) |v|``); return those columns. ``label``: the message parts that name ``t``;
-    ``names``: its columns' names, if any."""
+    """Warn (:class:`PrecisionWarning`) if casting the floating array ``t`` ``(N, D)`` to
+    ``dtype`` keeps fewer than :data:`MIN_LEVELS` steps per standard deviation in some column
+    (the step near ``v`` is about ``eps(dtype) |v|``); return those columns (positions in
+    ``t``). ``label``: the message parts that name ``t``; ``names``: its columns' names, if any;
+    ``numbers``: the columns' numbers as the user counts them (default: their positions);
+    ``stacklevel`` as in :func:`warn_if_degenerate`."""
     if isinstance(t, np.ndarray) and t.dtype.kind == "f":
         t = torch.from_numpy(t)
     if not (isinstance(t, Tensor) and t.is_floating_point() and t.dim() == 2 and len(t) > 1):
@@ -537,11 +540,12 @@ def _warn_if_rounded(
     if coarse:
         j = coarse[0]
         _data_warning(PrecisionWarning(
-            *label, f", column {j}{'' if names is None else f' ({names[j]!r})'}, has a "
+            *label, f", column {j if numbers is None else numbers[j]}"
+            f"{'' if names is None else f' ({names[j]!r})'}, has a "
             f"standard deviation of {spread[j].item():.3g} at values "
             f"up to {size[j].item():.3g}: cast to {dtype} it keeps about "
             f"{levels[j].item():.3g} steps per standard deviation ({len(coarse)} column(s) "
             "like it). Subtract a typical value first (e.g. x - x.mean(0), in float64), or "
             "train a float64 model (", Mention("dtype", "float64", "model.double()"), ")",
-        ))
+        ), stacklevel=stacklevel)
     return coarse
