@@ -199,6 +199,8 @@ def test_the_learning_rate_schedule_is_lr_schedule_in_every_command(command, cap
     text = _help(command, capsys)
     assert "--lr-schedule" in text and "--schedule" not in text.replace("--lr-schedule", "")
     assert _parse([command, "--lr-schedule", "cosine"]).lr_schedule == "cosine"
+    # a constant rate is 'none' in every command (review 39: mnist and vae took 'constant' only)
+    assert _parse([command, "--lr-schedule", "none"]).lr_schedule in ("none", "constant", None)
 
 
 @pytest.mark.parametrize("command", ["mnist", "vae"])

@@ -232,10 +232,18 @@ def add_epoch_options(
     parser.add_argument("--batch-size", type=positive_int, default=100,
                         help="images per optimizer step")
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate")
-    parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default=schedule,
-                        help="learning-rate schedule over the steps of the run")
-    parser.add_argument("--schedule", choices=["constant", "cosine"], dest="lr_schedule",
-                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # the former name
+    parser.add_argument("--lr-schedule", type=_schedule, choices=["constant", "cosine"],
+                        default=schedule, help="learning-rate schedule over the steps of the "
+                        "run: constant (also spelled none, as flowkit fit and toy do) or cosine "
+                        "(default: %(default)s)")
+    parser.add_argument("--schedule", type=_schedule, choices=["constant", "cosine"],
+                        dest="lr_schedule", default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # the former name
+
+
+def _schedule(value: str) -> str:
+    """``--lr-schedule`` as given, ``none`` read as ``constant`` (the other commands' name)."""
+    return "constant" if value == "none" else value
 
 
 def add_threads_option(
