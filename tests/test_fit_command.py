@@ -807,6 +807,9 @@ def test_resume_says_where_it_resumed_and_what_changed(tmp_path, capsys):
     assert "--lr 0.01 differs from the 0.003 the run started with" in printed
     assert "resumed '" in printed and "checkpoint.pt' at step 4" in printed
     assert "nothing to resume" not in printed
+    assert cli.main([*run, "--steps", "8", "--resume"]) == 0  # a finished run (review 40)
+    assert "checkpoint.pt' had run all its 8 steps: nothing was left to train" in (
+        capsys.readouterr().out)
     assert cli.main(["fit", "--data", "moons", "--hidden", "8", "--layers", "1", "--quiet",
                      "--steps", "400", "--valid-every", "1", "--patience", "1", "--lr", "0.1",
                      "--out", str(tmp_path / "p")]) == 0

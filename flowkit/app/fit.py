@@ -428,7 +428,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     record_options = _check_same_run(args, typed)
     if args.data not in TOY_DATASETS:
         valid = _file_validation(args, rows)
-    resuming = args.resume and (args.out / CHECKPOINT_NAME).exists()
+    resumed = _ResumeNote(args) if args.resume and (args.out / CHECKPOINT_NAME).exists() else None
     build = flowkit.MAF if args.flow == "maf" else flowkit.IAF
     # a toy dataset's validation set is --valid-size points, a file's a --valid-fraction
     options = {**OPTIONS, "valid": "--valid-size"} if args.data in TOY_DATASETS else OPTIONS
@@ -470,10 +470,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 checkpoint_every=args.checkpoint_every,
                 resume=args.resume,
                 progress=not args.quiet,
-                callbacks=Callbacks(after_step=_note_resumed(args) if resuming else None,
-                                    on_checkpoint=record_options),
+                callbacks=Callbacks(after_step=resumed, on_checkpoint=record_options),
                 data_warnings=args.data in TOY_DATASETS,  # a file's rows: warned about by name
             )
+    if resumed is not None and not resumed.said and is_main_process():
+        print(f"flowkit fit: '{args.out / CHECKPOINT_NAME}' had run all its "
+              f"{len(history.train_loss)} steps: nothing was left to train", flush=True)
     metrics: dict[str, Any] = {
         "data": args.data,
         "flow": args.flow,
@@ -514,22 +516,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
-def _note_resumed(args: argparse.Namespace) -> Callable[[Any], None]:
-    """``after_step`` of a ``--resume``: says once, at its first step, where the run resumed."""
-    said = False
+class _ResumeNote:
+    """``after_step`` of a ``--resume``: says once, at its first step, where the run resumed
+    (``said`` stays False when no step was left to run)."""
 
-    def note(progress: Any) -> None:
-        nonlocal said
-        if not said and is_main_process():
-            said = True
-            print(f"flowkit fit: resumed '{args.out / CHECKPOINT_NAME}' at step "
-                  f"{progress.step - 1}", flush=True)
-            started = getattr(args, "started_lr", None)
-            if started is not None and started != args.lr:
-                print(f"flowkit fit: note: --lr {args.lr} differs from the {started} the run "
-                      "started with: the steps from here on use it", flush=True)
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.said = args, False
 
-    return note
+    def __call__(self, progress: Any) -> None:
+        if self.said or not is_main_process():
+            return
+        self.said, args = True, self.args
+        print(f"flowkit fit: resumed '{args.out / CHECKPOINT_NAME}' at step "
+              f"{progress.step - 1}", flush=True)
+        started = getattr(args, "started_lr", None)
+        if started is not None and started != args.lr:
+            print(f"flowkit fit: note: --lr {args.lr} differs from the {started} the run "
+                  "started with: the steps from here on use it", flush=True)
 
 
 def _summary(metrics: dict[str, Any]) -> str:
