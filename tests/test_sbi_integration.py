@@ -228,6 +228,8 @@ def test_z_score_options_as_sbi_takes_them():
          r"\(flowkit: layers=\), 'num_bins' \(flowkit: transformer_kwargs=\{'bins': ...\}\)"),
         (lambda: posterior_nn(hiden_features=(8,)), TypeError,
          "'hiden_features': not options of flowkit.MAF; its options: layers, hidden_features"),
+        (lambda: posterior_nn(hidden_features=50), ValueError,  # sbi's int, refused here
+         r"'hidden_features' should be a sequence of layer sizes"),
     ],
 )
 def test_options_sbi_users_type(make, error, match):
@@ -352,3 +354,13 @@ def test_the_spline_takes_sbi_nsfs_bin_temperature_unless_given():
     affine = posterior_nn(layers=2)(theta, x)
     assert "transformer_kwargs" not in affine.net.config["kwargs"] or not affine.net.config[
         "kwargs"]["transformer_kwargs"]
+
+
+def test_making_a_builder_leaves_torchs_random_state_alone():
+    """posterior_nn builds a small flow to check its options' values: not from the global
+    generator a user seeded for the simulations and training."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    posterior_nn("maf", layers=2, hidden_features=(8,), transformer="spline")
+    torch.testing.assert_close(torch.rand(3), expected)

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -233,6 +234,8 @@ def _builder(
     z_scores = _z_scores(flow_kwargs)  # takes the z_score_* options out of flow_kwargs
     _check_names(build_flow, flow_kwargs)
     flow_kwargs = _with_bin_temperature(build_flow, flow_kwargs)
+    if flow_kwargs.get("bounds") is None:  # bounds need the data's width: checked by build()
+        _check_values(build_flow, flow_kwargs)
     names = ("x", "theta") if swap else ("theta", "x")  # of the input, of the condition
 
     def build(batch_theta: Tensor, batch_x: Tensor) -> FlowkitEstimator:
@@ -364,6 +367,15 @@ def _z_score(mode: str, module: Standardize | None, values: Tensor) -> None:
     spread = float(flat.std()) if flat.numel() > 1 else 0.0
     module.set(torch.full((k,), float(flat.mean())),
                torch.full((k,), spread if spread > 0 else 1.0))
+
+
+def _check_values(build_flow: Callable[..., Flow], flow_kwargs: dict[str, Any]) -> None:
+    """Build a small flow with ``flow_kwargs`` once, so that a bad value (sbi's int
+    ``hidden_features=50``) is refused when the builder is made rather than inside sbi's
+    ``train()``; torch's random state and the warnings are left as they were."""
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build_flow(2, context_features=2, **flow_kwargs)
 
 
 def _check_names(build_flow: Callable[..., Flow], flow_kwargs: dict[str, Any]) -> None:
