@@ -344,8 +344,8 @@ def pairs_figure(
         loc="upper right", fontsize=8, frameon=False,
     )
     if k < dims:
-        title = f"{title + ': ' if title else ''}the first {k} of {dims} columns" if (
-            features == list(range(k))) else f"{title + ': ' if title else ''}{k} of {dims} columns"
+        shown = f"the first {k}" if features == list(range(k)) else str(k)
+        title = f"{title + ': ' if title else ''}{shown} of {dims} columns"
     head = 0.0
     if title:
         head = 0.35 / fig.get_figheight()
@@ -396,7 +396,7 @@ def _data_contours(ax: Axes, u: np.ndarray, v: np.ndarray, u_range: tuple[float,
     levels = sorted({float(ordered[min(np.searchsorted(enclosed, q), len(ordered) - 1)])
                      for q in (0.9, 0.6, 0.3)})
     levels = [level for level in levels if level > 0]
-    if len(levels) < 1:
+    if not levels:
         return
     centres_u, centres_v = (u_edges[1:] + u_edges[:-1]) / 2, (v_edges[1:] + v_edges[:-1]) / 2
     ax.contour(centres_u, centres_v, counts.T, levels=levels, colors="0.15",

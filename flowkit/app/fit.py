@@ -609,12 +609,13 @@ def _check_toy_inside(
     points ``(N, 2)`` (fit would name them as its validation data, review 39) and
     :data:`TOY_BOUNDS_CHECK` fresh samples (those a training step draws, review 40)."""
     from flowkit.data import sample_toy
+    from flowkit.transforms import Logit
 
     fresh = sample_toy(name, TOY_BOUNDS_CHECK, generator=torch.Generator().manual_seed(0))
     points = torch.cat([valid.cpu(), fresh.to(valid.dtype)])
-    low = torch.tensor([-math.inf if v is None else v for v in bounds[0]], dtype=points.dtype)
-    high = torch.tensor([math.inf if v is None else v for v in bounds[1]], dtype=points.dtype)
-    outside = ((points < low) | (points > high)).any(-1)
+    box = Logit(*([side if v is None else v for v in end]  # the flow's own test of its support
+                  for end, side in zip(bounds, (-math.inf, math.inf), strict=True)))
+    outside = (~box.contains(points)).any(-1)
     if outside.any():
         row = points[int(outside.nonzero()[0])].tolist()
         raise ValueError(
@@ -678,9 +679,8 @@ def plot_samples(
     """Samples of the flow over the data they should look like: one sample per row of the
     first 5000 rows of ``data``, given that row's context for a conditional flow. 2-D data: two
     scatter plots side by side on the same scales, the data and the samples; other dimensions: a
-    grid of the
-    first six features' histograms and pairs (:func:`flowkit.plot.pairs_figure`), ``labels``
-    naming the features."""
+    grid of the first six features' histograms and pairs (:func:`flowkit.plot.pairs_figure`),
+    ``labels`` naming the features."""
     from matplotlib.figure import Figure
 
     from flowkit.plot import pairs_figure, save_figure

@@ -244,8 +244,8 @@ class Flow(nn.Module):
         ``rsample_and_log_prob`` where it has one (its head runs once), else by scoring the
         draws. With ``noise`` ``(rows, D)``, the draws of that standard-normal noise."""
         if noise is not None:
-            z = self.base.from_noise(noise, h) if self.conditional_base else self.base.from_noise(
-                noise)
+            z = (self.base.from_noise(noise, h) if self.conditional_base
+                 else self.base.from_noise(noise))
         elif not self.conditional_base:
             z = self.base.rsample(rows)
         elif log_prob and hasattr(self.base, "rsample_and_log_prob"):

@@ -259,15 +259,10 @@ def _builder(
         # The flow's Standardize modules (if standardize=True) from the whole batch, each
         # side then as its z_score_* option asks.
         set_from_data(flow, [rows])
-        layers = list(flow.transform.transforms)
-        data = next((t for t in layers if isinstance(t, Standardize)), None)
-        seen = rows[0]  # what the data's Standardize reads: the rows after a Logit of bounds=
-        with torch.no_grad():
-            for t in layers[: layers.index(data) if data is not None else 0]:
-                seen = t(seen)[0]
-        for name, module, values in zip(names, (data, flow.standardize_context),
-                                        (seen, rows[1]), strict=True):
-            _z_score(z_scores.get(f"z_score_{name}", "independent"), module, values)
+        data = next((t for t in flow.transform.transforms if isinstance(t, Standardize)), None)
+        for name, module, values in zip(names, (data, flow.standardize_context), rows,
+                                        strict=True):
+            _z_score(z_scores.get(f"z_score_{name}", "independent"), module, values, flow)
         return FlowkitEstimator(flow, inputs.shape[1:], conditions.shape[1:])
 
     return build
@@ -354,15 +349,19 @@ def _z_scores(flow_kwargs: dict[str, Any]) -> dict[str, str]:
     return taken
 
 
-def _z_score(mode: str, module: Standardize | None, values: Tensor) -> None:
-    """Set ``module`` (a side's standardization, set per element from ``values`` ``(N, K)``
-    already) as ``mode`` asks (see :data:`Z_SCORES`)."""
+def _z_score(mode: str, module: Standardize | None, values: Tensor, flow: Flow) -> None:
+    """Set ``module`` (a side's standardization in ``flow``, set per element from ``values``
+    ``(N, K)`` already) as ``mode`` asks (see :data:`Z_SCORES`)."""
     if module is None or mode == "independent":
         return
     k = values.shape[1]
     if mode == "none":
         module.set(torch.zeros(k), torch.ones(k))
         return
+    layers = list(flow.transform.transforms)
+    with torch.no_grad():  # the values as the module reads them: after a Logit of bounds=
+        for t in layers[: layers.index(module)] if module in layers else []:
+            values = t(values)[0]
     flat = values.detach().double().flatten()
     spread = float(flat.std()) if flat.numel() > 1 else 0.0
     module.set(torch.full((k,), float(flat.mean())),

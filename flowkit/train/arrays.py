@@ -312,8 +312,7 @@ def warn_if_degenerate(
         return columns if numbers is None else [numbers[j] for j in columns]
 
     def column(j: int) -> str:
-        name = "" if labels is None else f" ({labels[j]!r})"
-        return f"column {number([j])[0]}{name}"
+        return _column_name(j, labels, numbers)
 
     n = x.shape[0]
     if n == 1:
@@ -509,6 +508,13 @@ def split_rows(
     return kept.nonzero().flatten().to(order.device), held_rows.to(order.device)
 
 
+def _column_name(j: int, names: Sequence[str] | None, numbers: Sequence[int] | None) -> str:
+    """Column ``j`` of an array as the data warnings name it: its number as the user counts it
+    (``numbers[j]``, else ``j``) and its name, if the columns have names."""
+    name = "" if names is None else f" ({names[j]!r})"
+    return f"column {j if numbers is None else numbers[j]}{name}"
+
+
 def _data_warning(message: str | DataWarning, stacklevel: int = 6) -> None:
     """A :class:`DataWarning` (of ``message``'s text, or ``message`` itself) pointing at the
     caller of ``fit`` by default, whose checks of array data all run at one depth: fit ->
@@ -540,8 +546,7 @@ def warn_if_rounded(
     if coarse:
         j = coarse[0]
         _data_warning(PrecisionWarning(
-            *label, f", column {j if numbers is None else numbers[j]}"
-            f"{'' if names is None else f' ({names[j]!r})'}, has a "
+            *label, f", {_column_name(j, names, numbers)}, has a "
             f"standard deviation of {spread[j].item():.3g} at values "
             f"up to {size[j].item():.3g}: cast to {dtype} it keeps about "
             f"{levels[j].item():.3g} steps per standard deviation ({len(coarse)} column(s) "
