@@ -200,6 +200,16 @@ def test_a_batch_of_only_infinite_rows_is_minus_infinity_in_training_mode_too():
     assert not flow.transform.transforms[0].initialized  # the data's: it never saw a row
 
 
+def test_an_empty_context_batch_is_an_error_naming_the_context():
+    """``flow(torch.zeros(0, C))`` failed inside torch's constraint check ("cannot reshape
+    tensor of 0 elements"); it is the error ``Flow.sample`` gives for the same context."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3)
+    with pytest.raises(ValueError, match=r"'context' is an empty batch: shape \(0, 3\)"):
+        flow(torch.zeros(0, 3))
+    with pytest.raises(ValueError, match=r"'context' is an empty batch: shape \(2, 0, 3\)"):
+        flow(torch.zeros(2, 0, 3))
+
+
 def test_nan_is_an_error_naming_the_users_argument(name):
     flow = _flow(name)
     x = torch.randn(4, D, dtype=torch.float64)

@@ -59,6 +59,7 @@ from flowkit.validation import (
     check_batch,
     check_batch_context,
     check_n,
+    check_not_empty,
     check_torch_shape,
     nonfinite_rows,
     reference,
@@ -104,6 +105,8 @@ class FlowDistribution(Distribution):
     ):
         context = check_batch_context(context, flow.context_features, reference(flow))
         batch_shape = torch.Size() if context is None else context.shape[:-1]
+        if context is not None:
+            check_not_empty("context", context, batch_shape)
         self.flow = flow
         self.context = context
         self._cache: tuple[Tensor, Tensor, int] | None = None
