@@ -1,6 +1,7 @@
 """flowkit.integrations.sbi against the installed sbi (skipped without it)."""
 
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -313,6 +314,22 @@ def test_standardization_is_the_builders_set_from_the_simulations():
     plain = posterior_nn(layers=2, hidden_features=(16,), standardize=False)(theta, x)
     assert plain.net.standardize_context is None
     assert not any(isinstance(m, Standardize) for m in plain.modules())
+
+
+def test_a_single_simulation_is_warned_of_in_sbis_terms():
+    """With one row in sbi's training split the warning was set_from_data's, about a
+    'batches' argument the user never passed; structured z-scoring has a spread to measure."""
+    theta, x = simulations(n=1)
+    make = posterior_nn(layers=1, hidden_features=(8,))
+    with pytest.warns(UserWarning, match="single simulation.*standardization of theta and x"):
+        make(theta, x)
+    make = posterior_nn(layers=1, hidden_features=(8,), z_score_x="structured")
+    with pytest.warns(UserWarning, match="standardization of theta takes") as seen:
+        make(theta, x)
+    assert not any("'batches'" in str(w.message) for w in seen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        posterior_nn(layers=1, hidden_features=(8,), standardize=False)(theta, x)
 
 
 def test_full_standardization_of_theta_is_set_from_the_simulations():

@@ -257,8 +257,17 @@ def _builder(
         if flow_kwargs.get("bounds") is not None:  # checked by the flow's builder
             _check_inside(names[0], rows[0], flow, swap)
         # The flow's Standardize modules (if standardize=True) from the whole batch, each
-        # side then as its z_score_* option asks.
-        set_from_data(flow, [rows])
+        # side then as its z_score_* option asks. A split of one row is warned of here, in
+        # sbi's terms (set_from_data's warning names its own argument).
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="'batches' hold a single row")
+            set_from_data(flow, [rows])
+        per_element = [n for n in names if z_scores.get(f"z_score_{n}") in (None, "independent")]
+        if len(inputs) == 1 and flow_kwargs.get("standardize", True) and per_element:
+            warnings.warn(
+                "sbi's training split holds a single simulation: the flow's per-element "
+                f"standardization of {' and '.join(per_element)} takes its shift from it and "
+                "a scale of 1 (one row has no spread); simulate more", stacklevel=2)
         data = next((t for t in flow.transform.transforms if isinstance(t, Standardize)), None)
         for name, module, values in zip(names, (data, flow.standardize_context), rows,
                                         strict=True):
