@@ -61,6 +61,21 @@ def test_context_columns_and_capped_batch_size(tmp_path, capsys):
     assert "note" not in capsys.readouterr().out and _metrics(default)["batch_size"] == 16
 
 
+def test_the_data_file_can_be_named_without_the_option(tmp_path, capsys):
+    """``flowkit fit table.npy`` was "unrecognized arguments: table.npy"."""
+    np.save(tmp_path / "d.npy", np.random.default_rng(1).normal(size=(50, 2)))
+    out = tmp_path / "run"
+    assert cli.main(["fit", str(tmp_path / "d.npy"), *FAST, "--out", str(out)]) == 0
+    assert _metrics(out)["data"] == str(tmp_path / "d.npy")
+    assert json.loads((out / "metrics.json").read_text())["args"]["data"] == str(tmp_path / "d.npy")
+    code = cli.main(["fit", str(tmp_path / "d.npy"), "--data", "moons", *FAST,
+                     "--out", str(tmp_path / "twice")])
+    assert code == 2
+    assert "named twice" in capsys.readouterr().err
+    assert cli.main(["fit", *FAST, "--out", str(tmp_path / "toy")]) == 0  # the default: moons
+    assert _metrics(tmp_path / "toy")["data"] == "moons"
+
+
 def test_no_standardize_builds_the_plain_flow(tmp_path):
     np.save(tmp_path / "d.npy", np.random.default_rng(2).normal(size=(40, 2)))
     out = tmp_path / "plain"

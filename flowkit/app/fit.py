@@ -35,7 +35,7 @@ and, for toy datasets, the KL estimate.
 
 examples:
   flowkit fit --data moons --steps 2000 --out runs/moons
-  flowkit fit --data samples.npy --flow iaf --layers 3 --hidden 32 32 --out runs/file
+  flowkit fit samples.npy --flow iaf --layers 3 --hidden 32 32 --out runs/file
   flowkit fit --data table.npz --key x --context y --transformer spline --out runs/conditional
   flowkit fit --data table.npy --context 0 --out runs/columns
   flowkit fit --data table.csv --context age --transformer spline --out runs/csv
@@ -121,11 +121,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument(
         "--data",
-        default="moons",
         metavar="NAME|FILE",
         help=f"toy dataset ({', '.join(TOY_DATASETS)}) or a .npy, .npz or .csv file of samples "
-        "(default: %(default)s)",
+        "(default: moons)",
     )
+    data.add_argument("data_file", nargs="?", metavar="FILE", help="the same as --data FILE")
     data.add_argument(
         "--valid-size",
         type=positive_int,
@@ -375,6 +375,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from flowkit.data import TOY_DATASETS, has_exact_density, toy_entropy
 
     use_threads(args.threads)
+    if args.data_file is not None and args.data is not None:
+        raise ValueError(f"the data were named twice, '{args.data_file}' and --data "
+                         f"'{args.data}': give one")
+    args.data = args.__dict__.pop("data_file") or args.data or "moons"
     typed = {name: getattr(args, name) for name in RUN_OPTIONS}
     if args.data in TOY_DATASETS:
         if args.context is not None or args.key is not None:
