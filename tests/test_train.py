@@ -645,8 +645,11 @@ def test_progress_bar_shows_step_loss_valid_and_rate(capsys):
     # (the last valid= shown may be another: review 18)
     h = fit(small_maf(), gaussian(256), valid=gaussian(64), steps=20, batch_size=64, seed=0,
             device="cpu")
-    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    lines = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()
+    final = lines[-1]
     assert (f"returned=best valid {h.best_valid_loss:.4f} (step {h.best_step})" in final)
+    # the finished bar is drawn once (a log file showed it twice, with two rates)
+    assert sum("20/20" in line for line in lines) == 1, lines
     # ... unless the best is the last validation, which valid= shows (review 20)
     for losses, said in (([3.0, 2.5, 2.75], "valid=2.7500, returned=best valid 2.5000 (step 8)"),
                          ([3.0, 2.75, 2.5], "valid=2.5000")):

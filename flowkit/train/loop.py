@@ -307,7 +307,7 @@ class Trainer:
             self._record()
             if self.best.state is not None and self.history.best_step is not None:
                 self.bar.restored(self.history)
-            self.bar.show(refresh=True)
+            self.bar.show()  # closing the bar draws it once more, with this postfix
         self._finish()
         return self.history
 
