@@ -364,6 +364,96 @@ def test_bad_class_count(classes):
         CategoricalMADE(2, classes=classes)
 
 
+# ------------------------------------------------------------------------ per-feature classes
+
+MIXED = (2, 5, 3)
+
+
+def all_mixed(counts=MIXED) -> torch.Tensor:
+    return torch.tensor(list(itertools.product(*(range(k) for k in counts))))
+
+
+def mixed(**kwargs) -> CategoricalMADE:
+    model = CategoricalMADE(len(MIXED), classes=list(MIXED), hidden_features=(16,), seed=2,
+                            **kwargs)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.7)
+    return model.double()
+
+
+@pytest.mark.parametrize("kwargs", [dict(order="random", num_masks=3),
+                                    dict(order="reversed", direct_connection=True),
+                                    dict(context_features=2, num_masks=2)],
+                         ids=["random-3-masks", "reversed-direct", "context-2-masks"])
+def test_per_feature_classes_sum_to_one_over_the_valid_configurations(kwargs):
+    """Feature d's softmax runs over its own K_d classes: the 30 valid configurations of
+    classes (2, 5, 3) carry all the mass, for every mask set, the ensemble and each context."""
+    model = mixed(**kwargs)
+    x = all_mixed()
+    contexts = [None]
+    if model.context_features:
+        contexts = [torch.randn(2, dtype=torch.float64) for _ in range(2)]
+    for c in contexts:
+        for k in range(model.num_masks):
+            model.set_mask(k)
+            total = torch.logsumexp(model.log_prob(x, context=c), 0).item()
+            assert total == pytest.approx(0.0, abs=1e-10)
+        model.set_mask(0)
+        ensemble = model.log_prob(x, model.num_masks, context=c)
+        assert torch.logsumexp(ensemble, 0).item() == pytest.approx(0.0, abs=1e-10)
+    logits = model.logits(x, context=contexts[0])
+    assert logits.shape == (30, 3, 5)
+    assert torch.isinf(logits[:, 0, 2:]).all() and torch.isinf(logits[:, 2, 3:]).all()
+    assert torch.isfinite(logits[:, 1]).all() and torch.isfinite(logits[:, 0, :2]).all()
+
+
+def test_per_feature_classes_sample_only_their_classes_at_their_probabilities():
+    model = mixed(order="reversed")
+    support = all_mixed()
+    x = model.sample(30000, generator=torch.Generator().manual_seed(3))
+    assert (x.amax(0) < torch.tensor(MIXED)).all() and (x >= 0).all()
+    # 30 cells, 29 degrees of freedom; P(chi2_29 > 58.30) = 0.001
+    assert chi_square(x, support, model.log_prob(support)) < 58.30
+    fast = model.sample(50, generator=torch.Generator().manual_seed(4))
+    model.made.solver = "naive"  # the reference solver, given the same noise
+    assert torch.equal(model.sample(50, generator=torch.Generator().manual_seed(4)), fast)
+
+
+@pytest.mark.parametrize(
+    "classes,match",
+    [([2, 5], r"'classes' should hold one count per feature \(3\), got 2: \[2, 5\]"),
+     ([2, 1, 3], r"'classes\[1\]' should be >= 2, got 1"),
+     ([2, 5.0, 3], r"'classes\[1\]' should be an integer >= 2, got 5.0"),
+     ("253", r"'classes' should be an integer >= 2 or a sequence of 3 of them"),
+     (torch.tensor([[2, 5, 3]]), r"'classes' should be an integer >= 2 or a sequence")],
+)
+def test_bad_per_feature_classes_are_named(classes, match):
+    with pytest.raises(ValueError, match=match):
+        CategoricalMADE(3, classes=classes, hidden_features=(8,))
+
+
+def test_a_class_a_feature_does_not_have_is_named_with_its_column():
+    model = CategoricalMADE(3, classes=np.array([2, 5, 3]), hidden_features=(8,))
+    assert model.classes == (2, 5, 3) and model.config["kwargs"]["classes"] == [2, 5, 3]
+    with pytest.raises(ValueError, match=r"class indices in 0..classes\[d\] - 1 in column d "
+                       r"\(classes=\[2, 5, 3\]\), found 4 at row 1, column 2"):
+        model.log_prob(torch.tensor([[1, 4, 2], [0, 0, 4]]))
+
+
+def test_per_feature_classes_save_load_and_move_with_the_model(tmp_path):
+    model = mixed(context_features=2, num_masks=2, order="random")
+    c = torch.randn(4, 2, dtype=torch.float64)
+    x = model.sample(context=c, generator=torch.Generator().manual_seed(0))
+    save_model(model, tmp_path / "mixed.pt")
+    loaded = load_model(tmp_path / "mixed.pt").double()
+    assert loaded.classes == (2, 5, 3) and "classes=[2, 5, 3]" in repr(loaded)
+    torch.testing.assert_close(loaded.log_prob(x, context=c), model.log_prob(x, context=c))
+    assert "absent" not in model.state_dict()  # rebuilt from the config
+    half = loaded.to(torch.float16)
+    assert half.absent.dtype == torch.bool
+    assert (half.sample(200, c[0].half()) < torch.tensor(MIXED)).all()
+
+
 # ------------------------------------------------------------------------ conditional models
 
 CONDITIONAL = {

@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -67,6 +68,23 @@ from flowkit.validation import (
 
 __all__ = ["BernoulliMADE", "CategoricalMADE"]
 
+
+
+def _class_counts(classes: object, features: int) -> tuple[int, ...]:
+    """``classes`` of :class:`CategoricalMADE` as one count per feature: an integer ``K >= 2``
+    for every feature, or a sequence (list, tuple, 1-D array or tensor) of ``features`` such
+    integers."""
+    if is_int(classes):
+        return (check_int("classes", classes, 2),) * features
+    if isinstance(classes, Tensor | np.ndarray) and classes.ndim == 1:
+        classes = classes.tolist()  # its floats, if any, are refused below
+    if not isinstance(classes, list | tuple):
+        raise ValueError("'classes' should be an integer >= 2 or a sequence of "
+                         f"{features} of them, got {classes!r}")
+    if len(classes) != features:
+        raise ValueError(f"'classes' should hold one count per feature ({features}), got "
+                         f"{len(classes)}: {list(classes)}")
+    return tuple(check_int(f"classes[{d}]", k, 2) for d, k in enumerate(classes))
 
 
 def _first_bad(x: Tensor, good: Tensor) -> str:
@@ -377,31 +395,39 @@ def _noise_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @register_model(added={"context_features": 0})
 class CategoricalMADE(_DiscreteMADE):
-    r"""A MADE with a softmax over ``K`` classes per feature, for ``x in {0..K-1}^D``.
+    r"""A MADE with a softmax over ``K`` classes per feature, for ``x in {0..K-1}^D``, or over
+    ``K_d`` classes for feature ``d`` (``classes=[K_1, ..., K_D]``: a table whose columns have
+    different numbers of levels).
 
-    Inputs are one-hot encoded, ``(N, D, K)``; the ``K`` input units of a feature share its
-    degree, and the ``K`` logits of feature ``d`` see only the features before ``d``:
+    Inputs are one-hot encoded, ``(N, D, K)`` with ``K = max_d K_d``; the ``K`` input units of a
+    feature share its degree, and the ``K`` logits of feature ``d`` see only the features before
+    ``d``. The softmax of feature ``d`` runs over its own ``K_d`` classes (the logits of classes
+    ``K_d..K-1``, which it does not have, are ``-inf``):
 
     .. math::
 
-        \log p(x) = \sum_d \log \operatorname{softmax}(\ell_d)_{x_d},
+        \log p(x) = \sum_d \log \operatorname{softmax}(\ell_{d, 0..K_d-1})_{x_d},
         \qquad \ell = \mathrm{MADE}(\mathrm{onehot}(x)) \in \mathbb{R}^{D \times K}.
 
-    ``x`` must be an integer tensor ``(N, D)`` with values in ``0..K-1``; :meth:`sample`
-    returns ``torch.long``. Arguments as :class:`BernoulliMADE` (``context_features``
-    included), plus ``classes`` (``K``). The context enters the MADE after the one-hot inputs.
+    ``x`` must be an integer tensor ``(N, D)`` with values in ``0..K_d-1`` in column ``d``;
+    :meth:`sample` returns ``torch.long``. Arguments as :class:`BernoulliMADE`
+    (``context_features`` included), plus ``classes``: ``K`` for every feature, or a sequence of
+    ``D`` counts, each at least 2. The context enters the MADE after the one-hot inputs.
 
     Example:
         >>> model = CategoricalMADE(2, classes=200, hidden_features=(64,))
         >>> x = model.sample(3, generator=torch.Generator().manual_seed(0))
         >>> x.dtype, model.log_prob(x).shape
         (torch.int64, torch.Size([3]))
+        >>> table = CategoricalMADE(3, classes=[2, 5, 3], hidden_features=(16,))
+        >>> table.logits(torch.tensor([[1, 4, 2]]))[0, 0].isinf()  # feature 0 has two classes
+        tensor([False, False,  True,  True,  True])
     """
 
     def __init__(
         self,
         features: int,
-        classes: int,
+        classes: int | Sequence[int],
         hidden_features: Sequence[int] = (500,),
         num_masks: int = 1,
         order: OrderSpec = "natural",
@@ -411,48 +437,68 @@ class CategoricalMADE(_DiscreteMADE):
         seed: int = 0,
         context_features: int = 0,
     ):
-        classes = check_int("classes", classes, 2)
+        counts = _class_counts(classes, features)
+        width = max(counts)
         made = MADE(
-            features, hidden_features, params_per_feature=classes, inputs_per_feature=classes,
+            features, hidden_features, params_per_feature=width, inputs_per_feature=width,
             context_features=context_features, order=order, hidden_degrees=hidden_degrees,
             num_masks=num_masks, seed=seed, direct_connection=direct_connection,
             residual=residual,
         )
         super().__init__(made)
-        self.classes = classes
+        self.classes: int | tuple[int, ...] = counts[0] if is_int(classes) else counts
+        self.class_counts = counts  # K_d, per feature
+        self.width = width  # K = max_d K_d: the one-hot inputs and logits per feature
+        # classes k >= K_d of feature d, which it does not have (None when every K_d = K);
+        # not saved: the config rebuilds it
+        limits = torch.tensor(counts)
+        absent = torch.arange(width) >= limits[:, None]
+        self.register_buffer("limits", limits, persistent=False)
+        self.register_buffer("absent", absent if absent.any() else None, persistent=False)
+
+    def _range(self) -> str:
+        """The values ``x`` may hold, for messages."""
+        if self.absent is None:
+            return f"class indices in 0..{self.width - 1}"
+        return (f"class indices in 0..classes[d] - 1 in column d "
+                f"(classes={list(self.class_counts)})")
 
     def check_data(self, x: object, name: str = "x") -> Tensor:
         if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1:] == (self.features,
-                                                                          self.classes):
+                                                                          self.width):
             raise ValueError(
                 f"'{name}' of shape {tuple(x.shape)} looks one-hot; pass class indices "
-                f"(N, {self.features}) in 0..{self.classes - 1}: {name}.argmax(-1)"
+                f"(N, {self.features}) in 0..{self.width - 1}: {name}.argmax(-1)"
             )
         x = check_features(name, x, self.features, self._reference(), floating=False)
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             raise TypeError(
-                f"'{name}' should be an integer tensor of class indices in "
-                f"0..{self.classes - 1}, got dtype {x.dtype}"
+                f"'{name}' should be an integer tensor of {self._range()}, got dtype {x.dtype}"
             )
-        inside = (x >= 0) & (x < self.classes)
+        inside = (x >= 0) & (x < self.limits)
         if not torch.compiler.is_compiling() and not inside.all():  # as in BernoulliMADE
-            raise ValueError(f"'{name}' should hold class indices in 0..{self.classes - 1}, "
+            raise ValueError(f"'{name}' should hold {self._range()}, "
                              f"found {_first_bad(x, inside)}")
         return x.long()
 
     def _one_hot(self) -> OneHot:
         """The input encoding, in the model's current dtype (the solver recognises it and
         adds one weight row per feature instead of multiplying by a one-hot vector)."""
-        return OneHot(self.classes, self._reference().dtype)
+        return OneHot(self.width, self._reference().dtype)
 
     def logits(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         r"""Unnormalized logits ``(N, D, K)`` of the conditionals ``p(x_d | x_{<d}, c)``
-        (``context`` as in :meth:`log_prob`)."""
+        (``context`` as in :meth:`log_prob`); ``-inf`` at the classes ``k >= K_d`` that feature
+        ``d`` does not have."""
         x = self.check_data(x)
-        return self.made._forward(self._one_hot()(x), self._context(context, x.shape[0]))
+        return self._logits(x, self._context(context, x.shape[0]))
+
+    def _logits(self, x: Tensor, context: Tensor | None) -> Tensor:
+        logits = self.made._forward(self._one_hot()(x), context)
+        return logits if self.absent is None else logits.masked_fill(self.absent, -math.inf)
 
     def _log_prob(self, x: Tensor, context: Tensor | None) -> Tensor:
-        log_p = torch.log_softmax(self.made._forward(self._one_hot()(x), context), dim=-1)
+        log_p = torch.log_softmax(self._logits(x, context), dim=-1)
         return log_p.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
     def sample(
@@ -480,9 +526,11 @@ class CategoricalMADE(_DiscreteMADE):
               generator: torch.Generator | None) -> Tensor:
         ref = self._reference()
         noise = _noise_dtype(ref.dtype)
-        u = torch.rand(rows, self.features, self.classes, generator=generator,
+        u = torch.rand(rows, self.features, self.width, generator=generator,
                        device=ref.device, dtype=noise)
         gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(noise).tiny)))
+        if self.absent is not None:  # a class a feature does not have is never the argmax
+            gumbel.masked_fill_(self.absent, -math.inf)
 
         def step(params: Tensor, index: Tensor) -> Tensor:
             return (params + gumbel[:, index]).argmax(-1)
@@ -491,4 +539,5 @@ class CategoricalMADE(_DiscreteMADE):
         return solve(self.made, step, like, context, encode=self._one_hot())
 
     def extra_repr(self) -> str:
-        return f"features={self.features}, classes={self.classes}, " + super().extra_repr()
+        classes = list(self.classes) if isinstance(self.classes, tuple) else self.classes
+        return f"features={self.features}, classes={classes}, " + super().extra_repr()
