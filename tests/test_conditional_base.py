@@ -270,7 +270,8 @@ def test_custom_embedding_is_loaded_with_the_network_given(tmp_path):
                        embedding=MyEmbedding(), conditional_base=True))
     path = tmp_path / "flow.pt"
     flowkit.save_model(flow, path)
-    assert flow.config["kwargs"]["embedding"] == {"custom": f"{__name__}.MyEmbedding"}
+    assert flow.config["kwargs"]["embedding"] == {"custom": f"{__name__}.MyEmbedding",
+                                                  "structure": repr(MyEmbedding())}
     with pytest.raises(CheckpointError, match=r"custom embedding network .*MyEmbedding.*"
                                               r"load_model\(path, embedding=network\)"):
         flowkit.load_model(path)
@@ -287,6 +288,30 @@ def test_custom_embedding_is_loaded_with_the_network_given(tmp_path):
 
     with pytest.raises(CheckpointError, match="would load into another network"):
         flowkit.load_model(path, embedding=MyEmbedding2())
+
+
+def test_a_custom_embedding_of_another_structure_is_refused(tmp_path):
+    """Review 41: a Sequential(Linear, ReLU, Linear) loaded into a Sequential(Linear, Tanh,
+    Linear), the same weights' names and shapes: the mean NLL went from 0.37 to 62.9, silently.
+    The file records the network's repr (files written before it load as they did)."""
+    def net(activation):
+        return nn.Sequential(nn.Linear(5, 8), activation, nn.Linear(8, 3))
+
+    flow = perturb(MAF(2, layers=1, hidden_features=(8,), context_features=5,
+                       embedding=net(nn.ReLU())))
+    path = tmp_path / "flow.pt"
+    flowkit.save_model(flow, path)
+    with pytest.raises(CheckpointError, match=r"(?s)another structure.*saved:.*ReLU.*given:.*Tanh"):
+        flowkit.load_model(path, embedding=net(nn.Tanh()))
+    loaded = flowkit.load_model(path, embedding=net(nn.ReLU()))
+    x, c = torch.randn(5, 2), torch.randn(5, 5)
+    torch.testing.assert_close(loaded.log_prob(x, c), flow.eval().log_prob(x, c), rtol=0, atol=0)
+    # a file without the structure (written before 2026-11-27) loads, and resumes into the model
+    del flow.config["kwargs"]["embedding"]["structure"]
+    old = tmp_path / "old.pt"
+    flowkit.save_model(flow, old)
+    flowkit.load_model(old, embedding=net(nn.Tanh()))  # not detectable in such a file
+    flowkit.checkpoint.load_checkpoint(old).restore(loaded)
 
 
 def test_embedding_argument_is_refused_for_other_files(tmp_path):

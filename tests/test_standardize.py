@@ -530,8 +530,9 @@ def test_a_value_from_one_row_gives_way_to_the_first_training_batch():
     torch.testing.assert_close(flow.standardize_context.shift, c.mean(0).double().float())
     torch.testing.assert_close(flow.standardize_context.scale, c.std(0, correction=0))
     one_at_a_time = Standardize(3)
-    for row in c[:5].split(1):
-        one_at_a_time(row)
+    with pytest.warns(UserWarning, match="set from a single row"):  # said once
+        for row in c[:5].split(1):
+            one_at_a_time(row)
     torch.testing.assert_close(one_at_a_time.shift, c[0])
 
 
@@ -811,3 +812,109 @@ def test_is_initialized_follows_every_write_of_the_buffer():
     state = {k: v.clone() for k, v in a.state_dict().items()}
     torch.func.functional_call(fresh, state, (torch.randn(10, 2) * 100,))
     assert torch.equal(state["shift"], a.shift)  # set values passed in are not re-estimated
+
+
+@pytest.mark.parametrize("builder", ["MAF", "IAF"])
+def test_the_flows_own_samples_never_re_standardize_it(builder):
+    """Review 43: a learnable base started at a guess of (40, -25) drew samples "in other
+    units" than the identity they were drawn with, and a training-mode log_prob of them set
+    the data standardization from them: 305 nats between sample_and_log_prob and log_prob,
+    and an ELBO above log Z in a MAF's rsample-then-log_prob loop."""
+    import flowkit
+
+    torch.manual_seed(0)
+    flow = getattr(flowkit, builder)(2, layers=2, hidden_features=(16,), learnable_base=True)
+    with torch.no_grad():
+        flow.base.loc.copy_(torch.tensor([40.0, -25.0]))
+        flow.base.log_scale.fill_(math.log(2.0))
+    x, log_q = flow.sample_and_log_prob(256)
+    for same in (x, x.detach(), x[:100]):
+        torch.testing.assert_close(flow.log_prob(same), log_q[: len(same)])
+    std = flow.transform.transforms[0]
+    assert torch.equal(std.shift, torch.zeros(2)) and torch.equal(std.scale, torch.ones(2))
+    # a reverse-KL step through rsample and log_prob, then the map stays
+    optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)
+    x = flow.rsample(64)
+    loss = flow.log_prob(x).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    assert not std.provisional and torch.equal(std.scale, torch.ones(2))
+    # data in other units before any sample was trained through still set it
+    fresh = getattr(flowkit, builder)(2, layers=1, hidden_features=(8,))
+    fresh.rsample(5)
+    data = torch.randn(64, 2) * 30.0 + 1000.0
+    fresh.log_prob(data)
+    torch.testing.assert_close(fresh.transform.transforms[0].shift, data.mean(0))
+
+
+def test_contexts_sampled_at_are_fixed_once_an_optimizer_steps_through_the_samples():
+    """Review 43: in amortized variational inference (samples at a batch of contexts, no
+    data) the context standardization was a look at every step, re-set from each batch of
+    contexts (KL 0.74 against 0.035 without it). The contexts of the first sampling pass
+    now set it, and the first optimizer step fixes it."""
+    import flowkit
+
+    torch.manual_seed(0)
+    flow = flowkit.IAF(2, layers=2, hidden_features=(16,), context_features=3)
+    optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)
+    std = flow.standardize_context
+    first = torch.randn(128, 3) * 5.0 + 2.0
+    for step in range(3):
+        c = first if step == 0 else torch.randn(128, 3) * 5.0 - 7.0
+        x, log_q = flow.sample_and_log_prob(None, c)
+        loss = (log_q + 0.5 * (x**2).sum(-1)).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        torch.testing.assert_close(std.shift, first.mean(0))
+        torch.testing.assert_close(std.scale, first.std(0, correction=0))
+    assert not std.provisional
+    # before any step a later data batch still replaces such a look (review 31)
+    look = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3)
+    look(torch.randn(3, 3)).entropy(8)
+    c = torch.randn(64, 3) * 100.0
+    look.log_prob(torch.randn(64, 2), c)
+    torch.testing.assert_close(look.standardize_context.shift, c.mean(0))
+
+
+def test_a_context_shared_by_every_batch_of_a_loop_is_warned_of():
+    """Review 41: a loop whose batches share one context row ``(C,)`` set the context
+    standardization from the first one (scale 1) for good, silently. It now says so, once;
+    contexts per row, or set_from_data first, give no warning."""
+    import flowkit
+
+    contexts = torch.randn(6, 3) * 1000.0 + 5000.0
+
+    def loop(flow, per_row=False):
+        optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)
+        for c in contexts:
+            x = torch.randn(32, 2)
+            loss = -flow.log_prob(x, c.expand(32, 3) if per_row else c).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3)
+    with pytest.warns(UserWarning, match=r"standardization of the context \(a flowkit "
+                      r"Standardize\) was set from a single row") as seen:
+        loop(flow)
+    assert sum("single row" in str(w.message) for w in seen) == 1
+    assert "one context row per data row" in str(seen[0].message)
+    for per_row, prepared in ((True, False), (False, True)):
+        flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3)
+        if prepared:
+            set_from_data(flow, [(torch.randn(6, 2), contexts)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loop(flow, per_row)
+    # batches of one data row: the data standardization's own words
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
+    optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)
+    with pytest.warns(UserWarning, match="standardization of the data .* single row.*batches "
+                      "of rows"):
+        for row in torch.randn(3, 1, 2):
+            loss = -flow.log_prob(row).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()

@@ -179,6 +179,10 @@ def check_same_config(
     if stored is None or current is None:
         return
     stored, current = _comparable(upgraded_config(stored, f"'{path}'")), _comparable(current)
+    if _embedding_structure(stored) is None or _embedding_structure(current) is None:
+        for config in (stored, current):  # older files record no custom network's structure
+            if isinstance(config["kwargs"].get("embedding"), dict):  # copies (_comparable)
+                config["kwargs"]["embedding"].pop("structure", None)
     if stored != current:
         raise CheckpointError(
             f"'{path}' was written for {_config_difference(stored, current)}: {remedy}"
@@ -189,9 +193,17 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` without what :func:`check_same_config` does not compare."""
     kwargs = {k: v for k, v in config["kwargs"].items() if k != "seed"}
     embedding = kwargs.get("embedding")
-    if isinstance(embedding, dict) and isinstance(embedding.get("custom"), str):
-        kwargs["embedding"] = {**embedding, "custom": embedding["custom"].rsplit(".", 1)[-1]}
+    if isinstance(embedding, dict):
+        kwargs["embedding"] = dict(embedding)
+        if isinstance(embedding.get("custom"), str):
+            kwargs["embedding"]["custom"] = embedding["custom"].rsplit(".", 1)[-1]
     return {**config, "kwargs": kwargs}
+
+
+def _embedding_structure(config: dict[str, Any]) -> str | None:
+    """The stored ``repr`` of a config's custom embedding network, if any."""
+    embedding = config["kwargs"].get("embedding")
+    return embedding.get("structure") if isinstance(embedding, dict) else None
 
 
 def _config_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
@@ -500,6 +512,12 @@ def load_model(
                 f"'embedding' is a {name}, but the model in '{path}' was "
                 f"saved with a {stored['custom']}: its weights would load into another network "
                 "and give other densities; pass an instance of the saved class"
+            )
+        if "structure" in stored and stored["structure"] != repr(embedding):  # files from 11-27
+            raise CheckpointError(
+                f"'embedding' is a {name} of another structure than the one the model in "
+                f"'{path}' was saved with: its weights would load into another network and "
+                f"give other densities; saved:\n{stored['structure']}\ngiven:\n{embedding!r}"
             )
         kwargs["embedding"] = embedding
     dtype = _saved_dtype(ckpt.model["state_dict"])

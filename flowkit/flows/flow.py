@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, Literal
@@ -14,7 +15,7 @@ from torch import Tensor, nn
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Transform
-from flowkit.transforms.standardize import Standardize, counting_steps_of
+from flowkit.transforms.standardize import Standardize, counting_steps_of, scoring_own_samples
 from flowkit.validation import (
     SampleShape,
     broadcast_batch,
@@ -26,6 +27,9 @@ from flowkit.validation import (
     nonfinite_rows,
     reference,
 )
+
+_LAST_SAMPLES: weakref.WeakKeyDictionary[Flow, weakref.ref[Tensor]] = weakref.WeakKeyDictionary()
+"""Each flow's last samples drawn in training mode (kept outside the module, which pickles)."""
 
 
 def _autocast_off(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -194,6 +198,8 @@ class Flow(nn.Module):
         self.transform = transform
         self.base = base
         self.standardize_context = standardize_context
+        if standardize_context is not None:
+            standardize_context.role = "context"
         self.embedding = embedding
         self.conditional_base: bool = base_width > 0
         self.base_context = base_context
@@ -277,6 +283,16 @@ class Flow(nn.Module):
             h = None if context is None else self._embed_rows(context, shape)
             log_p = self._log_prob(x, h).reshape(shape)
             return log_p.masked_fill(infinite.squeeze(-1).expand(shape), -math.inf)
+        if self.training and self._are_own_samples(x):
+            with scoring_own_samples():
+                return self._log_prob_batch_of(x, context, shape, outside)
+        return self._log_prob_batch_of(x, context, shape, outside)
+
+    def _log_prob_batch_of(
+        self, x: Tensor, context: Tensor | None, shape: torch.Size, outside: Tensor | None
+    ) -> Tensor:
+        """:meth:`_log_prob_batch`, eagerly."""
+        d = self.features
         if context is None and outside is None:  # i.i.d.: score each distinct point once
             return self._log_prob(x.reshape(-1, d), None).reshape(x.shape[:-1]).expand(shape)
         x = x.expand(*shape, d).reshape(-1, d)
@@ -313,16 +329,27 @@ class Flow(nn.Module):
             return x, x.new_empty(shape) if log_prob else None
         std = self.standardize_context  # a value set from the contexts sampled at is a look
         eager = not torch.compiler.is_compiling()
-        with std._sampling_pass() if eager and std is not None else nullcontext():
-            h, h_base = self._split(None if context is None else self._embed_rows(context, shape))
-        z, log_pz = self._base_sample(rows, h_base, log_prob, noise)
-        # samples to train through: the data standardization counts this flow's steps
+        # samples to train through: the standardizations count this flow's steps
         counted = (next((p for p in self.transform.parameters() if p.requires_grad), None)
                    if eager and self.training and torch.is_grad_enabled() else None)
         with counting_steps_of(counted) if counted is not None else nullcontext():
+            with std._sampling_pass() if eager and std is not None else nullcontext():
+                h, h_base = self._split(
+                    None if context is None else self._embed_rows(context, shape))
+            z, log_pz = self._base_sample(rows, h_base, log_prob, noise)
             x, log_det = self.transform._inverse(z, h)
         x = x.reshape(*shape, self.features)
+        if eager and self.training:  # its log_prob must not re-standardize the flow
+            _LAST_SAMPLES[self] = weakref.ref(x)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)
+
+    def _are_own_samples(self, x: Tensor) -> bool:
+        """Whether ``x`` shares the memory of this flow's last samples drawn in training mode
+        (``x`` itself, a ``detach()`` or a view of them)."""
+        ref = _LAST_SAMPLES.get(self)
+        last = None if ref is None else ref()
+        return last is not None and (
+            x.untyped_storage().data_ptr() == last.untyped_storage().data_ptr())
 
     # ------------------------------------------------------------------------- public methods
 

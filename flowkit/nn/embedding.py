@@ -87,11 +87,13 @@ _BUILT_IN: dict[str, type[nn.Module]] = {"MLPEmbedding": MLPEmbedding}
 
 def embedding_config(embedding: nn.Module) -> dict[str, Any]:
     """What a flow's ``config`` stores for its embedding: the built-in embedding's own config
-    (``{"type": "MLPEmbedding", "kwargs": {...}}``), or ``{"custom": "module.Class"}`` for any
-    other network, which :func:`build_embedding` refuses to rebuild."""
+    (``{"type": "MLPEmbedding", "kwargs": {...}}``), or ``{"custom": "module.Class",
+    "structure": repr(network)}`` for any other network, which :func:`build_embedding` refuses
+    to rebuild (the loader compares the network it is given with both)."""
     if type(embedding) in _BUILT_IN.values():  # a subclass is a custom network
         return embedding.config  # set by register_model
-    return {"custom": f"{type(embedding).__module__}.{type(embedding).__qualname__}"}
+    return {"custom": f"{type(embedding).__module__}.{type(embedding).__qualname__}",
+            "structure": repr(embedding)}
 
 
 def build_embedding(spec: nn.Module | dict[str, Any]) -> nn.Module:

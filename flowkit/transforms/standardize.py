@@ -56,7 +56,15 @@ that a Monte-Carlo look at a new flow (``flow().entropy()``, a ``kl_divergence``
 ``rsample((5,))`` first left data near 1000 at the identity, a loss of 516 against 5.94); the
 flow's own samples are not "in other units", so the identity they were drawn with stays.
 Updates written by hand (no ``torch.optim``) are not counted: such a loop should set the values
-first (:meth:`Standardize.set` or :func:`set_from_data`).
+first (:meth:`Standardize.set` or :func:`set_from_data`). The contexts a flow samples at are
+treated alike: with gradients they set the context standardization, which the first optimizer
+step fixes (amortized variational inference: review 43). A flow's own samples (the tensor it
+last returned in training mode, or a view or ``detach()`` of it) never set a value that is set
+already, whatever their units: scoring them gives the log-density they were drawn with.
+
+One row has no spread: a value set from a single row (shift = that row, scale = 1) gives way to
+the first training call with gradients on more rows. A loop whose calls each see one row (a
+context ``(C,)`` shared by a batch, batches of one) keeps it, and a warning says so once.
 
 Code compiled with :func:`torch.compile` branches on what the host knows of the flag: while it
 does not know the values set, a training-mode call sets them outside the graph (a graph break,
@@ -108,6 +116,23 @@ def _off_unit_scale(x: Tensor) -> bool:
 
 _COUNTED_WEIGHT: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
     "flowkit_counted_weight", default=None)
+
+_SCORING_OWN_SAMPLES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "flowkit_scoring_own_samples", default=False)
+
+
+@contextmanager
+def scoring_own_samples() -> Iterator[None]:
+    """Within the block, the points a :class:`Standardize` sees are the samples of the flow
+    it belongs to (:class:`flowkit.Flow` knows its last samples): they never set a value that
+    is set already, whatever their units (review 43: a base started at a guess of (40, -25)
+    gave samples that re-standardized the flow that drew them, 305 nats between
+    ``sample_and_log_prob`` and ``log_prob`` of the same points)."""
+    token = _SCORING_OWN_SAMPLES.set(True)
+    try:
+        yield
+    finally:
+        _SCORING_OWN_SAMPLES.reset(token)
 
 
 @contextmanager
@@ -193,6 +218,7 @@ class Standardize(Transform):
             self.register_buffer("cholesky", torch.eye(self.features))
             # L^{-1}, computed in float64 whenever L is set or loaded (not saved)
             self.register_buffer("cholesky_inverse", torch.eye(self.features), persistent=False)
+        self.role = "data"  # what it standardizes, for messages ("context": a flow's context)
         self._collector: _Collector | None = None
         self._provisional = False
         self._looked = False  # provisional, set by a call without gradients (see _forward)
@@ -268,12 +294,33 @@ class Standardize(Transform):
         if self.provisional:
             return True
         if getattr(self, "_looked", False) or getattr(self, "_sampled_at", None) is not None:
+            self._warn_if_single_row()  # trained through: it stays
             self._mark(provisional=False, looked=False)
         return False
+
+    def _warn_if_single_row(self) -> None:
+        """Warn, once, that a value set from a single row (its shift that row, its scale 1)
+        stays: training calls that see one row at a time (a context ``(C,)`` shared by each
+        batch, batches of one) never replace it, and an optimizer step fixes one that
+        samples were drawn at (review 41: contexts near 5000 +- 1000 kept the scale 1, a test
+        NLL of 11.7 instead of 3.4)."""
+        if not getattr(self, "_single_row", False) or getattr(self, "_warned_single_row", False):
+            return
+        self._warned_single_row = True
+        role = getattr(self, "role", "data")
+        warnings.warn(
+            f"the standardization of the {role} (a flowkit Standardize) was set from a single "
+            "row (shift = that row, scale = 1: one row has no spread), and training calls that "
+            "see one row at a time do not replace it; set it from many rows first, "
+            "flowkit.transforms.set_from_data(flow, batches) (flowkit.fit does), or pass "
+            + ("one context row per data row" if role == "context" else "batches of rows"),
+            stacklevel=2,
+        )
 
     def _mark(self, provisional: bool, looked: bool, sampled: bool = False) -> None:
         self._provisional, self._looked, self._sampled_at = provisional, looked, None
         self._sampled = sampled  # the identity, set by sampling before any data
+        self._single_row = False  # set from one row (by _see)
 
     @property
     def full(self) -> bool:
@@ -399,8 +446,12 @@ class Standardize(Transform):
         elif self.training:
             self._set_from(self._moments(x.detach()))
             rows = x.shape[0]
-            look = not torch.is_grad_enabled() or rows == 1 or getattr(self, "_sampling", False)
+            sampling = getattr(self, "_sampling", False)
+            look = not torch.is_grad_enabled() or rows == 1 or sampling
             self._mark(provisional=True, looked=look)
+            self._single_row = rows == 1
+            if sampling:  # contexts sampled at: trained through once an optimizer steps
+                self._count_steps_from_now()
 
     @contextmanager
     def _sampling_pass(self) -> Iterator[None]:
@@ -428,6 +479,10 @@ class Standardize(Transform):
             return True
         if not self.training:
             return False
+        if not compiled and _SCORING_OWN_SAMPLES.get() and self.is_initialized:
+            return False
+        if not compiled and x.shape[0] == 1 and torch.is_grad_enabled():
+            self._warn_if_single_row()  # a second training call on one row: it stays
         may_look = self._looked and torch.is_grad_enabled() and x.shape[0] > 1
         if compiled:
             return not self._known_initialized or may_look
@@ -479,9 +534,12 @@ class Standardize(Transform):
         if not self.is_initialized:
             self._flag_set()  # the identity
             self._mark(provisional=True, looked=True, sampled=True)
+        self._count_steps_from_now()
+
+    def _count_steps_from_now(self) -> None:
+        """Samples to train through (reverse KL) with gradients: once an optimizer steps,
+        neither data nor a later call replace the value (see :attr:`provisional`)."""
         if torch.is_grad_enabled() and self._settle() and self._sampled_at is None:
-            # samples to train through (reverse KL): once an optimizer steps, neither data nor
-            # a later call replace the map (see provisional)
             weight = _COUNTED_WEIGHT.get()
             self._watched = None if weight is None else weakref.ref(weight)
             self._sampled_at = self._steps()
