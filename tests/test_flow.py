@@ -77,6 +77,7 @@ def test_conditional_shapes_and_no_loop_broadcast(builder):
     with torch.no_grad():
         for p in flow.parameters():
             p.add_(0.2 * torch.randn_like(p))
+    flow.eval()  # the calls below would otherwise set the standardizations from what they see
     single, many = torch.randn(3), torch.randn(5, 3)
     assert flow.sample(4, single).shape == (4, 2)
     assert flow.sample(context=many).shape == (5, 2)

@@ -886,11 +886,13 @@ def test_a_context_shared_by_every_batch_of_a_loop_is_warned_of():
 
     contexts = torch.randn(6, 3) * 1000.0 + 5000.0
 
-    def loop(flow, per_row=False):
+    def loop(flow, context_of_each_row=False):
         optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)
         for c in contexts:
             x = torch.randn(32, 2)
-            loss = -flow.log_prob(x, c.expand(32, 3) if per_row else c).mean()
+            if context_of_each_row:
+                c = contexts[torch.randint(len(contexts), (32,))]
+            loss = -flow.log_prob(x, c).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -901,13 +903,19 @@ def test_a_context_shared_by_every_batch_of_a_loop_is_warned_of():
         loop(flow)
     assert sum("single row" in str(w.message) for w in seen) == 1
     assert "one context row per data row" in str(seen[0].message)
-    for per_row, prepared in ((True, False), (False, True)):
+    for each_row, prepared in ((True, False), (False, True)):
         flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3)
         if prepared:
             set_from_data(flow, [(torch.randn(6, 2), contexts)])
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            loop(flow, per_row)
+            loop(flow, each_row)
+    # copies of one row have no more spread than one: the same warning
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3)
+    with pytest.warns(UserWarning, match="single row, or copies of one"):
+        for c in contexts[:3]:
+            flow.log_prob(torch.randn(32, 2), c.expand(32, 3)).mean().backward()
+    assert torch.equal(flow.standardize_context.shift, contexts[0])
     # batches of one data row: the data standardization's own words
     flow = flowkit.MAF(2, layers=1, hidden_features=(8,))
     optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)

@@ -228,6 +228,51 @@ class Interrupted(Exception):
     """Stands in for a killed process."""
 
 
+def test_amortized_reverse_kl_fits_a_posterior_for_every_context():
+    """fit_reverse_kl(context=...): q(x | c) for the targets p~(x | c) = N(x; (c, -c), 0.5^2 I),
+    unnormalised, log Z = log(2 pi 0.25) for every c; contexts from a function or the rows of
+    a tensor. The ELBO reaches log Z and the posterior means follow c."""
+    log_z = math.log(2 * math.pi * 0.25)
+
+    def target(x, c):
+        return -0.5 * ((x - torch.cat([c, -c], -1)) / 0.5).square().sum(-1)
+
+    for context in (lambda n, g: 2.0 * torch.randn(n, 1, generator=g) + 1.0,
+                    torch.linspace(-2.0, 4.0, 7)[:, None]):
+        flow = flowkit.IAF(2, hidden_features=(16,), layers=2, context_features=1)
+        h = fit_reverse_kl(flow, target, steps=300, batch_size=128, lr=1e-2, seed=0,
+                           context=context, **QUIET)
+        assert np.mean(h.elbo[-30:]) == pytest.approx(log_z, abs=0.05)
+        flow.eval()
+        c = torch.tensor([[-1.0], [3.0]])
+        means = flow.sample(4000, c).mean(0)
+        torch.testing.assert_close(means, torch.cat([c, -c], -1), atol=0.1, rtol=0)
+        assert not flow.standardize_context.provisional
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [({}, ValueError, r"'flow' has context_features=1: pass 'context'"),
+     ({"context": torch.zeros(4, 2)}, ValueError, r"'context' should have shape \(\.\.\., 1\)"),
+     ({"context": torch.zeros(0, 1)}, ValueError, r"of M >= 1 contexts, got shape \(0, 1\)"),
+     ({"context": lambda n: torch.zeros(n, 1)}, TypeError,
+      r"'context', a sampling function, should have the signature sample\(n, generator\)"),
+     ({"context": lambda n, g: torch.zeros(n + 1, 1)}, ValueError,
+      r"should return 8 rows \(8, 1\) when asked for n=8, got \(9, 1\)"),
+     ({"context": "c"}, TypeError, "'context' should be a tensor"),
+     ({"context": torch.zeros(3, 1), "target": lambda x: x.sum(-1)}, TypeError,
+      r"called as target_log_density\(x, c\), but its signature is \(x\)")],
+)
+def test_amortized_reverse_kl_names_bad_contexts_and_targets(kwargs, error, match):
+    flow = flowkit.IAF(2, hidden_features=(8,), layers=1, context_features=1)
+    target = kwargs.pop("target", lambda x, c: -x.square().sum(-1))
+    with pytest.raises(error, match=match):
+        fit_reverse_kl(flow, target, steps=2, batch_size=8, **kwargs, **QUIET)
+    with pytest.raises(ValueError, match="'context' was given but 'flow' has context_features=0"):
+        fit_reverse_kl(flowkit.IAF(2, layers=1), lambda x: x.sum(-1), steps=2,
+                       context=torch.zeros(3, 1), **QUIET)
+
+
 def interrupt_after(fn, steps: int):
     """Wrap a per-step function so that the call of step ``steps + 1`` raises. Only calls with
     gradients enabled count (the loop's checks and validation run under no_grad)."""
@@ -255,11 +300,16 @@ def _resume_case(kind: str):
         return small_maf(batch_norm=True), fit, loader, {}, "log_prob"
     if kind == "sampler":
         return small_maf(batch_norm=True), fit, gaussian, {}, "data"
+    if kind == "amortized":  # contexts drawn by the run's generator: resumed with it
+        target = lambda x, c: -0.5 * ((x - c) / 0.5).square().sum(-1)  # noqa: E731
+        extra = {"context": lambda n, g: 3.0 * torch.randn(n, 1, generator=g)}
+        flow = flowkit.IAF(2, hidden_features=(16,), layers=2, context_features=1)
+        return flow, fit_reverse_kl, target, extra, "data"
     target = lambda x: -0.5 * ((x - 1.0) / 0.5).square().sum(-1)  # noqa: E731
     return flowkit.IAF(2, hidden_features=(16,), layers=2), fit_reverse_kl, target, {}, "data"
 
 
-@pytest.mark.parametrize("kind", ["tensor", "loader", "sampler", "reverse_kl"])
+@pytest.mark.parametrize("kind", ["tensor", "loader", "sampler", "reverse_kl", "amortized"])
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(kind, tmp_path):
     settings = dict(
         steps=40,

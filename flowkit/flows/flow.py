@@ -28,8 +28,10 @@ from flowkit.validation import (
     reference,
 )
 
-_LAST_SAMPLES: weakref.WeakKeyDictionary[Flow, weakref.ref[Tensor]] = weakref.WeakKeyDictionary()
-"""Each flow's last samples drawn in training mode (kept outside the module, which pickles)."""
+_LAST_SAMPLES: weakref.WeakKeyDictionary[Flow, tuple[weakref.ref[Tensor], int]] = (
+    weakref.WeakKeyDictionary())
+"""Each flow's last samples drawn in training mode and their version counter (kept outside the
+module, which pickles)."""
 
 
 def _autocast_off(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -340,15 +342,15 @@ class Flow(nn.Module):
             x, log_det = self.transform._inverse(z, h)
         x = x.reshape(*shape, self.features)
         if eager and self.training:  # its log_prob must not re-standardize the flow
-            _LAST_SAMPLES[self] = weakref.ref(x)
+            _LAST_SAMPLES[self] = (weakref.ref(x), x._version)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)
 
     def _are_own_samples(self, x: Tensor) -> bool:
-        """Whether ``x`` shares the memory of this flow's last samples drawn in training mode
-        (``x`` itself, a ``detach()`` or a view of them)."""
-        ref = _LAST_SAMPLES.get(self)
+        """Whether ``x`` is this flow's last samples drawn in training mode (the tensor, a
+        ``detach()`` or a view of it: the same memory), not written since."""
+        ref, version = _LAST_SAMPLES.get(self, (None, 0))
         last = None if ref is None else ref()
-        return last is not None and (
+        return last is not None and x._version == version and (
             x.untyped_storage().data_ptr() == last.untyped_storage().data_ptr())
 
     # ------------------------------------------------------------------------- public methods

@@ -188,7 +188,8 @@ def count_nonfinite_rows(t: Tensor | None, like: Tensor) -> Tensor:
 class NegElbo:
     r"""The negative ELBO of ``n`` reparameterised samples of the flow,
     :math:`\frac{1}{n}\sum_i [\log q(x_i) - \log \tilde p(x_i)]`, with ``target_log_density``
-    the unnormalised :math:`\log \tilde p`.
+    the unnormalised :math:`\log \tilde p` (with contexts ``c_i``, of
+    :math:`\log q(x_i \mid c_i) - \log \tilde p(x_i \mid c_i)`).
 
     Each step also counts the target's values that are NaN or infinite, on the device (no host
     copy per step; the engine reads them only for a loss that was not finite, :meth:`cause`).
@@ -203,9 +204,15 @@ class NegElbo:
         self.n = 0
         self.nonfinite: list[Tensor] = []
 
-    def __call__(self, flow: nn.Module, n: int) -> Tensor:
-        x, log_q = flow.sample_and_log_prob(n)
-        log_p = self.target(x)
+    def __call__(self, flow: nn.Module, n: int, context: Tensor | None = None) -> Tensor:
+        """``n`` samples, or with ``context`` ``(n, C)`` one sample at each context row (the
+        target then reads both, ``log p~(x | c)``: amortized variational inference)."""
+        if context is None:
+            x, log_q = flow.sample_and_log_prob(n)
+            log_p = self.target(x)
+        else:
+            x, log_q = flow.sample_and_log_prob(None, context)
+            log_p = self.target(x, context)
         self.n = n
         self.nonfinite.append(torch.stack((log_p.isnan().sum(), log_p.isinf().sum())))
         return (log_q - log_p).mean()

@@ -7,6 +7,7 @@ The optimisation itself is the shared engine of :mod:`flowkit.train.loop`.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 
@@ -14,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..flows import Flow, spline_edge_shares, spline_layers
-from ..validation import check_int
+from ..validation import check_batch_context, check_int, reference
 from .history import History
 from .loop import RunPlan, Trainer
 from .objectives import NegElbo, Objective, require_method
@@ -25,10 +26,11 @@ from .sources import ReverseKLSource, local_batch_size
 
 def fit_reverse_kl(
     flow: nn.Module,
-    target_log_density: Callable[[Tensor], Tensor],
+    target_log_density: Callable[..., Tensor],
     *,
     steps: int,
     batch_size: int = 256,
+    context: Tensor | Callable[[int, torch.Generator], Tensor] | None = None,
     **options: Unpack[TrainOptions],
 ) -> History:
     r"""Fit ``flow`` to an unnormalised density by reverse KL (variational inference).
@@ -44,10 +46,19 @@ def fit_reverse_kl(
     samples; ``History.elbo`` gives the per-step estimates. An IAF is the natural choice (one
     pass for sampling and log-density); a MAF works but samples in ``D`` passes.
 
+    **Amortized inference**: with ``context``, a conditional flow ``q(x | c)`` is fitted to a
+    family of targets ``p~(x | c)`` at once (a posterior for every observation ``c``): each step
+    draws ``batch_size`` contexts and one sample at each, and maximises the mean of
+    :math:`\log \tilde p(x_i \mid c_i) - \log q(x_i \mid c_i)`; ``History.elbo`` is that mean
+    (``E_c[log Z(c)] - E_c[KL]``). The flow's context standardization is set from the first
+    step's contexts.
+
     Args:
-        flow: unconditional model with ``sample_and_log_prob(n) -> (x, log_q)`` whose ``x`` is
+        flow: model with ``sample_and_log_prob(n) -> (x, log_q)`` (with ``context``,
+            ``sample_and_log_prob(None, c)``, one sample per row of ``c``) whose ``x`` is
             differentiable in the parameters.
-        target_log_density: ``x: (N, D) -> log p~(x): (N,)``, differentiable in ``x`` (a target
+        target_log_density: ``x: (N, D) -> log p~(x): (N,)`` (with ``context``,
+            ``(x, c) -> log p~(x | c)``, ``c`` ``(N, C)``), differentiable in ``x`` (a target
             off the autograd graph is refused), finite on all of ``R^D`` (for a target on a box,
             give the flow ``bounds=``), accepting tensors on the training device. A spline
             flow's interval is in the target's units here (no data sets its standardization):
@@ -55,6 +66,10 @@ def fit_reverse_kl(
         steps: number of optimizer steps.
         batch_size: samples per step; under ``torchrun`` each process draws
             ``batch_size / world_size`` samples with its own seed.
+        context: for a flow with ``context_features = C > 0`` (required there, refused
+            otherwise): the contexts to fit at, a tensor ``(M, C)`` whose rows each step draws
+            uniformly with replacement, or a function ``context(n, generator) -> (n, C)``
+            drawing fresh ones from the ``torch.Generator`` it is given (seeded by ``seed``).
         **options: the options shared with :func:`~flowkit.train.fit`, described in
             :class:`~flowkit.train.TrainOptions`.
 
@@ -71,30 +86,71 @@ def fit_reverse_kl(
     """
     require_method(flow, "sample_and_log_prob", "fit_reverse_kl")
     o = resolve("fit_reverse_kl", options)
-    if getattr(flow, "context_features", 0):
+    context_features = getattr(flow, "context_features", 0)
+    if context_features and context is None:
         raise ValueError(
-            f"fit_reverse_kl fits unconditional flows; 'flow' has "
-            f"context_features={flow.context_features}"
+            f"'flow' has context_features={context_features}: pass 'context', the contexts to "
+            "fit it at (a tensor (M, C) or a function context(n, generator) -> (n, C))"
         )
+    if context is not None and not context_features:
+        raise ValueError("'context' was given but 'flow' has context_features=0")
     if not callable(target_log_density):
-        raise TypeError("'target_log_density' should be a callable x -> log p~(x) of shape (N,)")
+        what = "(x, c) -> log p~(x | c)" if context is not None else "x -> log p~(x)"
+        raise TypeError(f"'target_log_density' should be a callable {what} of shape (N,)")
+    _check_arity(target_log_density, context is not None)
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
-        source = ReverseKLSource(batch_size, local_batch_size(batch_size, s.dist))
+        like = reference(flow)
+        if isinstance(context, Tensor):
+            context = check_batch_context(context, context_features, like)
+            if context is None or context.dim() != 2 or len(context) == 0:
+                raise ValueError(f"'context' should be a tensor (M, {context_features}) of "
+                                 f"M >= 1 contexts, got shape {tuple(context.shape)}")
+        elif context is not None and not callable(context):
+            raise TypeError("'context' should be a tensor (M, C) or a function "
+                            f"context(n, generator) -> (n, C), got {type(context).__name__}")
+        source = ReverseKLSource(batch_size, local_batch_size(batch_size, s.dist), context,
+                                 context_features, s.seed, s.dist, like)
         objective = Objective(flow, NegElbo(target_log_density))
         trainer = Trainer(s, flow, objective, source, o, RunPlan(steps), None)
-        history = trainer.run(lambda args: _check_target(flow, target_log_density))
-    _warn_if_held_by_a_spline_interval(flow)
+        history = trainer.run(lambda args: _check_target(flow, target_log_density, *args[1:]))
+    contexts = None
+    if context is not None:  # where the fitted flow is looked at for the spline's edge
+        contexts = source.draw(1000, torch.Generator(like.device).manual_seed(s.seed + 1))
+    _warn_if_held_by_a_spline_interval(flow, contexts)
     return history
 
 
-def _check_target(flow: nn.Module, target: Callable[[Tensor], Tensor]) -> None:
-    """Before the first step: both log-densities have shape ``(N,)``, and the target's carries
-    the gradient of its input (a target computed under ``no_grad``, on ``x.detach()`` or through
-    numpy would train nothing, silently)."""
-    x, log_q = flow.sample_and_log_prob(2)  # with gradients, as the steps draw them
-    log_p = target(x)
+def _check_arity(target: Callable[..., Tensor], amortized: bool) -> None:
+    """Refuse a target that cannot be called as ``target(x, c)`` (amortized) or ``target(x)``."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
+        return
+    try:
+        signature.bind(*(None,) * (2 if amortized else 1))
+    except TypeError:
+        call, other = ("target_log_density(x, c)", "without 'context'") if amortized else (
+            "target_log_density(x)", "with 'context'")
+        raise TypeError(
+            f"'target_log_density' is called as {call}, but its signature is {signature} "
+            f"(the other form is for fitting {other})"
+        ) from None
+
+
+def _check_target(
+    flow: nn.Module, target: Callable[..., Tensor], context: Tensor | None = None
+) -> None:
+    """Before the first step (``context``: that step's contexts): both log-densities have shape
+    ``(N,)``, and the target's carries the gradient of its input (a target computed under
+    ``no_grad``, on ``x.detach()`` or through numpy would train nothing, silently)."""
+    if context is None:
+        x, log_q = flow.sample_and_log_prob(2)  # with gradients, as the steps draw them
+        log_p = target(x)
+    else:
+        x, log_q = flow.sample_and_log_prob(None, context[:2])
+        log_p = target(x, context[:2])
     for name, t in (("'flow'.sample_and_log_prob", log_q), ("'target_log_density'", log_p)):
         if not isinstance(t, Tensor) or t.shape != (2,):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
@@ -118,15 +174,15 @@ enter some spline layer beyond ``EDGE`` times its interval's bound (see
 :func:`flowkit.flows.spline_edge_shares`)."""
 
 
-def _warn_if_held_by_a_spline_interval(flow: nn.Module) -> None:
+def _warn_if_held_by_a_spline_interval(flow: nn.Module, contexts: Tensor | None) -> None:
     layers = spline_layers(flow) if isinstance(flow, Flow) else []
     if not layers:
         return
     device = next(flow.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
             torch.no_grad():  # the caller's random streams stay as the training left them
-        x = flow.sample(1000)
-    shares = spline_edge_shares(flow, x, edge=EDGE)
+        x = flow.sample(1000) if contexts is None else flow.sample(None, contexts)
+    shares = spline_edge_shares(flow, x, edge=EDGE, context=contexts)
     if max(shares) > CROWDED:
         bounds = sorted({t.transformer.bound for t in layers})
         warnings.warn(

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from ..validation import ArgumentError, Mention
+from ..validation import ArgumentError, Mention, check_batch_context
 from .arrays import Batch, as_batch, loader_batch, split_pair
 from .distributed import Dist
 
@@ -149,6 +149,22 @@ def check_same_batch_size(state: dict[str, Any], batch_size: int) -> None:
         )
 
 
+def _check_signature(name: str, sample: Callable[..., Any], n: int) -> None:
+    """Refuse a sampling function that cannot be called as ``sample(n, generator)``."""
+    try:
+        signature = inspect.signature(sample)
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
+        return
+    try:
+        signature.bind(n, None)
+    except TypeError:
+        raise TypeError(
+            f"'{name}', a sampling function, should have the signature sample(n, generator): "
+            "it is called with the number of rows and a torch.Generator to draw them from, "
+            f"but its signature is {signature}"
+        ) from None
+
+
 class SamplerSource:
     """Fresh samples every step from ``sample(n, generator)`` (see the module docstring)."""
 
@@ -163,19 +179,7 @@ class SamplerSource:
         device: torch.device,
         dtype: torch.dtype,
     ):
-        try:
-            signature = inspect.signature(sample)
-        except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
-            signature = None
-        if signature is not None:
-            try:
-                signature.bind(batch_size, None)
-            except TypeError:
-                raise TypeError(
-                    f"'data', a sampling function, should have the signature sample(n, "
-                    f"generator): it is called with the number of rows and a torch.Generator "
-                    f"to draw them from, but its signature is {signature}"
-                ) from None
+        _check_signature("data", sample, batch_size)
         self.sample, self.device, self.dtype = sample, device, dtype
         self.batch_size, self.local = batch_size, local_batch_size(batch_size, dist)
         self.generator = torch.Generator(device=device).manual_seed(derive_seed(seed, dist.rank))
@@ -287,19 +291,60 @@ class LoaderSource:
 
 class ReverseKLSource:
     """The "data" of reverse KL (:func:`~flowkit.train.fit_reverse_kl`): each step the flow
-    draws ``n`` samples itself (this process's share of ``batch_size``), so a batch is ``(n,)``.
-    A resumed run must draw as many (as the other sources check)."""
+    draws ``n`` samples itself (this process's share of ``batch_size``), so a batch is ``(n,)``;
+    with ``contexts`` (amortized inference) ``(n, c)``, ``c`` the ``(n, C)`` contexts to draw
+    one sample at each, from a per-process generator: rows of a tensor ``(M, C)`` drawn
+    uniformly with replacement, or ``contexts(n, generator)``. A resumed run must draw as many
+    (as the other sources check)."""
 
     batches_per_epoch = None
 
-    def __init__(self, batch_size: int, n: int):
+    def __init__(
+        self, batch_size: int, n: int,
+        contexts: Tensor | Callable[[int, torch.Generator], Tensor] | None = None,
+        context_features: int = 0, seed: int = 0, dist: Dist | None = None,
+        like: Tensor | None = None,
+    ):
         self.batch_size, self.n = batch_size, n
+        self.contexts, self.context_features, self.like = contexts, context_features, like
+        self.generator: torch.Generator | None = None
+        if contexts is not None:
+            assert like is not None and dist is not None
+            if callable(contexts):
+                _check_signature("context", contexts, n)
+            self.generator = torch.Generator(device=like.device).manual_seed(
+                derive_seed(seed, dist.rank))
 
-    def next_batch(self, step: int) -> tuple[int]:
-        return (self.n,)
+    def next_batch(self, step: int) -> tuple[int] | tuple[int, Tensor]:
+        if self.contexts is None:
+            return (self.n,)
+        return self.n, self.draw(self.n, self.generator)
+
+    def draw(self, n: int, generator: torch.Generator | None) -> Tensor:
+        """``n`` contexts ``(n, C)``, checked."""
+        assert self.contexts is not None and self.like is not None
+        if isinstance(self.contexts, Tensor):
+            rows = torch.randint(len(self.contexts), (n,), generator=generator,
+                                 device=self.like.device)
+            return self.contexts.index_select(0, rows.to(self.contexts.device))
+        c = check_batch_context(self.contexts(n, generator), self.context_features, self.like,
+                                "context")
+        if c is None or c.shape != (n, self.context_features):
+            got = None if c is None else tuple(c.shape)
+            raise ValueError(f"'context', a sampling function, should return {n} rows "
+                             f"({n}, {self.context_features}) when asked for n={n}, got {got}")
+        return c
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size}
+        state: dict[str, Any] = {"batch_size": self.batch_size}
+        if self.generator is not None:
+            state["generator"] = self.generator.get_state()
+        return state
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         check_same_batch_size(state, self.batch_size)
+        if self.generator is not None:
+            if "generator" not in state:
+                raise ValueError("the checkpoint is of a run without 'context': resume it "
+                                 "with the same arguments")
+            self.generator.set_state(state["generator"])

@@ -62,8 +62,8 @@ step fixes (amortized variational inference: review 43). A flow's own samples (t
 last returned in training mode, or a view or ``detach()`` of it) never set a value that is set
 already, whatever their units: scoring them gives the log-density they were drawn with.
 
-One row has no spread: a value set from a single row (shift = that row, scale = 1) gives way to
-the first training call with gradients on more rows. A loop whose calls each see one row (a
+One row has no spread: a value set from a single row, or copies of one (shift = that row,
+scale = 1), gives way to the first training call with gradients on rows that differ. A loop whose calls each see one row (a
 context ``(C,)`` shared by a batch, batches of one) keeps it, and a warning says so once.
 
 Code compiled with :func:`torch.compile` branches on what the host knows of the flag: while it
@@ -299,8 +299,8 @@ class Standardize(Transform):
         return False
 
     def _warn_if_single_row(self) -> None:
-        """Warn, once, that a value set from a single row (its shift that row, its scale 1)
-        stays: training calls that see one row at a time (a context ``(C,)`` shared by each
+        """Warn, once, that a value set from a single row or copies of one (its shift that row,
+        its scale 1) stays: training calls that see one row at a time (a context shared by each
         batch, batches of one) never replace it, and an optimizer step fixes one that
         samples were drawn at (review 41: contexts near 5000 +- 1000 kept the scale 1, a test
         NLL of 11.7 instead of 3.4)."""
@@ -310,8 +310,9 @@ class Standardize(Transform):
         role = getattr(self, "role", "data")
         warnings.warn(
             f"the standardization of the {role} (a flowkit Standardize) was set from a single "
-            "row (shift = that row, scale = 1: one row has no spread), and training calls that "
-            "see one row at a time do not replace it; set it from many rows first, "
+            "row, or copies of one (shift = that row, scale = 1: one row has no spread), and "
+            "training calls that see one row at a time do not replace it; set it from many "
+            "rows first, "
             "flowkit.transforms.set_from_data(flow, batches) (flowkit.fit does), or pass "
             + ("one context row per data row" if role == "context" else "batches of rows"),
             stacklevel=2,
@@ -444,12 +445,13 @@ class Standardize(Transform):
         if self._collector is not None:
             self._collector.add(self, x.detach())
         elif self.training:
-            self._set_from(self._moments(x.detach()))
-            rows = x.shape[0]
+            moments = self._moments(x.detach())
+            self._set_from(moments)
+            one_row = bool((moments.m2 == 0).all())  # one row, or copies of one row
             sampling = getattr(self, "_sampling", False)
-            look = not torch.is_grad_enabled() or rows == 1 or sampling
+            look = not torch.is_grad_enabled() or one_row or sampling
             self._mark(provisional=True, looked=look)
-            self._single_row = rows == 1
+            self._single_row = one_row
             if sampling:  # contexts sampled at: trained through once an optimizer steps
                 self._count_steps_from_now()
 
@@ -481,8 +483,10 @@ class Standardize(Transform):
             return False
         if not compiled and _SCORING_OWN_SAMPLES.get() and self.is_initialized:
             return False
-        if not compiled and x.shape[0] == 1 and torch.is_grad_enabled():
-            self._warn_if_single_row()  # a second training call on one row: it stays
+        if not compiled and torch.is_grad_enabled() and getattr(self, "_single_row", False):
+            if x.shape[0] == 1 or not (x.detach() != x[:1].detach()).any():
+                self._warn_if_single_row()  # a second training call on one row: it stays
+                return False
         may_look = self._looked and torch.is_grad_enabled() and x.shape[0] > 1
         if compiled:
             return not self._known_initialized or may_look
