@@ -447,7 +447,8 @@ def check_sample_shape(n: object, context_given: bool) -> torch.Size:
     ``()`` when a context gives one sample per row (an error without one: how many?)."""
     if n is None:
         if not context_given:
-            check_n(n)
+            raise ValueError("'n', the number of samples, is required without a context: "
+                             "sample(n) gives n samples (a flow's flow().sample() gives one)")
         return torch.Size()
     if is_int(n) or isinstance(n, str) or not isinstance(n, Sequence):
         return torch.Size([check_n(n)])

@@ -344,6 +344,8 @@ def test_set_mask_names_a_bad_index(index):
 @pytest.mark.parametrize("n", [0, -1, 2.5, True, None, torch.tensor(3)])
 def test_bad_sample_count(n):
     expected = "'n' should be a positive" if is_int(n) else "'n' should be an integer"
+    if n is None:
+        expected = "'n', the number of samples, is required without a context"
     with pytest.raises(ValueError, match=expected):
         BernoulliMADE(4, hidden_features=(8,)).sample(n)
     with pytest.raises(ValueError, match=expected):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import made_configs
 
+import flowkit
 from flowkit import IAF, MADE, MAF
 from flowkit.nn.inversion import (
     OneHot,
@@ -326,6 +327,28 @@ class TestMaskedLinearCache:
             layer.weight.data[row, column] += 1.0
             layer.clear_cache()
             torch.testing.assert_close(layer(x), x @ (layer.weight * layer.mask).T + layer.bias)
+
+    def test_clear_caches_forgets_every_masked_layers_product_and_the_solvers_program(self):
+        """Review 41: after one entry written through ``.data`` a flow's log_prob was off by
+        up to 2.8 nats, sample too, and clearing meant a call per layer."""
+        torch.manual_seed(0)
+        flow = MAF(16, layers=2, hidden_features=(512,)).eval()
+        for p in flow.parameters():
+            torch.nn.init.normal_(p, std=0.05)
+        x = torch.randn(5, 16)
+        layer = flow.transform.transforms[-1].made.hidden[0]
+        row, column = layer.mask.nonzero()[1].tolist()
+        with torch.no_grad():
+            flow.log_prob(x), flow.sample(3)  # caches the products and the solver's program
+            layer.weight.data[row, column] += 5.0
+            stale = flow.log_prob(x)
+            flowkit.nn.clear_caches(flow)
+            fresh = flow.log_prob(x)
+            noise = torch.randn(3, 16)
+            expected = copy.deepcopy(flow).sample_from_noise(noise)  # a copy caches nothing
+            torch.testing.assert_close(flow.sample_from_noise(noise), expected)
+        assert not torch.allclose(stale, fresh)
+        torch.testing.assert_close(fresh, copy.deepcopy(flow).log_prob(x))
 
     def test_a_target_network_updated_through_data_samples_with_its_new_weights(self):
         """The soft update of SAC code, through ``.data``, under no_grad: sampling and density

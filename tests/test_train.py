@@ -596,15 +596,20 @@ BAD_CALLS = {
     "context-mismatch": (
         lambda m: fit(m, (gaussian(100), torch.randn(99, 1)), steps=5, batch_size=10, **QUIET),
         ValueError,
-        r"should have shape \(100, context_features\)",
+        r"should have shape \(100, C\), one row of C context features per row of x",
+    ),
+    "context-one-dimensional": (  # review 41: the placeholder, and no reshape hint
+        lambda m: fit(m, (gaussian(100), torch.randn(100)), steps=5, batch_size=10, **QUIET),
+        ValueError,
+        r"got \(100,\); one context feature per row is context.reshape\(-1, 1\)$",
     ),
     # a loader's first batch: the same check and message as arrays (review 23 F15)
     "loader-context-mismatch": (
         lambda m: fit(m, DataLoader(TensorDataset(gaussian(100), torch.randn(100, 1, 1)),
                                     batch_size=10), steps=5, **QUIET),
         ValueError,
-        r"^the context of the first batch of 'data' should have shape \(10, context_features\) "
-        r"to pair with x of shape \(10, 2\), got \(10, 1, 1\)$",
+        r"^the context of the first batch of 'data' should have shape \(10, C\), one row of C "
+        r"context features per row of x \(shape \(10, 2\)\), got \(10, 1, 1\)$",
     ),
     "restore-best-without-valid": (
         lambda m: fit(m, gaussian(100), valid=None, steps=5, restore_best=True, **QUIET),

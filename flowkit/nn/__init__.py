@@ -14,8 +14,9 @@ autoregressive direction in about one pass), :mod:`~flowkit.nn.scratch`,
 calls, and how they learn that the weights changed).
 """
 
+from flowkit.nn.caches import clear_caches
 from flowkit.nn.embedding import MLPEmbedding
 from flowkit.nn.linear import MaskedLinear
 from flowkit.nn.made import MADE
 
-__all__ = ["MADE", "MLPEmbedding", "MaskedLinear"]
+__all__ = ["MADE", "MLPEmbedding", "MaskedLinear", "clear_caches"]

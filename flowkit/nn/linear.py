@@ -31,7 +31,8 @@ class MaskedLinear(nn.Linear):
     an EMA, a re-initialisation) bump no counter: they are seen by comparing up to
     :data:`FINGERPRINT` entries of the weight, spread over the unmasked ones, with their values
     when the product was cached, which catches every update that moves the weights as a whole.
-    After writing only a few entries through ``weight.data``, call :meth:`clear_cache`.
+    After writing only a few entries through ``weight.data``, call :meth:`clear_cache`, or
+    :func:`flowkit.nn.clear_caches` for every masked layer of a model.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):

@@ -220,9 +220,11 @@ def check_pair_shapes(name: str, x: Tensor, context: Tensor | None, batch: bool 
     if x.shape[0] == 0:
         raise ValueError(f"{what} should have at least one row, got shape {tuple(x.shape)}")
     if context is not None and (context.dim() != 2 or context.shape[0] != x.shape[0]):
+        hint = ("; one context feature per row is context.reshape(-1, 1)"
+                if context.dim() == 1 and context.shape[0] == x.shape[0] else "")
         raise ValueError(
-            f"the context of {what} should have shape ({x.shape[0]}, context_features) to pair "
-            f"with x of shape {tuple(x.shape)}, got {tuple(context.shape)}"
+            f"the context of {what} should have shape ({x.shape[0]}, C), one row of C context "
+            f"features per row of x (shape {tuple(x.shape)}), got {tuple(context.shape)}{hint}"
         )
 
 

@@ -63,8 +63,9 @@ last returned in training mode, or a view or ``detach()`` of it) never set a val
 already, whatever their units: scoring them gives the log-density they were drawn with.
 
 One row has no spread: a value set from a single row, or copies of one (shift = that row,
-scale = 1), gives way to the first training call with gradients on rows that differ. A loop whose calls each see one row (a
-context ``(C,)`` shared by a batch, batches of one) keeps it, and a warning says so once.
+scale = 1), gives way to the first training call with gradients on rows that differ. A loop
+whose calls each see one row (a context shared by a batch, batches of one) keeps it, and a
+warning says so once.
 
 Code compiled with :func:`torch.compile` branches on what the host knows of the flag: while it
 does not know the values set, a training-mode call sets them outside the graph (a graph break,
