@@ -273,6 +273,15 @@ def test_amortized_reverse_kl_names_bad_contexts_and_targets(kwargs, error, matc
                        context=torch.zeros(3, 1), **QUIET)
 
 
+def test_reverse_kl_says_that_batch_norm_layers_stay_where_they_started():
+    """Review 43: with batch_norm=True the running statistics never moved under reverse KL
+    (only data update them), silently."""
+    flow = flowkit.IAF(2, layers=2, hidden_features=(8,), batch_norm=True)
+    with pytest.warns(UserWarning, match="batch-norm layers, whose statistics move only when "
+                      "data pass through them"):
+        fit_reverse_kl(flow, lambda x: -x.square().sum(-1), steps=3, batch_size=16, **QUIET)
+
+
 def interrupt_after(fn, steps: int):
     """Wrap a per-step function so that the call of step ``steps + 1`` raises. Only calls with
     gradients enabled count (the loop's checks and validation run under no_grad)."""

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..flows import Flow, spline_edge_shares, spline_layers
+from ..transforms import BatchNorm
 from ..validation import check_batch_context, check_int, reference
 from .history import History
 from .loop import RunPlan, Trainer
@@ -98,6 +99,12 @@ def fit_reverse_kl(
         what = "(x, c) -> log p~(x | c)" if context is not None else "x -> log p~(x)"
         raise TypeError(f"'target_log_density' should be a callable {what} of shape (N,)")
     _check_arity(target_log_density, context is not None)
+    if any(isinstance(m, BatchNorm) for m in flow.modules()):
+        warnings.warn(
+            "'flow' has batch-norm layers, whose statistics move only when data pass through "
+            "them (log_prob in training mode); reverse KL only samples, so they stay at their "
+            "initial values and each layer is a learned elementwise affine map, not a batch "
+            "norm. Build the flow without batch_norm for reverse KL", UserWarning, stacklevel=2)
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
