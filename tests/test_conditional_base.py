@@ -471,3 +471,32 @@ def test_embed_context_is_what_the_layers_read():
         assert flow.embed_context(c[:6].reshape(2, 3, 3)).shape == (2, 3, 4)
     with pytest.raises(ValueError, match="unconditional"):
         flowkit.MAF(2).embed_context(c[:2])
+
+
+def test_importance_sampling_estimates_log_z_elbo_and_ess():
+    """Review 43: a VI user had no ESS or importance-weighted log Z. For q = N(0, I) and the
+    target p~ = N(m, I) times Z = 7, the weights are known: log Z, ELBO = log Z - |m|^2 / 2 and
+    ESS = exp(-|m|^2)."""
+    flow = IAF(2, layers=1, hidden_features=(8,)).double()  # the identity at construction
+    m = torch.tensor([0.3, -0.2], dtype=torch.float64)
+    log_z = math.log(7.0)
+
+    def target(x):
+        return log_z - 0.5 * (x - m).square().sum(-1) - math.log(2 * math.pi)
+
+    torch.manual_seed(0)
+    est = flowkit.flows.importance_sampling(flow, target, n=200_000)
+    assert est.log_weights.shape == (200_000,)
+    assert est.log_z.item() == pytest.approx(log_z, abs=0.01)
+    assert est.elbo.item() == pytest.approx(log_z - 0.5 * m.square().sum().item(), abs=0.01)
+    assert est.ess.item() == pytest.approx(math.exp(-m.square().sum().item()), abs=0.01)
+    assert flow.training and not flow.transform.transforms[0].initialized  # left as it was
+    # per context row, for a conditional flow; a wrong shape is named
+    cond = IAF(2, layers=1, hidden_features=(8,), context_features=1).double()
+    est = flowkit.flows.importance_sampling(
+        cond, lambda x, c: -0.5 * x.square().sum(-1) - math.log(2 * math.pi), n=50,
+        context=torch.zeros(3, 1, dtype=torch.float64))
+    assert est.log_z.shape == (3,) and est.log_weights.shape == (50, 3)
+    torch.testing.assert_close(est.ess, torch.ones(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"one log-density per sample, shape \(10,\), got \(\)"):
+        flowkit.flows.importance_sampling(flow, lambda x: x.sum(), n=10)
