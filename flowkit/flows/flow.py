@@ -21,6 +21,7 @@ from flowkit.validation import (
     broadcast_batch,
     check_batch,
     check_batch_context,
+    check_bool,
     check_int,
     check_not_empty,
     check_sample_arguments,
@@ -410,12 +411,16 @@ class Flow(nn.Module):
         """Samples without gradient tracking; shapes as :meth:`rsample`."""
         return self.rsample(n, context)
 
-    def sample_from_noise(self, noise: Tensor, context: Tensor | None = None) -> Tensor:
+    def sample_from_noise(
+        self, noise: Tensor, context: Tensor | None = None, *, log_prob: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """The samples that the base's standard-normal noise gives, differentiable as
         :meth:`rsample`: a sample is ``x = T^{-1}(z)`` with ``z = mu + sigma * noise`` for the
         base ``N(mu, sigma^2)`` (``mu`` and ``sigma`` from the context for a conditional base;
         ``z = noise`` for the standard normal). ``noise`` ``(*A, D)`` and ``context`` ``(*B, C)``
-        broadcast as in :meth:`log_prob`; returns ``(*broadcast(A, B), D)``.
+        broadcast as in :meth:`log_prob`; returns ``(*broadcast(A, B), D)``, and with
+        ``log_prob=True`` also the flow's log-density of each sample, ``(*broadcast(A, B))``,
+        from the same pass (as :meth:`sample_and_log_prob`).
 
         ``noise = 0`` gives the image of the base's mode (a deterministic action of a policy:
         ``flow.sample_from_noise(torch.zeros(D), obs)``; not the flow's own mode, which the
@@ -442,8 +447,9 @@ class Flow(nn.Module):
         if context is not None:  # a view: the context broadcast to every sample
             context = context.expand(*shape, context.shape[-1])
         rows = noise.expand(*shape, self.features).reshape(-1, self.features)
-        return self._sample_batch(torch.Size(()) if context is not None else shape, context,
-                                  log_prob=False, noise=rows)[0]
+        x, log_p = self._sample_batch(torch.Size(()) if context is not None else shape, context,
+                                      log_prob=check_bool("log_prob", log_prob), noise=rows)
+        return x if log_p is None else (x, log_p)
 
     def sample_and_log_prob(
         self, n: SampleShape = None, context: Tensor | None = None
