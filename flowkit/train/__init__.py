@@ -11,7 +11,7 @@ from .arrays import (
     warn_if_rounded,
 )
 from .callbacks import Callbacks, Progress
-from .checks import DivergenceError, NonFiniteLossError
+from .checks import DivergenceError, DivergenceWarning, NonFiniteLossError
 from .distributed import is_main_process, resolve_device
 from .history import History
 from .likelihood import (
@@ -32,6 +32,7 @@ __all__ = [
     "Callbacks",
     "DataWarning",
     "DivergenceError",
+    "DivergenceWarning",
     "History",
     "MIN_VALID_ROWS",
     "NonFiniteLossError",

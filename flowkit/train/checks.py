@@ -21,7 +21,7 @@ from collections import deque
 import torch
 from torch import nn
 
-from ..validation import Mention, WordedError, invalid_values, open_ends
+from ..validation import Mention, Worded, WordedError, invalid_values, open_ends
 from .distributed import Dist
 from .history import History
 
@@ -47,9 +47,16 @@ class NonFiniteLossError(WordedError, FloatingPointError):
         self.step, self.value, self.history = step, value, history
 
 
+class DivergenceWarning(Worded, UserWarning):
+    """The training loss diverged in a run that keeps its best validation's weights
+    (``restore_best``): the run ended there and returned them (``History.diverged_step``)
+    instead of raising a :class:`DivergenceError`."""
+
+
 class DivergenceError(WordedError, FloatingPointError):
     """The training loss (its running median) rose far above its best value
-    (``divergence_threshold``).
+    (``divergence_threshold``) in a run without a best validation to return (with one, the
+    run ends with a :class:`DivergenceWarning`).
 
     The model holds the weights of the last recording before (or of the best validation, as
     for :class:`NonFiniteLossError`), and the last checkpoint is kept.

@@ -24,7 +24,11 @@ class History:
         valid_loss: mean loss over the whole validation set at those steps.
         best_step: step with the lowest validation loss (``None`` without validation data).
         best_valid_loss: that loss.
-        stopped_early: whether early stopping ended the run.
+        stopped_early: whether early stopping ended the run (or a divergence after a best
+            validation whose weights it returns: ``diverged_step``).
+        diverged_step: the step at which the training loss diverged, when the run ended there
+            with the weights of its best validation (``restore_best``) instead of raising a
+            :class:`~flowkit.train.DivergenceError`; else None.
         wall_time: seconds spent in training, summed over resumed segments (validation
             included).
         valid_time: the part of ``wall_time`` spent computing validation losses.
@@ -44,6 +48,7 @@ class History:
     best_step: int | None = None
     best_valid_loss: float | None = None
     stopped_early: bool = False
+    diverged_step: int | None = None
     wall_time: float = 0.0
     valid_time: float = 0.0
     seed: int | None = None

@@ -161,6 +161,9 @@ def fit(
             finite weights (its best validation's, when the run keeps them) and the last
             checkpoint is kept.
         DivergenceError: the loss rose far above its best (``divergence_threshold``); likewise.
+            A run that keeps its best validation's weights (``restore_best``) ends there
+            instead, returning them with a :class:`~flowkit.train.DivergenceWarning`
+            (``History.diverged_step``).
 
     Example:
         >>> import torch, flowkit

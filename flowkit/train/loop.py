@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,13 @@ from ..checkpoint import (
 from ..transforms import Standardize
 from ..validation import ArgumentError, Mention, WordedError, validate_values
 from .callbacks import Progress
-from .checks import Divergence, DivergenceError, NonFiniteLossError, first_nonfinite
+from .checks import (
+    Divergence,
+    DivergenceError,
+    DivergenceWarning,
+    NonFiniteLossError,
+    first_nonfinite,
+)
 from .history import History
 from .objectives import Objective
 from .options import TrainOptions, make_optimizer, make_schedule, rescale_lr
@@ -82,7 +89,8 @@ class _Best:
                 self.state = _copy(model)
         else:
             self.bad += 1
-            history.stopped_early = self.patience is not None and self.bad >= self.patience
+            if self.patience is not None and self.bad >= self.patience:
+                history.stopped_early = True
 
     def state_dict(self) -> dict[str, Any]:
         return {"state": self.state, "bad": self.bad}
@@ -399,23 +407,35 @@ class Trainer:
                 if cause is not None:
                     self._fail(NonFiniteLossError, cause, step, v, fixes=False)
                 self._fail(NonFiniteLossError, f"the training loss is {v} at step {step}", step, v)
-            if self.divergence.update(v):
+            if self.divergence.update(v) and not self.history.stopped_early:
                 d = self.divergence
-                self._fail(
-                    DivergenceError,
-                    (f"the training loss diverged at step {step}: its median over the last "
-                     f"{d.WINDOW} steps reached {d.median:.4g}, far above its best "
-                     f"{d.best:.4g} (more than "
-                     f"{d.threshold:g} x max(1, |best|) above it; see ",
-                     Mention("divergence_threshold"), ")"),
-                    step, d.median, best=d.best,
-                )
+                problem = (f"the training loss diverged at step {step}: its median over the "
+                           f"last {d.WINDOW} steps reached {d.median:.4g}, far above its best "
+                           f"{d.best:.4g} (more than {d.threshold:g} x max(1, |best|) above it; "
+                           "see ", Mention("divergence_threshold"), ")")
+                if self.best.state is None:
+                    self._fail(DivergenceError, problem, step, d.median, best=d.best)
+                self._stop_at_divergence(problem, step)
         self.objective.recorded()
         self.history.train_loss.extend(values)
         _record_epochs(self.history, self.source.batches_per_epoch)
         self._check_weights()
         self._clock()
         self.bar.loss(sum(values) / len(values))
+
+    def _stop_at_divergence(self, problem: tuple[str | Mention, ...], step: int) -> None:
+        """A divergence in a run that keeps its best validation's weights: the run ends, as
+        early stopping ends it, and returns those weights with a warning (review 42: on small
+        data sets the training loss blew up hundreds of steps after the best validation, which
+        is overfitting, and the DivergenceError lost the run's history)."""
+        self.history.stopped_early, self.history.diverged_step = True, step
+        best = self.history.best_step
+        warnings.warn(DivergenceWarning(
+            *problem, f", {step - best} steps after the best validation (step {best}): the run "
+            "stopped there and returns the weights of that validation. On a small data set this "
+            "is the training rows being overfitted; otherwise a lower ", Mention("lr"),
+            " or ", Mention("clip_grad_norm"), " may take the run further"), stacklevel=2)
+        self.bar.postfix["diverged; best step"] = str(best)
 
     def _check_weights(self) -> None:
         """Fail if a weight or floating buffer is not finite; else keep a copy of them."""

@@ -60,8 +60,9 @@ class TrainOptions(TypedDict, total=False):
         divergence_threshold: stop with a :class:`~flowkit.train.DivergenceError` when the
             running median of the last 11 training losses rises more than this many times
             ``max(1, |best|)`` above its lowest value so far (see ``docs/training.md``;
-            default ``10.0``); ``None`` turns the check off. Non-finite losses are always an
-            error.
+            default ``10.0``), or, in a run that keeps its best validation's weights, end it
+            there and return them with a :class:`~flowkit.train.DivergenceWarning`; ``None``
+            turns the check off. Non-finite losses are always an error.
         seed: ``None`` (default: one is drawn from torch's global generator, so a
             ``torch.manual_seed`` before the call makes the run repeatable, and recorded in
             ``History.seed``) or an integer in ``[0, 2**63)``. Seeds the data order, per-step

@@ -8,6 +8,7 @@ import argparse
 import inspect
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,12 @@ import torch
 import flowkit
 from flowkit.data import sample_toy, toy_entropy
 from flowkit.flows import spline_edge_shares
-from flowkit.train import DivergenceError, NonFiniteLossError, default_batch_size
+from flowkit.train import (
+    DivergenceError,
+    DivergenceWarning,
+    NonFiniteLossError,
+    default_batch_size,
+)
 
 from ..common import mean_se
 from ..sklearn_compare import fit_model as fit_sklearn
@@ -101,13 +107,18 @@ def _fit_flowkit(task: Task, transformer: str, steps: int, seed: int,
     flow = flowkit.MAF(x.shape[1], context_features=0 if c is None else c.shape[1],
                        transformer=transformer, **flow_options)
     try:
-        flowkit.fit(flow, _pair(x, c), valid=_pair(*_tensors(task, 1)), steps=steps,
-                    batch_size=_batch_size(len(x), args), valid_every=args.valid_every,
-                    early_stopping_patience=args.patience or None, restore_best=True,
-                    seed=seed, device="cpu", progress=False, **fit_options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DivergenceWarning)  # noted below
+            history = flowkit.fit(
+                flow, _pair(x, c), valid=_pair(*_tensors(task, 1)), steps=steps,
+                batch_size=_batch_size(len(x), args), valid_every=args.valid_every,
+                early_stopping_patience=args.patience or None, restore_best=True,
+                seed=seed, device="cpu", progress=False, **fit_options)
     except (NonFiniteLossError, DivergenceError) as e:
         # fit left the model with its best validation's weights: scored as zuko's side is
         return _Scored(flow, f"{type(e).__name__} at step {e.step}")
+    if history.diverged_step is not None:  # ended there with its best validation's weights
+        return _Scored(flow, f"diverged at step {history.diverged_step}")
     return _Scored(flow)
 
 
