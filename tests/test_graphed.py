@@ -34,7 +34,7 @@ def test_a_model_in_training_mode_is_a_clear_error():
      "BernoulliMADE has no 'sample_and_log_prob'"),
     (flowkit.MAF(2, layers=1), dict(n=0), ValueError, "'n' should be a positive"),
     (flowkit.MAF(2, layers=1), dict(n=(4, 0)), ValueError, r"'n\[1\]'"),
-    (flowkit.MAF(2, layers=1), dict(n=None), ValueError, "'n' should be an integer"),
+    (flowkit.MAF(2, layers=1), dict(n=None), ValueError, "'n', the number of samples, is required"),
     (flowkit.MAF(2, layers=1), dict(n=4, log_prob=1), ValueError, "'log_prob'"),
 ])
 def test_bad_arguments_name_the_argument(model, kwargs, error, message):
