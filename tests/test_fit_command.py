@@ -766,6 +766,28 @@ def test_data_warnings_name_the_option_and_the_headers_columns(tmp_path, recwarn
     assert any(t.startswith("'--data', column 2, takes only 10 distinct values") for t in texts)
 
 
+def test_skewed_positive_columns_are_named_with_the_options_that_help(tmp_path, recwarn):
+    """Review 42's log-normal case from the command line: the file's column, '--bounds' and
+    '--transformer spline'; a column --bounds bounds, and the spline, are not warned of."""
+    rng = np.random.default_rng(0)
+    table = np.c_[rng.normal(size=300), np.exp(2.0 * rng.normal(size=(300, 2)))]
+    np.savetxt(tmp_path / "s.csv", table, delimiter=",")
+
+    def skew_warnings(*extra):
+        recwarn.clear()
+        assert cli.main(["fit", str(tmp_path / "s.csv"), "--context", "0", *FAST, *extra,
+                         "--out", str(tmp_path / f"o{len(extra)}")]) == 0
+        return [str(w.message) for w in recwarn if "only positive values" in str(w.message)]
+
+    texts = skew_warnings()
+    assert len(texts) == 1 and texts[0].startswith("'--data', column 1, holds only positive")
+    assert "like it: [1, 2]" in texts[0] and "('--bounds': the flow" in texts[0]
+    assert "(--transformer spline)" in texts[0]
+    texts = skew_warnings("--bounds", "1=0:")
+    assert len(texts) == 1 and "like it: [2]" in texts[0]
+    assert skew_warnings("--transformer", "spline", "--bounds", "1=0:") == []
+
+
 def test_toy_data_outside_the_bounds_are_named_as_the_datasets(tmp_path, capsys):
     """The error named --valid-fraction, which toy data refuse (review 27), then --valid-size,
     which is only their count (review 39): it names the toy dataset and --bounds."""

@@ -71,6 +71,7 @@ from flowkit.train import (
     warn_if_degenerate,
     warn_if_duplicated,
     warn_if_rounded,
+    warn_if_skewed,
 )
 from flowkit.validation import Mention
 
@@ -105,10 +106,11 @@ OPTIONS = {
     "data": "--data",
     "valid": "--valid-fraction",
     "transformer": "--transformer",
+    "bounds": "--bounds",
     "dtype": "--dtype",
 }
 """The option of this command that sets each argument of :func:`~flowkit.train.fit` (and the
-builders' ``transformer``, the model's ``dtype``): errors and warnings of ``fit`` are spelled
+builders' ``transformer`` and ``bounds``, the model's ``dtype``): errors and warnings of ``fit`` are spelled
 with them (:func:`~flowkit.app.common.as_options`)."""
 
 NONES = {"lr_schedule": "none", "divergence_threshold": "off"}
@@ -418,9 +420,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows = len(data[0]) if isinstance(data, tuple) else len(data)
         print(f"flowkit fit: read {count(rows, 'row')} from '{args.data}': "
               f"{_columns(features, labels, context_features)}", flush=True)
-        with as_options(OPTIONS):  # the PrecisionWarning's advice names --dtype
+        bounds = _bounds(args.bounds, positions, labels)
+        bounded = [] if bounds is None else [
+            j for j, ends in enumerate(zip(*bounds, strict=True)) if ends != (None, None)]
+        with as_options(OPTIONS):  # the advice names --dtype, --bounds, --transformer
             _warn_about_rows(data, labels, positions,
-                             torch.float64 if args.dtype == "float64" else torch.float32)
+                             torch.float64 if args.dtype == "float64" else torch.float32,
+                             None if args.transformer != "affine" else bounded)
         shown = data
     if args.steps is None and args.epochs is None:
         args.steps = DEFAULT_STEPS
@@ -585,12 +591,15 @@ def _standardize(args: argparse.Namespace) -> bool | str:
 
 
 def _warn_about_rows(
-    data: Any, labels: list[str] | None, positions: list[int], dtype: torch.dtype
+    data: Any, labels: list[str] | None, positions: list[int], dtype: torch.dtype,
+    bounded: list[int] | None,
 ) -> None:
     """fit's data warnings about a file's rows (columns that the cast to the flow's ``dtype``
-    rounds, constant or discrete columns, point masses, repeated rows), naming the option and
-    the columns by their positions in the file (``positions``, of the modelled columns) and
-    their header's names (fit's own are off for a file's rows, or filtered: PrecisionWarning)."""
+    rounds, constant or discrete columns, point masses, repeated rows, and for an affine flow,
+    ``bounded`` not None, skewed positive columns other than those ``--bounds`` bounds), naming
+    the option and the columns by their positions in the file (``positions``, of the modelled
+    columns) and their header's names (fit's own are off for a file's rows, or filtered:
+    PrecisionWarning)."""
     x, c = data if isinstance(data, tuple) else (data, None)
     rows = torch.as_tensor(x, dtype=torch.float64)
     context = None if c is None else torch.as_tensor(c, dtype=torch.float64)
@@ -598,6 +607,9 @@ def _warn_about_rows(
     if context is not None:
         warn_if_rounded(("the context of ", Mention("--data")), context, dtype, stacklevel=3)
     warn_if_degenerate("--data", rows, stacklevel=3, labels=labels, numbers=positions)
+    if bounded is not None:
+        warn_if_skewed("--data", rows, skip=bounded, stacklevel=3, labels=labels,
+                       numbers=positions)
     warn_if_duplicated("--data", rows, context, stacklevel=3)
 
 

@@ -9,6 +9,7 @@ from .arrays import (
     warn_if_degenerate,
     warn_if_duplicated,
     warn_if_rounded,
+    warn_if_skewed,
 )
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, DivergenceWarning, NonFiniteLossError
@@ -51,4 +52,5 @@ __all__ = [
     "warn_if_degenerate",
     "warn_if_duplicated",
     "warn_if_rounded",
+    "warn_if_skewed",
 ]

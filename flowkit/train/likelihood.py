@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..flows import Flow
-from ..transforms import Affine, BatchNorm, MaskedAutoregressive
+from ..transforms import Affine, BatchNorm, Logit, MaskedAutoregressive
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, reference
 from .arrays import (
     DataWarning,
@@ -30,6 +30,7 @@ from .arrays import (
     load_arrays,
     split_rows,
     warn_if_duplicated,
+    warn_if_skewed,
 )
 from .held_out import held_out_loss
 from .history import History
@@ -406,6 +407,9 @@ def _make_source(
             _check_batch_fits(batch_size, arrays[0].shape[0], rows, holdout)
         if density:  # about the model and the number of rows, not their values
             _warn_if_affine_on_few_rows(model, arrays[0].shape[0])
+        if density and data_warnings and _has_affine_layers(model):
+            warn_if_skewed("data", arrays[0], skip=_bounded_columns(model), stacklevel=5,
+                           labels=labels)
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0], s.dist.world_size)
         return TensorSource(arrays, batch_size, s.seed, s.dist, holdout), held_out
@@ -420,13 +424,23 @@ FEW_ROWS_FOR_AFFINE = 150
 extrapolates badly (docs/defaults.md, "Validation by default")."""
 
 
+def _has_affine_layers(model: nn.Module) -> bool:
+    return any(isinstance(m, MaskedAutoregressive) and isinstance(m.transformer, Affine)
+               for m in model.modules())
+
+
+def _bounded_columns(flow: nn.Module) -> list[int]:
+    """The columns a :class:`~flowkit.transforms.Logit` first in ``flow`` gives a finite bound."""
+    first = next(iter(flow.transform.transforms), None) if isinstance(flow, Flow) else None
+    if not isinstance(first, Logit):
+        return []
+    return (torch.isfinite(first.low) | torch.isfinite(first.high)).nonzero().flatten().tolist()
+
+
 def _warn_if_affine_on_few_rows(model: nn.Module, rows: int) -> None:
     """A :class:`DataWarning` when a flow with affine autoregressive layers is to be trained on
     fewer than :data:`FEW_ROWS_FOR_AFFINE` rows."""
-    if rows >= FEW_ROWS_FOR_AFFINE or not any(
-        isinstance(m, MaskedAutoregressive) and isinstance(m.transformer, Affine)
-        for m in model.modules()
-    ):
+    if rows >= FEW_ROWS_FOR_AFFINE or not _has_affine_layers(model):
         return
     warnings.warn(DataWarning(
         Mention("data"), f" leaves {rows} rows to train a flow with affine autoregressive "
