@@ -110,8 +110,8 @@ OPTIONS = {
     "dtype": "--dtype",
 }
 """The option of this command that sets each argument of :func:`~flowkit.train.fit` (and the
-builders' ``transformer`` and ``bounds``, the model's ``dtype``): errors and warnings of ``fit`` are spelled
-with them (:func:`~flowkit.app.common.as_options`)."""
+builders' ``transformer`` and ``bounds``, the model's ``dtype``): errors and warnings of ``fit``
+are spelled with them (:func:`~flowkit.app.common.as_options`)."""
 
 NONES = {"lr_schedule": "none", "divergence_threshold": "off"}
 """The values of this command's options that pass ``None`` to :func:`~flowkit.train.fit`."""
