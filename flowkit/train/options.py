@@ -67,7 +67,10 @@ class TrainOptions(TypedDict, total=False):
             ``torch.manual_seed`` before the call makes the run repeatable, and recorded in
             ``History.seed``) or an integer in ``[0, 2**63)``. Seeds the data order, per-step
             sampling and torch's global generator (per process, for dropout and model
-            sampling): draws after ``fit`` continue from the run's seed.
+            sampling): draws after ``fit`` continue from the run's seed. The model's initial
+            weights are not the run's: a builder draws them from torch's global generator
+            when it builds the model, so a repeatable run calls ``torch.manual_seed`` before
+            building it too.
         device: where the run computes: ``"auto"`` (default: CUDA if available), ``"cpu"``,
             ``"cuda"``, ``"cuda:1"``, ... or a :class:`torch.device`. The model is moved there
             for the run and back to its own device at the end (also when the run fails), so
