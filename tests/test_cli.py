@@ -249,16 +249,23 @@ def test_warnings_are_one_line_without_source_path_while_the_command_runs(tmp_pa
     assert len(lines) == 1
     assert lines[0].startswith("flowkit fit: warning: DataWarning: '--data', column 2, holds a ")
     assert ".py:" not in done.stderr
+    # and kept with the results (review 42: metrics.json showed an NLL without its caveat)
+    import json
+
+    kept = json.loads((tmp_path / "run" / "metrics.json").read_text())["warnings"]
+    assert [w for w in kept if w.startswith("DataWarning: '--data', column 2, holds a ")]
 
 
 def test_a_multi_line_warning_is_one_line_and_the_format_comes_back():
     import warnings
 
     before = warnings.formatwarning
-    with cli._warnings_as_lines("fit"):
+    shown = []
+    with cli._warnings_as_lines("fit", shown):
         text = warnings.formatwarning(RuntimeWarning("first\n  second"), RuntimeWarning,
                                       "somewhere.py", 3)
     assert text == "flowkit fit: warning: RuntimeWarning: first second\n"
+    assert shown == ["RuntimeWarning: first second"]
     assert warnings.formatwarning is before
 
 

@@ -197,14 +197,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if main_process:
             created = _make_folder(args.out)
         # one writer per --out (rank 0 writes); fit() inside takes the same lock again
-        with _warnings_as_lines(args.command), _sigterm_as_interrupt(), (
+        shown: list[str] = []  # the warnings, also kept in metrics.json
+        with _warnings_as_lines(args.command, shown), _sigterm_as_interrupt(), (
             run_lock(args.out) if main_process else contextlib.nullcontext()
         ):
             if main_process:
                 _refuse_another_commands_results(args.out / "metrics.json", args.command)
             metrics = module.run(args)
             if main_process:
-                record = {"command": args.command, "args": vars(args), "metrics": metrics}
+                record = {"command": args.command, "args": vars(args), "metrics": metrics,
+                          "warnings": shown}
                 path = args.out / "metrics.json"
                 text = json.dumps(_finite(record), indent=2, default=str) + "\n"
                 write_bytes_atomic(path, text.encode())
@@ -253,17 +255,19 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _warnings_as_lines(command: str) -> Iterator[None]:
+def _warnings_as_lines(command: str, shown: list[str]) -> Iterator[None]:
     """Inside the block, a warning is shown as one line,
     ``flowkit <command>: warning: <Category>: <message>`` (without Python's source path, line
-    number and source line); the previous format comes back after the block. Only the format
+    number and source line), and ``<Category>: <message>`` is appended to ``shown`` (for
+    ``metrics.json``); the previous format comes back after the block. Only the format
     changes, so code that records warnings (``warnings.catch_warnings(record=True)``,
     ``pytest.warns``) still receives them."""
 
     def format_line(message: Warning | str, category: type[Warning], filename: str,
                     lineno: int, line: str | None = None) -> str:
-        text = " ".join(str(message).split())
-        return f"flowkit {command}: warning: {category.__name__}: {text}\n"
+        text = f"{category.__name__}: {' '.join(str(message).split())}"
+        shown.append(text)
+        return f"flowkit {command}: warning: {text}\n"
 
     previous, warnings.formatwarning = warnings.formatwarning, format_line
     try:
