@@ -242,6 +242,33 @@ def test_disk_full_keeps_the_previous_file_and_no_temporary(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "metrics.json"]
 
 
+def test_a_save_writes_through_a_link_and_removes_stale_temporary_files(tmp_path):
+    """Review 41: a save replaced a link (latest.pt -> run7/model.pt) with a file, where
+    torch.save writes through it; and the temporary file of a save killed mid-write stayed
+    beside the model for good (a fresh one may be another writer's: it stays)."""
+    flow = flowkit.MAF(2, hidden_features=(4,), layers=1)
+    (tmp_path / "run7").mkdir()
+    target = tmp_path / "run7" / "model.pt"
+    save_model(flow, target)
+    link = tmp_path / "latest.pt"
+    link.symlink_to(target)
+    with torch.no_grad():
+        next(flow.parameters()).add_(1.0)
+    save_model(flow, link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    torch.testing.assert_close(next(load_model(target).parameters()), next(flow.parameters()))
+    stale = tmp_path / "run7" / ".model.pt.0123456789abcdef.tmp"
+    fresh = tmp_path / "run7" / ".model.pt.fedcba9876543210.tmp"
+    other = tmp_path / "run7" / ".other.pt.0123456789abcdef.tmp"
+    for path in (stale, fresh, other):
+        path.write_bytes(b"partial")
+    old = time.time() - 2 * flowkit.checkpoint.format.STALE_TMP_S
+    for path in (stale, other):
+        os.utime(path, (old, old))
+    save_model(flow, target)
+    assert not stale.exists() and fresh.exists() and other.exists()
+
+
 def test_disk_full_during_fit_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     """The lock file and the checkpoints of steps 2 and 4 are written (fsync calls 1-5), the one
     of step 6 fails: a one-line OSError naming the file; the step-4 checkpoint stays."""

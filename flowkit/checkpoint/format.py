@@ -29,18 +29,23 @@ flushed, ``fsync``-ed and renamed over the target with :func:`os.replace`; the f
 then synced. A failed write (disk full, permission denied, read-only folder) removes the
 temporary file, leaves an existing target untouched and raises :class:`CheckpointWriteError`
 (an ``OSError``) whose one-line message names the target. A writer killed mid-write can leave a
-temporary file behind; :func:`flowkit.checkpoint.run_lock` removes those of its folder.
+temporary file behind; :func:`flowkit.checkpoint.run_lock` removes those of its folder, and the
+next write of the same target those older than :data:`STALE_TMP_S`. A target that is a symbolic
+link is written through: the file it points to is replaced, and the link stays (as
+:func:`torch.save` does).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import io
 import os
 import re
 import secrets
 import struct
+import time
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -157,6 +162,8 @@ def atomic_write(path: str | os.PathLike, fill: Callable[[IO[bytes]], None]) -> 
             left. Other errors of ``fill`` propagate unchanged, with the same guarantees.
     """
     path = check_path_to_write(path)
+    if path.is_symlink():  # write through a link (latest.pt -> run7/model.pt), as torch.save
+        path = Path(os.path.realpath(path))
     # a fresh name in the same folder (os.replace is only atomic within a file system); "xb"
     # refuses to reuse an existing file and, unlike mkstemp, gives the umask's permissions
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
@@ -198,6 +205,22 @@ def atomic_write(path: str | os.PathLike, fill: Callable[[IO[bytes]], None]) -> 
             e.errno,
             str(path),
         ) from e
+    _remove_stale_temporary_files(path)
+
+
+STALE_TMP_S = 3600.0
+"""Age in seconds from which a temporary file of the same target that a killed writer left
+is removed by the next write of that target (a writer alive writes for seconds, not hours)."""
+
+
+def _remove_stale_temporary_files(path: Path) -> None:
+    """Remove ``path``'s temporary files older than :data:`STALE_TMP_S` (review 41: every
+    write killed mid-way left one beside the file for good)."""
+    now = time.time()
+    for entry in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            if _TMP.match(entry.name) and now - entry.stat().st_mtime > STALE_TMP_S:
+                entry.unlink()
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
