@@ -19,6 +19,7 @@ from flowkit.transforms import (
     MaskedAutoregressive,
     Permutation,
     Standardize,
+    Transform,
 )
 from flowkit.transforms.elementwise import make_transformer
 
@@ -472,3 +473,92 @@ def test_default_maf_samples_and_scores_in_half_precision(device, dtype):
     assert x.dtype == dtype and x.device.type == device and torch.isfinite(x).all()
     log_p = flow.log_prob(x)
     assert log_p.dtype == dtype and torch.isfinite(log_p).all()
+
+
+# ------------------------------------------------------------- transforms of one's own
+
+
+class _Scale(Transform):
+    """z = 2 x; ``summed`` returns the log-determinant summed over the batch (a mistake)."""
+
+    def __init__(self, summed=False, bare=False):
+        super().__init__()
+        self.summed, self.bare = summed, bare
+
+    def _forward(self, x, context):
+        log_det = x.new_full((x.shape[0],), x.shape[1] * math.log(2.0))
+        if self.bare:
+            return 2 * x
+        return 2 * x, log_det.sum() if self.summed else log_det
+
+    def _inverse(self, z, context):
+        return z / 2, z.new_full((z.shape[0],), -z.shape[1] * math.log(2.0))
+
+
+def test_what_a_transform_of_ones_own_returns_is_checked_and_the_transform_named():
+    """Review 45: a log-determinant summed over the batch was broadcast to every row (5.5 nats
+    off at N = 5), and a bare z of two rows was unpacked as the pair (z, log_det)."""
+    from flowkit import Flow, StandardNormal
+
+    x = torch.randn(5, 2)
+    good = Flow([_Scale(), Permutation([1, 0])], StandardNormal(2))  # a list: their Compose
+    assert isinstance(good.transform, Compose)
+    expected = StandardNormal(2).log_prob(2 * x) + 2 * math.log(2)
+    torch.testing.assert_close(good.log_prob(x), expected)
+    summed = r"a pair: Tensor of shape \(5, 2\), Tensor of shape \(\)"
+    for bad, got in ((_Scale(summed=True), summed),
+                     (_Scale(bare=True), r"one tensor of shape \(5, 2\)")):
+        flow = Flow([bad], StandardNormal(2))
+        with pytest.raises(ValueError, match=r"_Scale._forward should return \(y, log_det\), y of "
+                           r"its input's shape \(5, 2\) and log_det of shape \(5,\).*got " + got):
+            flow.log_prob(x)
+    two = Flow(_Scale(bare=True), StandardNormal(2))  # not in a Compose: the flow checks it
+    with pytest.raises(ValueError, match="one tensor of shape"):
+        two.log_prob(torch.randn(2, 2))
+    with pytest.raises(TypeError, match=r"a list, or flowkit.transforms.Compose\(\[t1, t2\]\)"):
+        Flow(torch.nn.Linear(2, 2), StandardNormal(2))
+
+
+def test_a_transform_written_as_nflows_writes_them_is_told_where_its_code_goes():
+    class NflowsStyle(Transform):
+        def forward(self, x, context=None):
+            return 2 * x, x.new_zeros(x.shape[0])
+
+    from flowkit import Flow, StandardNormal
+
+    with pytest.raises(NotImplementedError, match=r"NflowsStyle overrides forward\(\), but "
+                       r"flowkit calls _forward.*rename NflowsStyle.forward to _forward"):
+        Flow([NflowsStyle()], StandardNormal(2)).log_prob(torch.randn(3, 2))
+    with pytest.raises(NotImplementedError, match=r"_Plain should implement _inverse"):
+        type("_Plain", (Transform,), {})().inverse(torch.randn(3, 2))
+
+
+def test_check_transform_passes_flowkits_layers_and_names_what_a_wrong_one_gets_wrong():
+    from flowkit.testing import check_autoregressive, check_transform
+
+    torch.manual_seed(0)
+    flow = MAF(3, layers=2, hidden_features=(8,), context_features=2, transformer="spline")
+    for p in flow.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    check_transform(flow.transform, torch.randn(4, 3), torch.randn(4, 2))
+    check_transform(Inverse(flow.transform), torch.randn(4, 3), torch.randn(4, 2))
+
+    class WrongInverse(_Scale):
+        def _inverse(self, z, context):
+            return z / 3, z.new_full((z.shape[0],), -z.shape[1] * math.log(3.0))
+
+    class WrongLogDet(_Scale):
+        def _forward(self, x, context):
+            return 2 * x, x.new_full((x.shape[0],), math.log(2.0))
+
+        def _inverse(self, z, context):
+            return z / 2, z.new_full((z.shape[0],), -math.log(2.0))
+
+    for t, match in ((WrongInverse(), r"inverse\(forward\(x\)\) differs from x"),
+                     (WrongLogDet(), r"log_det of row 0 is 0.69314.*autograd's log\|det dz/dx\| "
+                                     r"is 1.3862"),
+                     (_Scale(summed=True), r"forward should return \(y, log_det\)")):
+        with pytest.raises(AssertionError, match=match):
+            check_transform(t, torch.randn(3, 2))
+    with pytest.raises(TypeError, match=r"has no 'order': pass order=.*check_transform"):
+        check_autoregressive(flow.transform.transforms[-1])

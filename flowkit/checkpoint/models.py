@@ -434,10 +434,12 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
         wrapped = ("" if inner is None else f"; it holds a model that can be saved, "
                    f"'{inner}': flowkit.save_model(model{access}, path)")
         raise CheckpointError(
-            f"'model' ({type(model).__name__}) has no 'config' attribute, so it cannot be rebuilt "
-            f"from a file{wrapped}; or register its constructor with "
-            "flowkit.checkpoint.register_model, or save its weights with "
-            "flowkit.checkpoint.save_checkpoint(path, kind, model=model)"
+            f"'model' ({type(model).__name__}) has no 'config' (the arguments of a registered "
+            f"constructor, which a builder such as flowkit.MAF records), so it cannot be rebuilt "
+            f"from a file{wrapped}; write the code that builds it as a function and register it "
+            "with flowkit.checkpoint.register_model (docs/flows.md, 'Saving a flow built by "
+            "hand'), or save its weights with flowkit.checkpoint.save_checkpoint(path, kind, "
+            "model=model) and restore them into a model you build"
         )
     save_checkpoint(path, MODEL_KIND, model=model)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any, Literal
 
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
-from flowkit.transforms.base import Transform
+from flowkit.transforms.base import Compose, Transform, checked_result
 from flowkit.transforms.standardize import Standardize, counting_steps_of, scoring_own_samples
 from flowkit.validation import (
     SampleShape,
@@ -94,7 +94,8 @@ class Flow(nn.Module):
     :meth:`log_prob` call after their own checks. They are part of flowkit, not of its API.
 
     Args:
-        transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`).
+        transform: data-to-noise transform (e.g. a :class:`flowkit.transforms.Compose`), or
+            a list of transforms applied in order (made a ``Compose``).
         base: base distribution with ``features``, ``log_prob(z)`` and ``rsample(n)``; or a
             conditional one with ``context_features``, ``log_prob(z, h)`` and ``rsample(h)``.
             Optional: ``_unchecked_log_prob``, ``log_prob`` without the checks of its
@@ -120,7 +121,7 @@ class Flow(nn.Module):
 
     def __init__(
         self,
-        transform: Transform,
+        transform: Transform | Sequence[Transform],
         base: nn.Module,
         standardize_context: Standardize | None = None,
         embedding: nn.Module | None = None,
@@ -128,9 +129,12 @@ class Flow(nn.Module):
         base_context: Literal["embedded", "raw"] = "embedded",
     ):
         super().__init__()
+        if isinstance(transform, list | tuple):  # zuko's Flow((t1, t2), base): their Compose
+            transform = Compose(transform)
         if not isinstance(transform, Transform):
             raise TypeError(
-                f"'transform' should be a flowkit Transform, got {type(transform).__name__}"
+                f"'transform' should be a flowkit Transform (several: a list, or "
+                f"flowkit.transforms.Compose([t1, t2])), got {type(transform).__name__}"
             )
         if not isinstance(getattr(base, "features", None), int):
             raise TypeError(
@@ -268,7 +272,7 @@ class Flow(nn.Module):
     def _log_prob(self, x: Tensor, h: Tensor | None) -> Tensor:
         """``x`` ``(R, D)``, ``h`` ``(R, H)`` (from :meth:`_embed`) or None -> ``(R,)``."""
         h, h_base = self._split(h)
-        z, log_det = self.transform._forward(x, h)
+        z, log_det = checked_result(self.transform, "_forward", self.transform._forward(x, h), x)
         return self._base_log_prob(z, h_base) + log_det
 
     @_autocast_off
@@ -340,7 +344,8 @@ class Flow(nn.Module):
                 h, h_base = self._split(
                     None if context is None else self._embed_rows(context, shape))
             z, log_pz = self._base_sample(rows, h_base, log_prob, noise)
-            x, log_det = self.transform._inverse(z, h)
+            x, log_det = checked_result(self.transform, "_inverse",
+                                        self.transform._inverse(z, h), z)
         x = x.reshape(*shape, self.features)
         if eager and self.training:  # its log_prob must not re-standardize the flow
             _LAST_SAMPLES[self] = (weakref.ref(x), x._version)

@@ -74,11 +74,23 @@ class Transform(nn.Module):
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         """:meth:`forward` on input its caller checked."""
-        raise NotImplementedError(f"{type(self).__name__} should implement _forward")
+        raise NotImplementedError(self._missing("_forward", "forward"))
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         """:meth:`inverse` on input its caller checked."""
-        raise NotImplementedError(f"{type(self).__name__} should implement _inverse")
+        raise NotImplementedError(self._missing("_inverse", "inverse"))
+
+    def _missing(self, method: str, public: str) -> str:
+        """Why ``method`` is missing, for the error: a subclass written as nflows' are, with
+        ``forward``/``inverse`` overridden, is told where its code goes."""
+        name = type(self).__name__
+        if getattr(type(self), public) is not getattr(Transform, public):
+            return (f"{name} overrides {public}(), but flowkit calls {method}(x, context) -> "
+                    f"(y, log_det) inside flows and Compose ({public}() checks the input, then "
+                    f"calls {method}()): rename {name}.{public} to {method} (docs/flows.md, "
+                    "'Writing a transform')")
+        return (f"{name} should implement {method}(x, context) -> (y, log_det) (docs/flows.md, "
+                "'Writing a transform')")
 
     def _check(self, name: str, x: object, context: object) -> tuple[Tensor, Tensor | None]:
         """A direct call's input: ``x`` ``(N, features)`` (any width when ``features`` is
@@ -117,16 +129,41 @@ class Compose(Transform):
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         total = None
         for t in self.transforms:
-            x, log_det = t._forward(x, context)
+            x, log_det = checked_result(t, "_forward", t._forward(x, context), x)
             total = log_det if total is None else total + log_det
         return x, x.new_zeros(x.shape[0]) if total is None else total
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         total = None
         for t in reversed(self.transforms):
-            z, log_det = t._inverse(z, context)
+            z, log_det = checked_result(t, "_inverse", t._inverse(z, context), z)
             total = log_det if total is None else total + log_det
         return z, z.new_zeros(z.shape[0]) if total is None else total
+
+
+def checked_result(t: Transform, method: str, result: object, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``result`` of ``t.<method>(x, context)``, checked: a pair ``(y, log_det)`` with ``y`` of
+    ``x``'s shape ``(N, D)`` and ``log_det`` of shape ``(N,)``, one value per row (review 45: a
+    custom transform's log-determinant summed over the batch was broadcast to every row, and a
+    bare ``z`` of two rows was unpacked as the pair). Anything else is a ValueError naming the
+    transform. Costs a few comparisons of shapes per transform."""
+    if type(result) is tuple and len(result) == 2:
+        y, log_det = result
+        if (isinstance(y, Tensor) and isinstance(log_det, Tensor) and y.shape == x.shape
+                and log_det.shape == x.shape[:1]):
+            return y, log_det
+        shapes = ", ".join(f"{type(v).__name__} of shape {tuple(v.shape)}"
+                           if isinstance(v, Tensor) else type(v).__name__ for v in result)
+        got = f"a pair: {shapes}"
+    elif isinstance(result, Tensor):
+        got = f"one tensor of shape {tuple(result.shape)}"
+    else:
+        got = (f"a {type(result).__name__} of {len(result)}"
+               if isinstance(result, tuple | list) else type(result).__name__)
+    raise ValueError(
+        f"{type(t).__name__}.{method} should return (y, log_det), y of its input's shape "
+        f"{tuple(x.shape)} and log_det of shape {tuple(x.shape[:1])}, one log|det| per row; "
+        f"got {got} (docs/flows.md, 'Writing a transform')")
 
 
 def _common(transforms: Iterable[Transform], name: str, unset: int | None) -> int | None:
