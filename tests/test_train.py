@@ -1120,7 +1120,7 @@ def test_divergence_is_an_error_that_says_what_to_try(tmp_path):
     assert len(h.train_loss) == 60
 
 
-def test_a_failed_run_that_keeps_its_best_weights_ends_with_them():
+def test_a_failed_run_that_keeps_its_best_weights_ends_with_them(tmp_path):
     """With restore_best, a run that diverges gives the model the weights of its best
     validation, not those of the last recording: the mean moves from 0 towards SHIFT, so the
     validation that scores the distance to 0 is best at its first call (step 10)."""
@@ -1143,6 +1143,26 @@ def test_a_failed_run_that_keeps_its_best_weights_ends_with_them():
     assert not torch.equal(seen[0], seen[-1])
     assert torch.equal(model.loc.detach(), seen[0])
     assert flowkit.train.History.from_dict(h.to_dict()) == h
+    # losses and weights that become NaN after the divergence, within the same recording,
+    # are past the run's end: no error, the best weights, no NaN in the checkpoint
+    class ThenNaN(_RisingLoss):
+        def log_prob(self, x):
+            log_p = super().log_prob(x)
+            if self.calls >= self.at + 8:
+                with torch.no_grad():
+                    self.loc.fill_(math.nan)
+            return log_p
+
+    model = ThenNaN(at=35, jump=1000.0)
+    folder = tmp_path / "nan"
+    with pytest.warns(flowkit.train.DivergenceWarning):
+        h = fit(model, gaussian, valid=valid, steps=100, batch_size=64, valid_every=10,
+                restore_best=True, lr=1e-2, log_every=20, seed=0, checkpoint_dir=folder, **QUIET)
+    assert torch.isfinite(model.loc).all() and len(h.train_loss) == h.diverged_step
+    assert all(math.isfinite(v) for v in h.train_loss)
+    for entry in load_checkpoint(folder / CHECKPOINT_NAME).extra.values():
+        assert not isinstance(entry, dict) or all(
+            torch.isfinite(t).all() for t in entry.values() if isinstance(t, torch.Tensor))
     # without a best validation to return it is still an error
     with pytest.raises(DivergenceError):
         fit(_RisingLoss(at=35, jump=1000.0), gaussian, steps=100, batch_size=64, lr=1e-2,

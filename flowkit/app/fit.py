@@ -508,6 +508,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "last_valid_nll": history.valid_loss[-1] if history.valid_loss else None,
         "best_step": history.best_step,
         "stopped_early": history.stopped_early,
+        "diverged_step": history.diverged_step,  # the run ended there with its best weights
         "patience": args.patience,
         "wall_time_s": history.wall_time,
         "steps_per_s": len(history.train_loss) / max(history.wall_time, 1e-9),
@@ -564,7 +565,10 @@ def _summary(metrics: dict[str, Any]) -> str:
         if "kl_estimate" in metrics:
             text += f", KL estimate {metrics['kl_estimate']:.4f} nats"
         text += f"; {steps}"
-        if metrics["stopped_early"]:
+        if metrics.get("diverged_step") is not None:
+            text += (f" (the training loss diverged at step {metrics['diverged_step']}: the run "
+                     "stopped there)")
+        elif metrics["stopped_early"]:
             text += (f" (stopped early: no better validation in {metrics['patience']} "
                      "validations, --patience)")
     if epochs is not None and epochs < 1:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any, Literal
@@ -15,7 +14,7 @@ from torch import Tensor, nn
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
 from flowkit.transforms.base import Compose, Transform, checked_result
-from flowkit.transforms.standardize import Standardize, counting_steps_of, scoring_own_samples
+from flowkit.transforms.standardize import Standardize, counting_steps_of
 from flowkit.validation import (
     SampleShape,
     broadcast_batch,
@@ -28,11 +27,6 @@ from flowkit.validation import (
     nonfinite_rows,
     reference,
 )
-
-_LAST_SAMPLES: weakref.WeakKeyDictionary[Flow, tuple[weakref.ref[Tensor], int]] = (
-    weakref.WeakKeyDictionary())
-"""Each flow's last samples drawn in training mode and their version counter (kept outside the
-module, which pickles)."""
 
 
 def _autocast_off(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -290,16 +284,6 @@ class Flow(nn.Module):
             h = None if context is None else self._embed_rows(context, shape)
             log_p = self._log_prob(x, h).reshape(shape)
             return log_p.masked_fill(infinite.squeeze(-1).expand(shape), -math.inf)
-        if self.training and self._are_own_samples(x):
-            with scoring_own_samples():
-                return self._log_prob_batch_of(x, context, shape, outside)
-        return self._log_prob_batch_of(x, context, shape, outside)
-
-    def _log_prob_batch_of(
-        self, x: Tensor, context: Tensor | None, shape: torch.Size, outside: Tensor | None
-    ) -> Tensor:
-        """:meth:`_log_prob_batch`, eagerly."""
-        d = self.features
         if context is None and outside is None:  # i.i.d.: score each distinct point once
             return self._log_prob(x.reshape(-1, d), None).reshape(x.shape[:-1]).expand(shape)
         x = x.expand(*shape, d).reshape(-1, d)
@@ -347,17 +331,7 @@ class Flow(nn.Module):
             x, log_det = checked_result(self.transform, "_inverse",
                                         self.transform._inverse(z, h), z)
         x = x.reshape(*shape, self.features)
-        if eager and self.training:  # its log_prob must not re-standardize the flow
-            _LAST_SAMPLES[self] = (weakref.ref(x), x._version)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)
-
-    def _are_own_samples(self, x: Tensor) -> bool:
-        """Whether ``x`` is this flow's last samples drawn in training mode (the tensor, a
-        ``detach()`` or a view of it: the same memory), not written since."""
-        ref, version = _LAST_SAMPLES.get(self, (None, 0))
-        last = None if ref is None else ref()
-        return last is not None and x._version == version and (
-            x.untyped_storage().data_ptr() == last.untyped_storage().data_ptr())
 
     # ------------------------------------------------------------------------- public methods
 

@@ -515,8 +515,8 @@ SKEWED = 30.0
 median draws a :class:`DataWarning` for affine flows (see :func:`warn_if_skewed`)."""
 
 _QUANTILE_ROWS = 100_000
-"""Rows :func:`warn_if_skewed` reads the percentiles from (the first ones; torch.quantile
-takes at most 16 million elements)."""
+"""About how many rows, spread evenly, :func:`warn_if_skewed` reads the percentiles from
+(torch.quantile takes at most 16 million elements)."""
 
 
 def warn_if_skewed(
@@ -534,10 +534,10 @@ def warn_if_skewed(
     ``numbers`` as in :func:`warn_if_degenerate`."""
     if not x.is_floating_point() or x.dim() != 2 or x.shape[0] < 20:
         return []
-    rows = x[:_QUANTILE_ROWS].double()
+    rows = x[:: max(1, x.shape[0] // _QUANTILE_ROWS)].double()  # spread over all of them
     median, high = torch.quantile(rows, torch.tensor([0.5, 0.99], dtype=rows.dtype,
                                                      device=rows.device), dim=0)
-    skewed = (rows > 0).all(0) & (high > SKEWED * median)
+    skewed = (x > 0).all(0) & (high > SKEWED * median)  # positive in every row
     skewed[list(skip)] = False
     columns = skewed.nonzero().flatten().tolist()
     if not columns:

@@ -260,7 +260,7 @@ class Trainer:
         ``last_weights``: the weights of this step when the model holds others (the best
         validation's, restored at the end), so that a resumed run continues from them."""
         s = self.s
-        if self.good_step != self.step:
+        if self.good_step != self.step and self.history.diverged_step is None:
             self._check_weights()
         self._clock()
         mine = {"rng": rng_state(s.device), "data": self.source.state_dict()}
@@ -359,7 +359,7 @@ class Trainer:
                 or step == plan.steps):
             return
         self._record()
-        if at_valid:
+        if at_valid and self.history.diverged_step is None:  # not the diverged weights
             self._validate()
         if at_epoch:
             cb.after_epoch(self._progress())
@@ -380,12 +380,15 @@ class Trainer:
 
     def _finish(self) -> None:
         """Check the last weights, restore the best ones if asked, write the last checkpoint
-        (whose model is the returned one, the best; the last weights go beside it)."""
-        if self.good_step != self.step:
+        (whose model is the returned one, the best; the last weights go beside it, unless the
+        run diverged: those are not kept, nor checked)."""
+        diverged = self.history.diverged_step is not None
+        if self.good_step != self.step and not diverged:
             self._check_weights()
         last = None
         if self.best.state is not None:
-            last = _copy(self.model) if self.s.path is not None else None
+            keep = self.s.path is not None and not diverged
+            last = _copy(self.model) if keep else None
             self.model.load_state_dict(self.best.state)
         if self.s.path is not None:
             self._save(last)
@@ -416,25 +419,28 @@ class Trainer:
                 if self.best.state is None:
                     self._fail(DivergenceError, problem, step, d.median, best=d.best)
                 self._stop_at_divergence(problem, step)
+                values = values[: step - first + 1]  # the steps after it are not the run's
+                break
         self.objective.recorded()
         self.history.train_loss.extend(values)
         _record_epochs(self.history, self.source.batches_per_epoch)
-        self._check_weights()
+        if self.history.diverged_step is None:  # else the best validation's weights return
+            self._check_weights()
         self._clock()
         self.bar.loss(sum(values) / len(values))
 
     def _stop_at_divergence(self, problem: tuple[str | Mention, ...], step: int) -> None:
         """A divergence in a run that keeps its best validation's weights: the run ends, as
         early stopping ends it, and returns those weights with a warning (review 42: on small
-        data sets the training loss blew up hundreds of steps after the best validation, which
-        is overfitting, and the DivergenceError lost the run's history)."""
+        data sets the training loss blew up hundreds of steps after the best validation, and
+        the DivergenceError lost the run's history). The steps recorded after it are dropped,
+        non-finite losses and weights included."""
         self.history.stopped_early, self.history.diverged_step = True, step
         best = self.history.best_step
         warnings.warn(DivergenceWarning(
             *problem, f", {step - best} steps after the best validation (step {best}): the run "
-            "stopped there and returns the weights of that validation. On a small data set this "
-            "is the training rows being overfitted; otherwise a lower ", Mention("lr"),
-            " or ", Mention("clip_grad_norm"), " may take the run further"), stacklevel=2)
+            "stopped there and returns the weights of that validation. A lower ", Mention("lr"),
+            " or ", Mention("clip_grad_norm"), " may take a run further"), stacklevel=2)
         self.bar.postfix["diverged; best step"] = str(best)
 
     def _check_weights(self) -> None:

@@ -11,12 +11,14 @@ import inspect
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..flows import Flow, spline_edge_shares, spline_layers
 from ..transforms import BatchNorm
 from ..validation import check_batch_context, check_int, reference
+from .arrays import as_tensor
 from .history import History
 from .loop import RunPlan, Trainer
 from .objectives import NegElbo, Objective, require_method
@@ -70,7 +72,9 @@ def fit_reverse_kl(
         context: for a flow with ``context_features = C > 0`` (required there, refused
             otherwise): the contexts to fit at, a tensor ``(M, C)`` whose rows each step draws
             uniformly with replacement, or a function ``context(n, generator) -> (n, C)``
-            drawing fresh ones from the ``torch.Generator`` it is given (seeded by ``seed``).
+            drawing fresh ones from the ``torch.Generator`` it is given (seeded by ``seed``, on
+            the training device: ``torch.randn(n, C, generator=g, device=g.device)``). Numpy
+            arrays and other floating dtypes are cast to the flow's, as ``fit`` casts data.
         **options: the options shared with :func:`~flowkit.train.fit`, described in
             :class:`~flowkit.train.TrainOptions`.
 
@@ -109,8 +113,9 @@ def fit_reverse_kl(
     batch_size = check_int("batch_size", batch_size, minimum=1)
     with session(flow, o["device"], o["seed"], o["checkpoint_dir"], o["resume"], "neg_elbo") as s:
         like = reference(flow)
-        if isinstance(context, Tensor):
-            context = check_batch_context(context, context_features, like)
+        if isinstance(context, Tensor | np.ndarray):  # on the device, in the flow's dtype
+            context = check_batch_context(as_tensor("context", context, s.device, like.dtype),
+                                          context_features, like)
             if context is None or context.dim() != 2 or len(context) == 0:
                 raise ValueError(f"'context' should be a tensor (M, {context_features}) of "
                                  f"M >= 1 contexts, got shape {tuple(context.shape)}")
@@ -125,6 +130,7 @@ def fit_reverse_kl(
     contexts = None
     if context is not None:  # where the fitted flow is looked at for the spline's edge
         contexts = source.draw(1000, torch.Generator(like.device).manual_seed(s.seed + 1))
+        contexts = contexts.to(reference(flow).device)  # where the session left the flow
     _warn_if_held_by_a_spline_interval(flow, contexts)
     return history
 
@@ -153,15 +159,18 @@ def _check_target(
     ``(N,)``, and the target's carries the gradient of its input (a target computed under
     ``no_grad``, on ``x.detach()`` or through numpy would train nothing, silently)."""
     if context is None:
-        x, log_q = flow.sample_and_log_prob(2)  # with gradients, as the steps draw them
+        n = 2
+        x, log_q = flow.sample_and_log_prob(n)  # with gradients, as the steps draw them
         log_p = target(x)
     else:
-        x, log_q = flow.sample_and_log_prob(None, context[:2])
-        log_p = target(x, context[:2])
+        n = len(context[:2])  # a step of batch_size=1 draws one
+        x, log_q = flow.sample_and_log_prob(None, context[:n])
+        log_p = target(x, context[:n])
     for name, t in (("'flow'.sample_and_log_prob", log_q), ("'target_log_density'", log_p)):
-        if not isinstance(t, Tensor) or t.shape != (2,):
+        if not isinstance(t, Tensor) or t.shape != (n,):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name} should return log-densities of shape (N,), got {got} for N=2")
+            raise ValueError(f"{name} should return log-densities of shape (N,), got {got} for "
+                             f"N={n}")
     if not log_p.is_floating_point():
         raise TypeError(
             f"'target_log_density' should return floating log-densities, got dtype {log_p.dtype} "

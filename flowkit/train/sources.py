@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from ..validation import ArgumentError, Mention, check_batch_context
-from .arrays import Batch, as_batch, loader_batch, split_pair
+from .arrays import Batch, as_batch, as_tensor, loader_batch, split_pair
 from .distributed import Dist
 
 
@@ -327,8 +327,10 @@ class ReverseKLSource:
             rows = torch.randint(len(self.contexts), (n,), generator=generator,
                                  device=self.like.device)
             return self.contexts.index_select(0, rows.to(self.contexts.device))
-        c = check_batch_context(self.contexts(n, generator), self.context_features, self.like,
-                                "context")
+        drawn = self.contexts(n, generator)
+        if isinstance(drawn, Tensor | np.ndarray):  # on the device, in the flow's dtype
+            drawn = as_tensor("context", drawn, self.like.device, self.like.dtype)
+        c = check_batch_context(drawn, self.context_features, self.like, "context")
         if c is None or c.shape != (n, self.context_features):
             got = None if c is None else tuple(c.shape)
             raise ValueError(f"'context', a sampling function, should return {n} rows "

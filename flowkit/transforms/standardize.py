@@ -43,9 +43,10 @@ look                while unset, a training-mode ``forward``        the first da
 sampled identity    a training-mode ``inverse`` while unset         as a look, except that after
                     (sampling before any data): the identity        sampling with gradients only
                                                                     a data batch clearly in other
-                                                                    units replaces it (a mean or
-                                                                    std beyond 10, or from 8 rows
-                                                                    a std below 0.01)
+                                                                    units than the samples replaces
+                                                                    it (a mean 10 of their stds
+                                                                    away, a std 10 times theirs or,
+                                                                    from 8 rows, below 1% of it)
 ==================  ==============================================  ===============================
 
 A training-mode ``inverse`` with gradients (reparameterized samples: training by reverse KL,
@@ -54,13 +55,14 @@ were trained through and the value in use is fixed. Before that step data still 
 that a Monte-Carlo look at a new flow (``flow().entropy()``, a ``kl_divergence``, an
 ``rsample((5,))``) before ``fit`` or a loop of one's own does not decide it (review 29: an
 ``rsample((5,))`` first left data near 1000 at the identity, a loss of 516 against 5.94); the
-flow's own samples are not "in other units", so the identity they were drawn with stays.
+flow's own samples, and copies of them, are not "in other units" than the samples the identity
+gave (their moments are kept until the step), however far from the origin its base starts, so
+the identity they were drawn with stays (review 43: a base at a guess of (40, -25) had its
+samples re-standardize the flow, 305 nats between ``sample_and_log_prob`` and ``log_prob``).
 Updates written by hand (no ``torch.optim``) are not counted: such a loop should set the values
 first (:meth:`Standardize.set` or :func:`set_from_data`). The contexts a flow samples at are
 treated alike: with gradients they set the context standardization, which the first optimizer
-step fixes (amortized variational inference: review 43). A flow's own samples (the tensor it
-last returned in training mode, or a view or ``detach()`` of it) never set a value that is set
-already, whatever their units: scoring them gives the log-density they were drawn with.
+step fixes (amortized variational inference: review 43).
 
 One row has no spread: a value set from a single row, or copies of one (shift = that row,
 scale = 1), gives way to the first training call with gradients on rows that differ. A loop
@@ -80,9 +82,10 @@ lower Cholesky factor ``L`` of the features' correlation matrix is divided out,
 only unit variances) and a flow starts from a Gaussian fitted with all its correlations. ``L`` is
 lower triangular, so ``z_i`` depends on ``x_1..x_i`` only (the map is itself autoregressive), and
 ``log|det dz/dx| = -\sum_d \log scale_d - \sum_d \log L_{dd}``. The correlation is shrunk
-towards the identity, ``(1 - a) R + a I`` with ``a = Standardize.SHRINKAGE``, so that nearly
-collinear features (or fewer rows than features) do not make ``L^{-1}`` blow up directions the
-training data barely vary in; a constant feature is uncorrelated with the rest.
+towards the identity, ``(1 - a) R + a I`` with ``a`` the oracle approximating shrinkage of the
+rows (:func:`oas_shrinkage`), at least ``Standardize.SHRINKAGE``, so that nearly collinear
+features (or few rows for the features) do not make ``L^{-1}`` blow up directions the training
+data barely vary in; a constant feature is uncorrelated with the rest.
 """
 
 from __future__ import annotations
@@ -103,38 +106,24 @@ from flowkit.transforms.base import Transform
 from flowkit.validation import check_int, check_tensor
 
 
-def _off_unit_scale(x: Tensor) -> bool:
-    """Whether the rows ``x`` ``(N, D)`` are clearly in other units than the identity map's: a
-    feature's mean beyond 10, or its standard deviation above 10 (or below 0.01, from 8 rows
-    on). A flow's own samples before its first optimizer step (a standard normal, or a
-    conditional base, through layers at or near the identity) are well within these bounds.
+def _in_other_units(x: Tensor, samples: tuple[Tensor, Tensor] | None) -> bool:
+    """Whether the rows ``x`` ``(N, D)`` are clearly in other units than the flow's own samples
+    that the identity map gave, of per-feature mean ``m`` and standard deviation ``s``
+    (``samples``; ``m = 0, s = 1`` when unknown or drawn from a single row): a feature's mean
+    more than ``10 s`` from ``m``, or its standard deviation above ``10 s`` (or below
+    ``0.01 s``, from 8 rows on). The flow's own samples, however far from the origin its base
+    starts (review 43: a base at a guess of (40, -25)), a copy or a view of them, are not.
     Reads the values back."""
     x = x.detach()
     mean, std = x.mean(0), x.std(0)
-    off = (mean.abs() > 10.0) | (std > 10.0) | ((std < 0.01) & (x.shape[0] >= 8))
+    m, s = (0.0, 1.0) if samples is None else (samples[0].to(x), samples[1].to(x))
+    off = ((mean - m).abs() > 10.0 * s) | (std > 10.0 * s)
+    off |= (std < 0.01 * s) & (x.shape[0] >= 8)
     return bool(off.any())
 
 
 _COUNTED_WEIGHT: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
     "flowkit_counted_weight", default=None)
-
-_SCORING_OWN_SAMPLES: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "flowkit_scoring_own_samples", default=False)
-
-
-@contextmanager
-def scoring_own_samples() -> Iterator[None]:
-    """Within the block, the points a :class:`Standardize` sees are the samples of the flow
-    it belongs to (:class:`flowkit.Flow` knows its last samples): they never set a value that
-    is set already, whatever their units (review 43: a base started at a guess of (40, -25)
-    gave samples that re-standardized the flow that drew them, 305 nats between
-    ``sample_and_log_prob`` and ``log_prob`` of the same points)."""
-    token = _SCORING_OWN_SAMPLES.set(True)
-    try:
-        yield
-    finally:
-        _SCORING_OWN_SAMPLES.reset(token)
-
 
 @contextmanager
 def counting_steps_of(weight: Tensor | None) -> Iterator[None]:
@@ -180,8 +169,9 @@ class Standardize(Transform):
         (tensor([ 1., 20.]), tensor([ 1., 10.]))
     """
 
-    #: The weight ``a`` of the identity in the shrunk correlation ``(1 - a) R + a I`` that a
-    #: full-covariance standardization is set from (see the module notes).
+    #: The least weight ``a`` of the identity in the shrunk correlation ``(1 - a) R + a I``
+    #: that a full-covariance standardization is set from; the rows' own
+    #: :func:`oas_shrinkage` where it is larger (see the module notes).
     SHRINKAGE = 0.01
 
     def __init__(
@@ -295,17 +285,23 @@ class Standardize(Transform):
         if self.provisional:
             return True
         if getattr(self, "_looked", False) or getattr(self, "_sampled_at", None) is not None:
-            self._warn_if_single_row()  # trained through: it stays
-            self._mark(provisional=False, looked=False)
+            self._mark(provisional=False, looked=False,
+                       single_row=getattr(self, "_single_row", False))
         return False
 
-    def _warn_if_single_row(self) -> None:
-        """Warn, once, that a value set from a single row or copies of one (its shift that row,
-        its scale 1) stays: training calls that see one row at a time (a context shared by each
-        batch, batches of one) never replace it, and an optimizer step fixes one that
-        samples were drawn at (review 41: contexts near 5000 +- 1000 kept the scale 1, a test
-        NLL of 11.7 instead of 3.4)."""
-        if not getattr(self, "_single_row", False) or getattr(self, "_warned_single_row", False):
+    def _warn_if_single_row(self, x: Tensor) -> None:
+        """Warn, once, when a value set from a single row or copies of one (its shift that row,
+        its scale 1) stays while a training call sees other values (``x``): calls that see one
+        row at a time (a context shared by each batch, batches of one) never replace it, and an
+        optimizer step fixes one that samples were drawn at (review 41: contexts near 5000 +-
+        1000 kept the scale 1, a test NLL of 11.7 instead of 3.4). Copies of the row it was
+        set from say nothing (a context that never varies has nothing to standardize; review
+        44: the warning fired for a policy acting on one state before its first batch)."""
+        if getattr(self, "_warned_single_row", False):
+            return
+        if self.provisional and self._steps() == getattr(self, "_single_row_at", None):
+            return  # no optimizer step since: the first batch of more rows replaces it
+        if not (x.detach() != self.shift.to(x.dtype)).any():  # copies of that row: no harm
             return
         self._warned_single_row = True
         role = getattr(self, "role", "data")
@@ -319,10 +315,12 @@ class Standardize(Transform):
             stacklevel=2,
         )
 
-    def _mark(self, provisional: bool, looked: bool, sampled: bool = False) -> None:
+    def _mark(self, provisional: bool, looked: bool, sampled: bool = False,
+              single_row: bool = False) -> None:
         self._provisional, self._looked, self._sampled_at = provisional, looked, None
         self._sampled = sampled  # the identity, set by sampling before any data
-        self._single_row = False  # set from one row (by _see)
+        self._sample_moments: tuple[Tensor, Tensor] | None = None  # of the samples it gave
+        self._single_row = single_row  # set from one row, or copies of one
 
     @property
     def full(self) -> bool:
@@ -451,10 +449,10 @@ class Standardize(Transform):
             one_row = bool((moments.m2 == 0).all())  # one row, or copies of one row
             sampling = getattr(self, "_sampling", False)
             look = not torch.is_grad_enabled() or one_row or sampling
-            self._mark(provisional=True, looked=look)
-            self._single_row = one_row
+            self._mark(provisional=True, looked=look, single_row=one_row)
             if sampling:  # contexts sampled at: trained through once an optimizer steps
                 self._count_steps_from_now()
+            self._single_row_at = self._steps() if one_row else None
 
     @contextmanager
     def _sampling_pass(self) -> Iterator[None]:
@@ -482,11 +480,11 @@ class Standardize(Transform):
             return True
         if not self.training:
             return False
-        if not compiled and _SCORING_OWN_SAMPLES.get() and self.is_initialized:
-            return False
         if not compiled and torch.is_grad_enabled() and getattr(self, "_single_row", False):
-            if x.shape[0] == 1 or not (x.detach() != x[:1].detach()).any():
-                self._warn_if_single_row()  # a second training call on one row: it stays
+            one_row = x.shape[0] == 1 or not (x.detach() != x[:1].detach()).any()
+            if one_row or not self.provisional:  # the value stays
+                self._warn_if_single_row(x)
+            if one_row:
                 return False
         may_look = self._looked and torch.is_grad_enabled() and x.shape[0] > 1
         if compiled:
@@ -501,7 +499,7 @@ class Standardize(Transform):
         # clearly in other units: the flow's own samples keep it (log_prob of the x of
         # rsample_and_log_prob agrees with it)
         if getattr(self, "_sampled", False) and self._sampled_at is not None:
-            return _off_unit_scale(x)
+            return _in_other_units(x, getattr(self, "_sample_moments", None))
         return True
 
     @torch.compiler.disable
@@ -533,12 +531,17 @@ class Standardize(Transform):
             z = z @ v["cholesky_inverse"].T
         return z, self._log_det(x, -1.0, v)
 
-    def _sample_bookkeeping(self) -> None:
-        """What a training-mode ``inverse`` notes: the identity when no value is set, and the
-        optimizer step count at the first call with gradients (see the module notes)."""
+    def _sample_bookkeeping(self, z: Tensor) -> None:
+        """What a training-mode ``inverse`` of ``z`` notes: the identity when no value is set,
+        the moments of the samples that identity gives until an optimizer step fixes it (what
+        data must differ from to replace it: :func:`_in_other_units`), and the optimizer step
+        count at the first call with gradients (see the module notes)."""
         if not self.is_initialized:
             self._flag_set()  # the identity
             self._mark(provisional=True, looked=True, sampled=True)
+        if getattr(self, "_sampled", False) and self.provisional and z.shape[0] > 1:
+            z = z.detach()
+            self._sample_moments = (z.mean(0).cpu(), z.std(0).clamp_min(1e-12).cpu())
         self._count_steps_from_now()
 
     def _count_steps_from_now(self) -> None:
@@ -554,12 +557,12 @@ class Standardize(Transform):
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         if self.training and self._collector is None:
             if not torch.compiler.is_compiling():
-                self._sample_bookkeeping()
+                self._sample_bookkeeping(z)
             elif not self._known_initialized or (
                 torch.is_grad_enabled() and getattr(self, "_provisional", False)
                 and self._sampled_at is None
             ):  # a graph break while the host knows no values, or no step count for them
-                self._sample_bookkeeping_outside_the_graph()
+                self._sample_bookkeeping_outside_the_graph(z)
         v = self._values()
         if self.full:
             z = z @ v["cholesky"].T
@@ -646,9 +649,21 @@ class _Moments:
         correlation = self.m2 / self.count / torch.outer(scale, scale)
         correlation = correlation * torch.outer(varying, varying)
         correlation.fill_diagonal_(1.0)
-        a = Standardize.SHRINKAGE
+        a = max(Standardize.SHRINKAGE, oas_shrinkage(correlation, self.count))
         shrunk = (1.0 - a) * correlation + a * torch.eye(len(std), dtype=torch.float64)
         return self.mean, scale, torch.linalg.cholesky(shrunk)
+
+
+def oas_shrinkage(correlation: Tensor, rows: int) -> float:
+    r"""The oracle approximating shrinkage (Chen, Wiesel, Eldar and Hero 2010) of a ``(D, D)``
+    correlation matrix ``R`` estimated from ``rows`` rows towards the identity: with
+    :math:`\alpha = \frac{1}{D^2} \sum_{ij} R_{ij}^2`,
+    :math:`a = \min\big(1, \frac{\alpha + 1}{(n + 1)(\alpha - 1/D)}\big)` (1 for
+    :math:`R = I`). It shrinks much where the rows are few for the features (80 rows of 30
+    correlated features: 0.095) and little where they are many (1000 rows of 5: 0.007)."""
+    alpha = float(correlation.square().mean())
+    denominator = (rows + 1.0) * (alpha - 1.0 / correlation.shape[0])
+    return 1.0 if denominator <= 0 else min(1.0, (alpha + 1.0) / denominator)
 
 
 def standardizations_to_set(model: nn.Module) -> list[Standardize]:
