@@ -127,17 +127,22 @@ def check_transform(
     Raises:
         AssertionError: naming what failed and by how much.
     """
-    from flowkit.transforms.base import checked_result
-
     t = copy.deepcopy(transform).double().eval()
     x = x.detach().double()
     c = None if context is None else context.detach().double()
     name = type(transform).__name__
-    try:
-        z, log_det = checked_result(t, "forward", t(x, c), x)
-        back, log_det_inverse = checked_result(t, "inverse", t.inverse(z, c), z)
-    except ValueError as e:
-        raise AssertionError(str(e)) from None
+
+    def pair(method: str, result: object, given: Tensor) -> tuple[Tensor, Tensor]:
+        ok = (type(result) is tuple and len(result) == 2
+              and all(isinstance(v, Tensor) for v in result)
+              and result[0].shape == given.shape and result[1].shape == given.shape[:1])
+        assert ok, (f"{name}.{method} should return (y, log_det), y of its input's shape "
+                    f"{tuple(given.shape)} and log_det of shape {tuple(given.shape[:1])}, got "
+                    f"{_shapes(result)}")
+        return result  # type: ignore[return-value]
+
+    z, log_det = pair("forward", t(x, c), x)
+    back, log_det_inverse = pair("inverse", t.inverse(z, c), z)
     error = (back - x).abs().max().item()
     assert error <= atol * (1 + x.abs().max().item()), (
         f"{name}: inverse(forward(x)) differs from x by up to {error:.3g}")
@@ -154,3 +159,13 @@ def check_transform(
         assert abs(got - expected) <= atol * (1 + abs(expected)), (
             f"{name}: log_det of row {i} is {got:.10g}, autograd's log|det dz/dx| is "
             f"{expected:.10g}")
+
+
+def _shapes(value: object) -> str:
+    """What a transform returned, for a message: the shapes of its tensors."""
+    if isinstance(value, Tensor):
+        return f"one tensor of shape {tuple(value.shape)}"
+    if isinstance(value, tuple | list):
+        return "(" + ", ".join(_shapes(v) if not isinstance(v, tuple | list) else "..."
+                               for v in value) + ")"
+    return type(value).__name__
