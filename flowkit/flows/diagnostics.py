@@ -69,21 +69,18 @@ def _is_spline(t: object) -> bool:
 
 class ImportanceEstimate(NamedTuple):
     r"""What :func:`importance_sampling` returns, from the log-weights
-    :math:`\log w_i = \log \tilde p(x_i) - \log q(x_i)` of ``n`` samples ``x_i ~ q``.
+    :math:`\log w_i = \log \tilde p(x_i) - \log q(x_i)` of ``n`` samples ``x_i ~ q``."""
 
-    Attributes:
-        log_z: :math:`\log \frac1n \sum_i w_i`, an estimate of :math:`\log Z` (consistent;
-            its expectation is at most :math:`\log Z`, by Jensen's inequality).
-        elbo: :math:`\frac1n \sum_i \log w_i = \log Z - \mathrm{KL}(q \| p)`, estimated.
-        ess: Kish's effective sample size over ``n``, :math:`(\sum w)^2 / (n \sum w^2)` in
-            ``(0, 1]``: 1 when ``q = p``, near ``1/n`` when one sample carries the weight. It
-            does not see modes of ``p`` that ``q`` misses (mass ``q`` never samples).
-        log_weights: ``(n,)`` (``(n, *batch)`` with a context), for diagnostics of your own.
-    """
-
+    #: :math:`\log \frac1n \sum_i w_i`, an estimate of :math:`\log Z` (consistent; its
+    #: expectation is at most :math:`\log Z`, by Jensen's inequality).
     log_z: Tensor
+    #: :math:`\frac1n \sum_i \log w_i = \log Z - \mathrm{KL}(q \| p)`, estimated.
     elbo: Tensor
+    #: Kish's effective sample size over ``n``, :math:`(\sum w)^2 / (n \sum w^2)` in
+    #: ``(0, 1]``: 1 when ``q = p``, near ``1/n`` when one sample carries the weight. It does
+    #: not see modes of ``p`` that ``q`` misses (mass ``q`` never samples).
     ess: Tensor
+    #: ``(n,)`` (``(n, *batch)`` with a context), for diagnostics of your own.
     log_weights: Tensor
 
 

@@ -125,6 +125,7 @@ def _in_other_units(x: Tensor, samples: tuple[Tensor, Tensor] | None) -> bool:
 _COUNTED_WEIGHT: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
     "flowkit_counted_weight", default=None)
 
+
 @contextmanager
 def counting_steps_of(weight: Tensor | None) -> Iterator[None]:
     """Within the block, a :class:`Standardize` that samples with gradients for the first time
