@@ -311,6 +311,15 @@ def test_tampered_structural_buffers_are_refused(case, tmp_path):
     assert str(tmp_path / "m.pt") in str(info.value) and "stored buffer" in str(info.value)
 
 
+def test_a_negative_running_variance_is_refused(tmp_path):
+    """Review 46: a batch norm with a negative running variance gave NaN densities silently."""
+    flow = flowkit.MAF(3, hidden_features=(8,), layers=2, batch_norm=True)
+    key = next(k for k in flow.state_dict() if k.endswith("running_var"))
+    _tampered(flow, tmp_path / "m.pt", key, lambda v: -v)
+    with pytest.raises(CheckpointError, match="running_var' should be non-negative"):
+        load_model(tmp_path / "m.pt")
+
+
 def test_a_mask_set_other_than_the_first_is_accepted(tmp_path):
     made = flowkit.BernoulliMADE(4, hidden_features=(8,), num_masks=3, order="random")
     made.made.set_mask(2)

@@ -362,8 +362,10 @@ def test_bin_temperature_divides_the_raw_widths_and_heights(tails):
         ({"bins": "8"}, "'bins' should be an integer >= 2"),
         ({"bins": 2.5}, "'bins' should be an integer >= 2"),
         ({"bound": 0.0}, "'bound' should be positive"),
-        ({"bins": 10, "min_bin_width": 0.1}, r"'min_bin_width' should be in \(0, 1 / bins\)"),
-        ({"min_bin_height": 0.0}, r"'min_bin_height' should be in \(0, 1 / bins\)"),
+        ({"bins": 10, "min_bin_width": 0.1}, r"'min_bin_width' should be in \[1e-06, 1 / bins\)"),
+        ({"min_bin_height": 0.0}, r"'min_bin_height' should be in \[1e-06, 1 / bins\)"),
+        # review 46: NaN log-densities of float32 splines with bins this narrow
+        ({"min_bin_width": 1e-7}, r"'min_bin_width' should be in \[1e-06, .*narrower bins"),
         ({"min_derivative": 1.0}, r"'min_derivative' should be in \(0, 1\)"),
         ({"tails": "gaussian"}, "'tails' should be 'linear' or 'identity', got 'gaussian'"),
         ({"bin_temperature": 0.0}, "'bin_temperature' should be positive"),

@@ -332,10 +332,19 @@ def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_insid
     z, log_det = t(x)
     assert torch.isfinite(log_det[[0, 3]]).all() and (log_det[1:3] == -math.inf).all()
     assert torch.isfinite(z).all() and torch.equal(z[1:3], torch.zeros(2, 2, dtype=torch.float64))
-    # the edge point is scored one rounding step inside: eps * width from each edge
-    eps = torch.finfo(torch.float64).eps
-    expected = torch.tensor([math.log(eps), -math.log(eps)], dtype=torch.float64)
+    # the edge point is scored one rounding step inside: the float spacing at that end, the
+    # smallest normal number at an end of 0
+    info = torch.finfo(torch.float64)
+    expected = torch.tensor([math.log(info.tiny), math.log(4.0) - math.log(3 * info.eps)],
+                            dtype=torch.float64)
     assert torch.allclose(z[3], expected, rtol=1e-12, atol=0)
+    # review 46: eps * width was the step, which moved a float32 point at 1e-10 on (0, 1) to
+    # 1.2e-7 (log-det 15.9 instead of 23.0); such points are scored where they are
+    near = torch.tensor([[1e-10], [1e-30], [1 - 2**-20]])
+    z, log_det = Logit([0.0], [1.0])(near)
+    exact = -(near.double().log() + (1 - near.double()).log()).squeeze(1)
+    torch.testing.assert_close(log_det.double(), exact, rtol=1e-5, atol=0)
+    torch.testing.assert_close(Logit([0.0], [1.0]).inverse(z)[0], near, rtol=1e-5, atol=0)
     x = x[:1].clone().requires_grad_()
     t(x)[1].sum().backward()
     assert torch.isfinite(x.grad).all()
@@ -351,7 +360,8 @@ def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_insid
      ([0.0], [math.nan], "'high' should be finite or inf"),
      # distinct as given, equal in the default dtype the buffers take (a NaN density before)
      ([1e9], [1e9 + 1], "'low' and 'high' are equal in torch.float32 at features \\[0\\]"),
-     ([0.0, 0.0], [1.0, 1e-46], "equal in torch.float32 at features \\[1\\]")],
+     ([0.0, 0.0], [1.0, 1e-46], "equal in torch.float32 at features \\[1\\]"),
+     ([-3e38, 0.0], [3e38, 1.0], r"width high - low overflows torch.float32 at features \[0\]")],
 )
 def test_logit_bad_bounds(low, high, match):
     with pytest.raises(ValueError, match=match):

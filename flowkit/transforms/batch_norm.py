@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from flowkit.checkpoint import InvalidBuffer, register_check
 from flowkit.transforms.base import Transform
 from flowkit.validation import check_float, check_int
 
@@ -75,3 +76,11 @@ class BatchNorm(Transform):
         x = (z - self.beta) * (-self.log_gamma).exp() * torch.sqrt(var + self.eps) + mean
         log_det = (0.5 * torch.log(var + self.eps) - self.log_gamma).sum()
         return x, log_det.expand(z.shape[0])
+
+
+@register_check(BatchNorm)
+def _check_stored_statistics(module: BatchNorm) -> None:
+    """Refuse a stored ``running_var`` that no training gives: a negative variance makes every
+    density NaN in evaluation mode (review 46); zero is allowed (``eps`` is added)."""
+    if (module.running_var < 0).any():
+        raise InvalidBuffer("running_var", "non-negative (a variance)")

@@ -36,6 +36,12 @@ class Transformer(Protocol):
     def inverse(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
+MAX_LOG_SCALE_BOUND = 20.0
+"""The largest ``log_scale_bound`` of :class:`Affine`: a layer then scales by at most
+``e^20``, about 5e8 (review 46: at 100 a float32 layer's output was inf with a finite
+log-determinant, at 1000 its inverse NaN)."""
+
+
 class Affine:
     r"""``z = (x - shift) * exp(-log_scale)`` (or ``x * exp(-log_scale) - shift``) with a
     smoothly bounded log-scale.
@@ -66,7 +72,8 @@ class Affine:
         log_scale_bound: float = 3.0,
         form: Literal["location-scale", "scale-shift"] = "location-scale",
     ):
-        self.log_scale_bound = check_float("log_scale_bound", log_scale_bound, 0, exclusive=True)
+        self.log_scale_bound = check_float(
+            "log_scale_bound", log_scale_bound, 0, MAX_LOG_SCALE_BOUND, exclusive=True)
         if form not in ("location-scale", "scale-shift"):
             raise ValueError(f"'form' should be 'location-scale' or 'scale-shift', got {form!r}")
         self.form = form

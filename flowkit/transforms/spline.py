@@ -25,6 +25,10 @@ MAX_TAIL_SLOPE = 1.1
 point far outside the training data is not pushed further out by every layer (unbounded slopes
 sent single rows of breast cancer to NLLs of 10^4; ``docs/defaults.md``)."""
 
+MIN_BIN_FRACTION = 1e-6
+"""The smallest ``min_bin_width`` and ``min_bin_height`` (fractions of the interval's length)
+a spline takes: with 1e-7, float32 splines gave NaN log-densities for some rows (review 46)."""
+
 
 def _in_float32(
     spline: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], value: Tensor, params: Tensor
@@ -114,7 +118,8 @@ class RationalQuadraticSpline:
             the builders' standardization few data fall outside the interval, and those that do
             are still shaped (stretched or compressed) by the tails.
         bound: half-width ``B`` of the interval on which the spline acts.
-        min_bin_width: smallest bin width as a fraction of ``2B``; ``bins * min_bin_width < 1``.
+        min_bin_width: smallest bin width as a fraction of ``2B``; ``bins * min_bin_width < 1``,
+            and at least :data:`MIN_BIN_FRACTION`.
         min_bin_height: smallest bin height as a fraction of ``2B``; likewise.
         min_derivative: smallest knot derivative, in ``(0, 1)``.
         tails: ``"linear"`` (default: learned slopes outside ``[-B, B]``, at most
@@ -152,9 +157,11 @@ class RationalQuadraticSpline:
         bins = check_int("bins", bins, 2)
         bound = check_float("bound", bound, 0, exclusive=True)
         for name, value in (("min_bin_width", min_bin_width), ("min_bin_height", min_bin_height)):
-            if not 0 < check_float(name, value) * bins < 1:
+            if not (MIN_BIN_FRACTION <= check_float(name, value) and value * bins < 1):
                 raise ValueError(
-                    f"'{name}' should be in (0, 1 / bins) = (0, {1 / bins:g}), got {value}"
+                    f"'{name}' should be in [{MIN_BIN_FRACTION:g}, 1 / bins) = "
+                    f"[{MIN_BIN_FRACTION:g}, {1 / bins:g}), got {value} (narrower bins than "
+                    "float32 resolves give NaN densities)"
                 )
         check_float("min_derivative", min_derivative, 0, 1, exclusive=True)
         bin_temperature = check_float("bin_temperature", bin_temperature, 0, exclusive=True)
