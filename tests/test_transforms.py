@@ -335,7 +335,9 @@ def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_insid
     # the edge point is scored one rounding step inside: the float spacing at that end, the
     # smallest normal number at an end of 0
     info = torch.finfo(torch.float64)
-    expected = torch.tensor([math.log(info.tiny), math.log(4.0) - math.log(3 * info.eps)],
+    spacing = 3.0 - torch.nextafter(torch.tensor(3.0, dtype=torch.float64),
+                                    torch.tensor(0.0, dtype=torch.float64)).item()
+    expected = torch.tensor([math.log(info.tiny), math.log(4.0) - math.log(spacing)],
                             dtype=torch.float64)
     assert torch.allclose(z[3], expected, rtol=1e-12, atol=0)
     # review 46: eps * width was the step, which moved a float32 point at 1e-10 on (0, 1) to
@@ -345,6 +347,14 @@ def test_logit_scores_points_outside_the_box_minus_infinity_and_edges_just_insid
     exact = -(near.double().log() + (1 - near.double()).log()).squeeze(1)
     torch.testing.assert_close(log_det.double(), exact, rtol=1e-5, atol=0)
     torch.testing.assert_close(Logit([0.0], [1.0]).inverse(z)[0], near, rtol=1e-5, atol=0)
+    # review 47: on (1000, 1001) in float32 a point one spacing inside was floored to about two
+    # (eps * |end|); it is scored where it is, and the edge point as one spacing inside
+    box = Logit([1000.0], [1001.0])
+    inner = torch.nextafter(torch.tensor([[1000.0]]), torch.tensor([[2000.0]]))
+    exact = math.log(1.0) - math.log(inner.double().item() - 1000.0) - math.log(
+        1001.0 - inner.double().item())
+    assert box(inner)[1].item() == pytest.approx(exact, rel=1e-5)
+    assert box(torch.tensor([[1000.0]]))[1].item() == pytest.approx(exact, rel=1e-5)
     x = x[:1].clone().requires_grad_()
     t(x)[1].sum().backward()
     assert torch.isfinite(x.grad).all()
@@ -380,8 +390,8 @@ def test_logit_on_half_lines_is_the_log_and_samples_stay_inside():
                                              dtype=torch.float64))
     assert torch.isfinite(log_det[:2]).all() and (log_det[2:] == -math.inf).all()
     tiny = torch.finfo(torch.float64).tiny  # an end at 0: one rounding step is the smallest normal
-    eps = torch.finfo(torch.float64).eps
-    assert torch.allclose(z[1, :2], torch.tensor([math.log(tiny), -math.log(2 * eps)],
+    eps = torch.finfo(torch.float64).eps  # the spacing of the numbers just below 2
+    assert torch.allclose(z[1, :2], torch.tensor([math.log(tiny), -math.log(eps)],
                                                  dtype=torch.float64))
     samples, _ = t.inverse(30 * torch.randn(1000, 3, dtype=torch.float64))
     assert (samples[:, 0] > 0).all() and (samples[:, 1] <= 2.0).all()  # 2 - e^-z rounds to 2
@@ -572,3 +582,11 @@ def test_check_transform_passes_flowkits_layers_and_names_what_a_wrong_one_gets_
             check_transform(t, torch.randn(3, 2))
     with pytest.raises(TypeError, match=r"has no 'order': pass order=.*check_transform"):
         check_autoregressive(flow.transform.transforms[-1])
+
+
+def test_a_log_scale_bound_above_twenty_is_warned_of():
+    """Review 46: at 100 a float32 layer's output was inf with a finite log-determinant."""
+    from flowkit.checkpoint import BuildWarning
+
+    with pytest.warns(BuildWarning, match=r"'log_scale_bound' is 100, above 20"):
+        Affine(100.0)

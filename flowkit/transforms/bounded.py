@@ -19,8 +19,8 @@ x_d)`; where both bounds are infinite, the identity. The log-determinant is the 
 features, so the flow's density is zero outside the intervals and still normalized inside. A
 point outside has log-density ``-inf``: ``forward`` gives it ``z = 0`` and ``log_det = -inf``. A
 point on a finite edge (a sample of a uniform prior can be exactly its lower bound) is scored as
-if one rounding step inside it: ``eps * |l|`` (or ``eps * |h|``), the float spacing at that
-end, or the smallest normal number where that end is 0.
+if one rounding step inside it: the float spacing at that end (the distance to the next
+number inside), or the smallest normal number where that end is 0.
 :func:`flowkit.MAF` and :func:`flowkit.IAF` put one first with ``bounds=(low, high)``.
 
 Samples that round onto an edge. The inverse of a ``z`` far out (about ``|z| > 16`` on the unit
@@ -105,10 +105,12 @@ class Logit(Transform):
         # distances are stood in for by the width, whose values are then discarded.
         # The step is the float spacing at that end (review 46: eps * width on (0, 1) moved a
         # point at 1e-10 to 1.2e-7 in float32, 7 nats off), the smallest normal number at 0.
-        eps, tiny = torch.finfo(x.dtype).eps, torch.finfo(x.dtype).tiny
+        tiny = torch.finfo(x.dtype).tiny
+        low_x, high_x = low.to(x.dtype), high.to(x.dtype)
+        floor_low = (torch.nextafter(low_x, torch.full_like(low_x, math.inf)) - low_x)
+        floor_high = (high_x - torch.nextafter(high_x, torch.full_like(high_x, -math.inf)))
+        floor_low, floor_high = floor_low.clamp_min(tiny), floor_high.clamp_min(tiny)
         bounded = has_low & has_high
-        floor_low = (eps * low.abs()).clamp_min(tiny)
-        floor_high = (eps * high.abs()).clamp_min(tiny)
         above = torch.where(inside & has_low, (x - low).clamp_min(floor_low), width)
         below = torch.where(inside & has_high, (high - x).clamp_min(floor_high), width)
         log_above, log_below = torch.log(above), torch.log(below)

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor
 
+from flowkit.checkpoint.registry import warn_on_build
 from flowkit.transforms.spline import RationalQuadraticSpline
 from flowkit.validation import check_float
 
@@ -37,7 +38,8 @@ class Transformer(Protocol):
 
 
 MAX_LOG_SCALE_BOUND = 20.0
-"""The largest ``log_scale_bound`` of :class:`Affine`: a layer then scales by at most
+"""The largest ``log_scale_bound`` of :class:`Affine` without a
+:class:`~flowkit.checkpoint.BuildWarning`: a layer then scales by at most
 ``e^20``, about 5e8 (review 46: at 100 a float32 layer's output was inf with a finite
 log-determinant, at 1000 its inverse NaN)."""
 
@@ -72,8 +74,12 @@ class Affine:
         log_scale_bound: float = 3.0,
         form: Literal["location-scale", "scale-shift"] = "location-scale",
     ):
-        self.log_scale_bound = check_float(
-            "log_scale_bound", log_scale_bound, 0, MAX_LOG_SCALE_BOUND, exclusive=True)
+        self.log_scale_bound = check_float("log_scale_bound", log_scale_bound, 0, exclusive=True)
+        if self.log_scale_bound > MAX_LOG_SCALE_BOUND:  # a warning: files saved with it load
+            warn_on_build(
+                f"'log_scale_bound' is {self.log_scale_bound:g}, above {MAX_LOG_SCALE_BOUND:g}: "
+                "a layer may then scale by more than float32 holds (inf outputs with finite "
+                "log-determinants, review 46)", stacklevel=2)
         if form not in ("location-scale", "scale-shift"):
             raise ValueError(f"'form' should be 'location-scale' or 'scale-shift', got {form!r}")
         self.form = form

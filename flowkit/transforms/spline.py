@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flowkit.checkpoint.registry import warn_on_build
 from flowkit.transforms.base import float32_if_half
 from flowkit.validation import check_float, check_int
 
@@ -27,7 +28,8 @@ sent single rows of breast cancer to NLLs of 10^4; ``docs/defaults.md``)."""
 
 MIN_BIN_FRACTION = 1e-6
 """The smallest ``min_bin_width`` and ``min_bin_height`` (fractions of the interval's length)
-a spline takes: with 1e-7, float32 splines gave NaN log-densities for some rows (review 46)."""
+a spline takes without a :class:`~flowkit.checkpoint.BuildWarning`: with 1e-7, float32 splines
+gave NaN log-densities for some rows (review 46)."""
 
 
 def _in_float32(
@@ -118,8 +120,8 @@ class RationalQuadraticSpline:
             the builders' standardization few data fall outside the interval, and those that do
             are still shaped (stretched or compressed) by the tails.
         bound: half-width ``B`` of the interval on which the spline acts.
-        min_bin_width: smallest bin width as a fraction of ``2B``; ``bins * min_bin_width < 1``,
-            and at least :data:`MIN_BIN_FRACTION`.
+        min_bin_width: smallest bin width as a fraction of ``2B``; ``bins * min_bin_width < 1``
+            (below :data:`MIN_BIN_FRACTION`, a :class:`~flowkit.checkpoint.BuildWarning`).
         min_bin_height: smallest bin height as a fraction of ``2B``; likewise.
         min_derivative: smallest knot derivative, in ``(0, 1)``.
         tails: ``"linear"`` (default: learned slopes outside ``[-B, B]``, at most
@@ -157,12 +159,16 @@ class RationalQuadraticSpline:
         bins = check_int("bins", bins, 2)
         bound = check_float("bound", bound, 0, exclusive=True)
         for name, value in (("min_bin_width", min_bin_width), ("min_bin_height", min_bin_height)):
-            if not (MIN_BIN_FRACTION <= check_float(name, value) and value * bins < 1):
+            if not 0 < check_float(name, value) * bins < 1:
                 raise ValueError(
-                    f"'{name}' should be in [{MIN_BIN_FRACTION:g}, 1 / bins) = "
-                    f"[{MIN_BIN_FRACTION:g}, {1 / bins:g}), got {value} (narrower bins than "
-                    "float32 resolves give NaN densities)"
+                    f"'{name}' should be in (0, 1 / bins) = (0, {1 / bins:g}), got {value}"
                 )
+            if value < MIN_BIN_FRACTION:  # a warning: files saved with it still load
+                warn_on_build(
+                    f"'{name}' is {value:g}, below {MIN_BIN_FRACTION:g} of the interval: bins "
+                    "that narrow are below float32's resolution and gave NaN log-densities "
+                    "(review 46); use float64 (model.double()) or a larger value",
+                    stacklevel=2)
         check_float("min_derivative", min_derivative, 0, 1, exclusive=True)
         bin_temperature = check_float("bin_temperature", bin_temperature, 0, exclusive=True)
         if tails not in ("linear", "identity"):

@@ -44,9 +44,10 @@ sampled identity    a training-mode ``inverse`` while unset         as a look, e
                     (sampling before any data): the identity        sampling with gradients only
                                                                     a data batch clearly in other
                                                                     units than the samples replaces
-                                                                    it (a mean 10 of their stds
-                                                                    away, a std 10 times theirs or,
-                                                                    from 8 rows, below 1% of it)
+                                                                    it (a mean 10 s from theirs, a
+                                                                    std above 10 s or, from 8 rows,
+                                                                    below s / 100; s: their std, at
+                                                                    least 1)
 ==================  ==============================================  ===============================
 
 A training-mode ``inverse`` with gradients (reparameterized samples: training by reverse KL,
@@ -56,9 +57,11 @@ that a Monte-Carlo look at a new flow (``flow().entropy()``, a ``kl_divergence``
 ``rsample((5,))``) before ``fit`` or a loop of one's own does not decide it (review 29: an
 ``rsample((5,))`` first left data near 1000 at the identity, a loss of 516 against 5.94); the
 flow's own samples, and copies of them, are not "in other units" than the samples the identity
-gave (their moments are kept until the step), however far from the origin its base starts, so
-the identity they were drawn with stays (review 43: a base at a guess of (40, -25) had its
-samples re-standardize the flow, 305 nats between ``sample_and_log_prob`` and ``log_prob``).
+gave (the moments of all of them are kept until the step), however far from the origin its base
+starts, so the identity they were drawn with stays (review 43: a base at a guess of (40, -25)
+had its samples re-standardize the flow, 305 nats between ``sample_and_log_prob`` and
+``log_prob``). A deep copy or pickle of the flow taken before that step forgets that its
+samples had gradients (step counts do not carry over): there data replace the identity.
 Updates written by hand (no ``torch.optim``) are not counted: such a loop should set the values
 first (:meth:`Standardize.set` or :func:`set_from_data`). The contexts a flow samples at are
 treated alike: with gradients they set the context standardization, which the first optimizer
@@ -90,6 +93,7 @@ data barely vary in; a constant feature is uncorrelated with the rest.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import warnings
 import weakref
@@ -106,17 +110,22 @@ from flowkit.transforms.base import Transform
 from flowkit.validation import check_int, check_tensor
 
 
-def _in_other_units(x: Tensor, samples: tuple[Tensor, Tensor] | None) -> bool:
+def _in_other_units(x: Tensor, samples: _Moments | None) -> bool:
     """Whether the rows ``x`` ``(N, D)`` are clearly in other units than the flow's own samples
-    that the identity map gave, of per-feature mean ``m`` and standard deviation ``s``
-    (``samples``; ``m = 0, s = 1`` when unknown or drawn from a single row): a feature's mean
-    more than ``10 s`` from ``m``, or its standard deviation above ``10 s`` (or below
-    ``0.01 s``, from 8 rows on). The flow's own samples, however far from the origin its base
-    starts (review 43: a base at a guess of (40, -25)), a copy or a view of them, are not.
+    that the identity map gave (``samples``, their moments so far): a feature's mean more than
+    ``10 s`` from theirs, or its standard deviation above ``10 s`` (or below ``0.01 s``, from 8
+    rows on), with ``s`` their standard deviation but at least 1 (a shape check's few samples
+    measure it poorly: review 47). Without samples of two rows or more, ``m = 0, s = 1``: the
+    unit scale of a new flow's samples. The flow's own samples, however far from the origin its
+    base starts (review 43: a base at a guess of (40, -25)), and copies of them, are not.
     Reads the values back."""
     x = x.detach()
     mean, std = x.mean(0), x.std(0)
-    m, s = (0.0, 1.0) if samples is None else (samples[0].to(x), samples[1].to(x))
+    if samples is None or samples.count < 2:
+        m, s = torch.zeros_like(mean), torch.ones_like(std)
+    else:
+        m = samples.mean.to(x)
+        s = (samples.m2 / samples.count).sqrt().to(x).clamp_min(1.0)
     off = ((mean - m).abs() > 10.0 * s) | (std > 10.0 * s)
     off |= (std < 0.01 * s) & (x.shape[0] >= 8)
     return bool(off.any())
@@ -320,7 +329,7 @@ class Standardize(Transform):
               single_row: bool = False) -> None:
         self._provisional, self._looked, self._sampled_at = provisional, looked, None
         self._sampled = sampled  # the identity, set by sampling before any data
-        self._sample_moments: tuple[Tensor, Tensor] | None = None  # of the samples it gave
+        self._sample_moments: _Moments | None = None  # of the samples it gave
         self._single_row = single_row  # set from one row, or copies of one
 
     @property
@@ -534,15 +543,18 @@ class Standardize(Transform):
 
     def _sample_bookkeeping(self, z: Tensor) -> None:
         """What a training-mode ``inverse`` of ``z`` notes: the identity when no value is set,
-        the moments of the samples that identity gives until an optimizer step fixes it (what
-        data must differ from to replace it: :func:`_in_other_units`), and the optimizer step
+        the moments of all the samples that identity gives until an optimizer step fixes it
+        (what data must differ from to replace it: :func:`_in_other_units`), and the optimizer
+        step
         count at the first call with gradients (see the module notes)."""
         if not self.is_initialized:
             self._flag_set()  # the identity
             self._mark(provisional=True, looked=True, sampled=True)
-        if getattr(self, "_sampled", False) and self.provisional and z.shape[0] > 1:
-            z = z.detach()
-            self._sample_moments = (z.mean(0).cpu(), z.std(0).clamp_min(1e-12).cpu())
+        if getattr(self, "_sampled", False) and self.provisional:  # every draw, one row too
+            if getattr(self, "_sample_moments", None) is None:
+                self._sample_moments = _Moments(self.features)
+            with contextlib.suppress(ValueError):  # non-finite samples: not counted
+                self._sample_moments.add(z.detach())
         self._count_steps_from_now()
 
     def _count_steps_from_now(self) -> None:
