@@ -403,6 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.batch_size = default_batch_size(None)  # fresh samples: fit's 256
         shown = valid  # the rows the samples are plotted over
         context_features, labels, positions, rows = 0, None, list(range(features)), None
+        bounds = _bounds(args.bounds, positions, labels)
     else:
         if args.valid_size is not None:
             raise ValueError(
@@ -430,7 +431,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shown = data
     if args.steps is None and args.epochs is None:
         args.steps = DEFAULT_STEPS
-    bounds = _bounds(args.bounds, positions, labels)
     if bounds is not None:  # recorded as the bounds, however the columns were named
         typed["bounds"] = [list(bounds[0]), list(bounds[1])]
         if args.data in TOY_DATASETS:

@@ -431,7 +431,9 @@ def _has_affine_layers(model: nn.Module) -> bool:
 
 def _bounded_columns(flow: nn.Module) -> list[int]:
     """The columns a :class:`~flowkit.transforms.Logit` first in ``flow`` gives a finite bound."""
-    first = next(iter(flow.transform.transforms), None) if isinstance(flow, Flow) else None
+    if not isinstance(flow, Flow):
+        return []
+    first = next(iter(getattr(flow.transform, "transforms", [flow.transform])), None)
     if not isinstance(first, Logit):
         return []
     return (torch.isfinite(first.low) | torch.isfinite(first.high)).nonzero().flatten().tolist()
