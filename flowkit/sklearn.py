@@ -43,6 +43,7 @@ from flowkit.train import (
     split_rows,
     warn_if_degenerate,
     warn_if_duplicated,
+    warn_if_skewed,
 )
 from flowkit.train import fit as fit_flow
 from flowkit.validation import (
@@ -258,6 +259,12 @@ class FlowDensity(DensityMixin, BaseEstimator):
             warn_if_degenerate("X", rows, stacklevel=4,
                                labels=None if labels is None else [str(v) for v in labels])
             groups = warn_if_duplicated("X", rows, stacklevel=4)
+            if self.transformer == "affine":
+                warn_if_skewed("X", rows, stacklevel=4, labels=None if labels is None else [
+                    str(v) for v in labels], remedy=(
+                    "Take the logarithm of those columns before fitting (np.log; then "
+                    "log p(x) = log p(log x) - sum(log x) over them), or use the spline (",
+                    Mention("transformer", "spline"), ")"))
             if self.standardize:
                 mean = X.mean(axis=0).astype(np.float64)
                 scale = X.std(axis=0).astype(np.float64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -384,3 +385,15 @@ def test_warnings_name_a_data_frames_columns():
     est = FlowDensity(layers=1, hidden_features=(8,), max_epochs=1, random_state=0)
     with pytest.warns(DataWarning, match=r"'X', column 0 \('age'\), takes only 12 distinct"):
         est.fit(frame)
+
+
+def test_positive_columns_spread_over_orders_of_magnitude_are_warned_of():
+    """Review 44: fit warned an affine flow of log-normal columns, FlowDensity did not; it has
+    no bounds, so the advice is the logarithm or the spline."""
+    X = np.exp(2.0 * np.random.default_rng(0).normal(size=(300, 2)))
+    with pytest.warns(DataWarning, match=r"'X', column 0, holds only positive values.*np.log.*"
+                      r"transformer='spline'"):
+        _small(max_epochs=1).fit(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)
+        _small(max_epochs=1, transformer="spline").fit(X)

@@ -522,6 +522,7 @@ _QUANTILE_ROWS = 100_000
 def warn_if_skewed(
     name: str, x: Tensor, skip: Sequence[int] = (), stacklevel: int = 6,
     labels: Sequence[str] | None = None, numbers: Sequence[int] | None = None,
+    remedy: tuple[str | Mention, ...] | None = None,
 ) -> list[int]:
     """Warn if a floating column of ``x`` ``(N, D)`` (other than those in ``skip``) holds only
     positive values spread over orders of magnitude: its 99th percentile above :data:`SKEWED`
@@ -531,7 +532,8 @@ def warn_if_skewed(
     then score thousands of nats or more, however well the flow validates (review 42: one row of
     3-D log-normal data at 2.65e8 nats, mean 132,707, where a lower bound of 0 gives 5.98 and
     the exact density 5.97). Returns the columns warned of. ``stacklevel``, ``labels`` and
-    ``numbers`` as in :func:`warn_if_degenerate`."""
+    ``numbers`` as in :func:`warn_if_degenerate`; ``remedy``, the advice that ends the message
+    where the model has no ``bounds`` (default: those, or the spline)."""
     if not x.is_floating_point() or x.dim() != 2 or x.shape[0] < 20:
         return []
     rows = x[:: max(1, x.shape[0] // _QUANTILE_ROWS)].double()  # spread over all of them
@@ -549,9 +551,10 @@ def warn_if_skewed(
         f"percentile is {float(high[j] / median[j]):.3g} times their median ({len(columns)} "
         f"column(s) like it: {listed[:10]}): affine autoregressive layers stretch such a tail "
         "linearly beyond the training rows, and some held-out rows can score thousands of nats "
-        "or more however well the flow validates. Give those columns a lower bound of 0 (",
-        Mention("bounds"), ": the flow then models their logarithm) or use the spline (",
-        Mention("transformer", "spline"), ")"), stacklevel=stacklevel)
+        "or more however well the flow validates. ",
+        *(remedy or ("Give those columns a lower bound of 0 (", Mention("bounds"), ": the flow "
+                     "then models their logarithm) or use the spline (",
+                     Mention("transformer", "spline"), ")"))), stacklevel=stacklevel)
     return columns
 
 
