@@ -332,6 +332,15 @@ def test_a_single_simulation_is_warned_of_in_sbis_terms():
         posterior_nn(layers=1, hidden_features=(8,), standardize=False)(theta, x)
 
 
+def test_simulations_of_two_dtypes_are_named_as_theta_and_x():
+    """Review 48: the builder called outside sbi with float32 theta and float64 x named the
+    flow's 'context' and a model that did not exist yet."""
+    theta, x = simulations(n=50)
+    with pytest.raises(TypeError, match=r"theta \(torch.float32\) and x \(torch.float64\) "
+                       "should have one dtype"):
+        posterior_nn(layers=1, hidden_features=(8,))(theta, x.double())
+
+
 def test_full_standardization_of_theta_is_set_from_the_simulations():
     """standardize='full' passes through to the builder: theta's correlation divided out,
     the condition standardized per element."""

@@ -247,6 +247,10 @@ def _builder(
                     f"{len(value)} rows of sbi's training split; leave sbi's "
                     "exclude_invalid_x=True (its default) or remove them"
                 )
+        if inputs.dtype != conditions.dtype:  # the flow is built in the input's dtype
+            raise TypeError(
+                f"the simulations' {names[0]} ({inputs.dtype}) and {names[1]} "
+                f"({conditions.dtype}) should have one dtype, as sbi gives them (float32)")
         flow = build_flow(
             math.prod(inputs.shape[1:]),
             context_features=math.prod(conditions.shape[1:]),
