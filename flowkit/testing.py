@@ -9,7 +9,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import check_int, check_permutation, reference
+from flowkit.validation import (
+    check_int,
+    check_permutation,
+    check_transform_result,
+    reference,
+)
 
 
 def jacobian(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -133,13 +138,10 @@ def check_transform(
     name = type(transform).__name__
 
     def pair(method: str, result: object, given: Tensor) -> tuple[Tensor, Tensor]:
-        ok = (type(result) is tuple and len(result) == 2
-              and all(isinstance(v, Tensor) for v in result)
-              and result[0].shape == given.shape and result[1].shape == given.shape[:1])
-        assert ok, (f"{name}.{method} should return (y, log_det), y of its input's shape "
-                    f"{tuple(given.shape)} and log_det of shape {tuple(given.shape[:1])}, got "
-                    f"{_shapes(result)}")
-        return result  # type: ignore[return-value]
+        try:
+            return check_transform_result(transform, method, result, given)
+        except ValueError as e:
+            raise AssertionError(str(e)) from None
 
     z, log_det = pair("forward", t(x, c), x)
     back, log_det_inverse = pair("inverse", t.inverse(z, c), z)
@@ -160,12 +162,3 @@ def check_transform(
             f"{name}: log_det of row {i} is {got:.10g}, autograd's log|det dz/dx| is "
             f"{expected:.10g}")
 
-
-def _shapes(value: object) -> str:
-    """What a transform returned, for a message: the shapes of its tensors."""
-    if isinstance(value, Tensor):
-        return f"one tensor of shape {tuple(value.shape)}"
-    if isinstance(value, tuple | list):
-        return "(" + ", ".join(_shapes(v) if not isinstance(v, tuple | list) else "..."
-                               for v in value) + ")"
-    return type(value).__name__

@@ -6,8 +6,9 @@ a user-facing batch, ``(..., D)`` with a context ``(..., C)`` that broadcasts ag
 (:func:`check_batch`, :func:`check_batch_context`, :func:`broadcast_batch`: :class:`flowkit.Flow`
 and :class:`flowkit.FlowDistribution`), and a layer's rows, ``(N, D)`` with a context of exactly
 ``(N, C)`` (:func:`check_width`, :func:`check_context`: a transform, MADE or solver called
-directly). Type, shape, dtype and device checks read no values; the finiteness checks
-(:func:`nonfinite_rows`, and the context's) read the tensor back to the host, so they can be
+directly). What a transform returns is checked by :func:`check_transform_result`. Type,
+shape, dtype and device checks read no values; the finiteness checks (:func:`nonfinite_rows`,
+and the context's) read the tensor back to the host, so they can be
 switched off for hot loops with :func:`validate_values` (the fit loop checks its data once, up
 front). Code compiled with :func:`torch.compile` skips them.
 """
@@ -479,3 +480,32 @@ def _shape_size(n: object) -> int:
     if isinstance(n, bool) or (isinstance(n, Tensor) and n.dtype == torch.bool):
         raise TypeError(n)
     return operator.index(n)
+
+
+def check_transform_result(
+    transform: object, method: str, result: object, x: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``result`` of ``transform.<method>(x, context)``, checked: a pair ``(y, log_det)`` with
+    ``y`` of ``x``'s shape ``(N, D)`` and ``log_det`` of shape ``(N,)``, one value per row
+    (review 45: a custom transform's log-determinant summed over the batch was broadcast to
+    every row, and a bare ``z`` of two rows was unpacked as the pair). Anything else is a
+    ValueError naming the transform. Costs a few comparisons of shapes per transform. Flows and
+    :class:`~flowkit.transforms.Compose` check each result, and
+    :func:`flowkit.testing.check_transform` a transform's own ``forward`` and ``inverse``."""
+    if type(result) is tuple and len(result) == 2:
+        y, log_det = result
+        if (isinstance(y, Tensor) and isinstance(log_det, Tensor) and y.shape == x.shape
+                and log_det.shape == x.shape[:1]):
+            return y, log_det
+        shapes = ", ".join(f"{type(v).__name__} of shape {tuple(v.shape)}"
+                           if isinstance(v, Tensor) else type(v).__name__ for v in result)
+        got = f"a pair: {shapes}"
+    elif isinstance(result, Tensor):
+        got = f"one tensor of shape {tuple(result.shape)}"
+    else:
+        got = (f"a {type(result).__name__} of {len(result)}"
+               if isinstance(result, tuple | list) else type(result).__name__)
+    raise ValueError(
+        f"{type(transform).__name__}.{method} should return (y, log_det), y of its input's shape "
+        f"{tuple(x.shape)} and log_det of shape {tuple(x.shape[:1])}, one log|det| per row; "
+        f"got {got} (docs/flows.md, 'Writing a transform')")

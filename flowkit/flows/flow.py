@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
-from flowkit.transforms.base import Compose, Transform, checked_result
+from flowkit.transforms.base import Compose, Transform
 from flowkit.transforms.standardize import Standardize, counting_steps_of
 from flowkit.validation import (
     SampleShape,
@@ -24,6 +24,7 @@ from flowkit.validation import (
     check_int,
     check_not_empty,
     check_sample_arguments,
+    check_transform_result,
     nonfinite_rows,
     reference,
 )
@@ -266,7 +267,8 @@ class Flow(nn.Module):
     def _log_prob(self, x: Tensor, h: Tensor | None) -> Tensor:
         """``x`` ``(R, D)``, ``h`` ``(R, H)`` (from :meth:`_embed`) or None -> ``(R,)``."""
         h, h_base = self._split(h)
-        z, log_det = checked_result(self.transform, "_forward", self.transform._forward(x, h), x)
+        z, log_det = check_transform_result(self.transform, "_forward",
+                                            self.transform._forward(x, h), x)
         return self._base_log_prob(z, h_base) + log_det
 
     @_autocast_off
@@ -328,8 +330,8 @@ class Flow(nn.Module):
                 h, h_base = self._split(
                     None if context is None else self._embed_rows(context, shape))
             z, log_pz = self._base_sample(rows, h_base, log_prob, noise)
-            x, log_det = checked_result(self.transform, "_inverse",
-                                        self.transform._inverse(z, h), z)
+            x, log_det = check_transform_result(self.transform, "_inverse",
+                                                self.transform._inverse(z, h), z)
         x = x.reshape(*shape, self.features)
         return x, None if log_pz is None else (log_pz - log_det).reshape(shape)
 

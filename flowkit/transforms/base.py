@@ -34,6 +34,7 @@ from flowkit.validation import (
     check_context,
     check_int,
     check_permutation,
+    check_transform_result,
     check_width,
     is_permutation,
     reference,
@@ -129,41 +130,16 @@ class Compose(Transform):
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         total = None
         for t in self.transforms:
-            x, log_det = checked_result(t, "_forward", t._forward(x, context), x)
+            x, log_det = check_transform_result(t, "_forward", t._forward(x, context), x)
             total = log_det if total is None else total + log_det
         return x, x.new_zeros(x.shape[0]) if total is None else total
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         total = None
         for t in reversed(self.transforms):
-            z, log_det = checked_result(t, "_inverse", t._inverse(z, context), z)
+            z, log_det = check_transform_result(t, "_inverse", t._inverse(z, context), z)
             total = log_det if total is None else total + log_det
         return z, z.new_zeros(z.shape[0]) if total is None else total
-
-
-def checked_result(t: Transform, method: str, result: object, x: Tensor) -> tuple[Tensor, Tensor]:
-    """``result`` of ``t.<method>(x, context)``, checked: a pair ``(y, log_det)`` with ``y`` of
-    ``x``'s shape ``(N, D)`` and ``log_det`` of shape ``(N,)``, one value per row (review 45: a
-    custom transform's log-determinant summed over the batch was broadcast to every row, and a
-    bare ``z`` of two rows was unpacked as the pair). Anything else is a ValueError naming the
-    transform. Costs a few comparisons of shapes per transform."""
-    if type(result) is tuple and len(result) == 2:
-        y, log_det = result
-        if (isinstance(y, Tensor) and isinstance(log_det, Tensor) and y.shape == x.shape
-                and log_det.shape == x.shape[:1]):
-            return y, log_det
-        shapes = ", ".join(f"{type(v).__name__} of shape {tuple(v.shape)}"
-                           if isinstance(v, Tensor) else type(v).__name__ for v in result)
-        got = f"a pair: {shapes}"
-    elif isinstance(result, Tensor):
-        got = f"one tensor of shape {tuple(result.shape)}"
-    else:
-        got = (f"a {type(result).__name__} of {len(result)}"
-               if isinstance(result, tuple | list) else type(result).__name__)
-    raise ValueError(
-        f"{type(t).__name__}.{method} should return (y, log_det), y of its input's shape "
-        f"{tuple(x.shape)} and log_det of shape {tuple(x.shape[:1])}, one log|det| per row; "
-        f"got {got} (docs/flows.md, 'Writing a transform')")
 
 
 def _common(transforms: Iterable[Transform], name: str, unset: int | None) -> int | None:

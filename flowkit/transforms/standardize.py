@@ -545,8 +545,7 @@ class Standardize(Transform):
         """What a training-mode ``inverse`` of ``z`` notes: the identity when no value is set,
         the moments of all the samples that identity gives until an optimizer step fixes it
         (what data must differ from to replace it: :func:`_in_other_units`), and the optimizer
-        step
-        count at the first call with gradients (see the module notes)."""
+        step count at the first call with gradients (see the module notes)."""
         if not self.is_initialized:
             self._flag_set()  # the identity
             self._mark(provisional=True, looked=True, sampled=True)
