@@ -1,7 +1,9 @@
 """The incremental solver equals the naive D-pass solver; MaskedLinear's cache stays correct."""
 
+import contextlib
 import copy
 import pickle
+from unittest import mock
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from strategies import made_configs
 
 import flowkit
 from flowkit import IAF, MADE, MAF
+from flowkit.nn import inversion_program
 from flowkit.nn.inversion import (
     OneHot,
     solve,
@@ -53,13 +56,23 @@ def _problem(made: MADE, n: int = 5, seed: int = 0):
     return z, context, step
 
 
+WINDOWS = st.sampled_from([None, 1, 2, 3])  # None: the solver's choice
+
+
+def _windows(window: int | None):
+    """Every connection of the programs built inside gets ``window`` (None: the choice)."""
+    if window is None:
+        return contextlib.nullcontext()
+    return mock.patch.object(inversion_program, "choose_window", lambda traffic, features: window)
+
+
 @settings(max_examples=50, deadline=None)
-@given(MADES, st.booleans())
-def test_equals_naive_for_random_shapes_orderings_and_mask_sets(config, tracked):
+@given(MADES, st.booleans(), WINDOWS)
+def test_equals_naive_for_random_shapes_orderings_and_mask_sets(config, tracked, window):
     config, mask = config
     made = _made(config, mask)
     z, context, step = _problem(made)
-    with torch.set_grad_enabled(tracked):
+    with torch.set_grad_enabled(tracked), _windows(window):
         expected = solve_naive(made, step, z, context)
         y, params = solve_with_params(made, step, z, context)
         torch.testing.assert_close(y, expected, rtol=0, atol=1e-10)
@@ -67,8 +80,8 @@ def test_equals_naive_for_random_shapes_orderings_and_mask_sets(config, tracked)
 
 
 @settings(max_examples=10, deadline=None)
-@given(MADES)
-def test_gradients_equal_the_naive_solvers(config):
+@given(MADES, WINDOWS)
+def test_gradients_equal_the_naive_solvers(config, window):
     config, mask = config
     made = _made(config, mask)
     z, context, step = _problem(made)
@@ -81,27 +94,52 @@ def test_gradients_equal_the_naive_solvers(config):
         loss = solver(made, step, z, context).sin().sum()
         return torch.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True)
 
-    for got, expected in zip(grads(solve), grads(solve_naive), strict=True):
+    with _windows(window):
+        fast = grads(solve)
+    for got, expected in zip(fast, grads(solve_naive), strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("window", [1, 2, 3, 7])
 @pytest.mark.parametrize(
-    "hidden, per, pushes",
-    [((64, 64), 1, {1}), ((48, 4), 1, {0}), ((8, 8), 3, set()), ((40, 40, 40), 1, {2})],
-    ids=["push-to-output", "push-to-narrow-layer", "pull-only", "deep"],
+    "config",
+    [dict(hidden_features=(64, 64)), dict(hidden_features=(48, 4), params_per_feature=3),
+     dict(hidden_features=(40, 40, 40), residual=True, context_features=2),
+     dict(hidden_features=(30,), direct_connection=True, num_masks=3)],
+    ids=["wide", "narrow-layer", "residual-context", "direct-masks"],
 )
-def test_pull_and_push_connections_are_both_exact(hidden, per, pushes):
-    made = _made(dict(features=6, hidden_features=hidden, params_per_feature=per, seed=3))
-    z, _, step = _problem(made)
-    program = build_program(made, sorted_layout(made), one_hot=False)
-    assert {b.stage for blocks in program.hidden for b in blocks if b.pushes} == pushes
-    torch.testing.assert_close(solve(made, step, z), solve_naive(made, step, z), rtol=0,
-                               atol=1e-10)
+def test_every_window_is_exact_with_its_gradients(monkeypatch, config, window):
+    """Windows of one degree (NADE), a few, and all degrees (whole prefixes) for every
+    connection give the naive solver's values and gradients, with and without autograd."""
+    monkeypatch.setattr(inversion_program, "choose_window", lambda traffic, features: window)
+    mask = 1 if "num_masks" in config else 0
+    made = _made(dict(features=6, order="random", seed=3, **config), mask)
+    z, context, step = _problem(made)
+    with torch.no_grad():
+        program = build_program(made, sorted_layout(made), one_hot=False)
+    assert bool(any(program.flushes)) == (window <= 6)
+    z.requires_grad_()
+    if context is not None:
+        context.requires_grad_()
+    inputs = [z, *made.parameters(), *([] if context is None else [context])]
+
+    def solved(solver):
+        y = solver(made, step, z, context)
+        return y, torch.autograd.grad(y.sin().sum(), inputs, allow_unused=True,
+                                      materialize_grads=True)
+
+    (y, grads), (expected, expected_grads) = solved(solve), solved(solve_naive)
+    torch.testing.assert_close(y, expected, rtol=0, atol=1e-10)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    with torch.no_grad():
+        torch.testing.assert_close(solve(made, step, z, context), expected, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("window", [None, 1, 2])
 @pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("hidden", [(), (12,), (10, 10)])
-def test_one_hot_inputs_gather_one_weight_row_per_feature(hidden, direct):
+def test_one_hot_inputs_gather_one_weight_row_per_feature(hidden, direct, window):
     classes = 4
     made = MADE(5, hidden, params_per_feature=classes, inputs_per_feature=classes,
                 context_features=2, order="random", direct_connection=direct, seed=1).double()
@@ -114,12 +152,13 @@ def test_one_hot_inputs_gather_one_weight_row_per_feature(hidden, direct):
         return (params + gumbel[:, index]).argmax(-1)
 
     like = torch.zeros(6, 5, dtype=torch.long)
-    expected = solve_naive(made, step, like, context, OneHot(classes, torch.float64))
-    for encode in [OneHot(classes, torch.float64),
-                   lambda y: torch.nn.functional.one_hot(y, classes).double()]:
-        with torch.no_grad():
+    with _windows(window):
+        expected = solve_naive(made, step, like, context, OneHot(classes, torch.float64))
+        for encode in [OneHot(classes, torch.float64),
+                       lambda y: torch.nn.functional.one_hot(y, classes).double()]:
+            with torch.no_grad():
+                assert torch.equal(solve(made, step, like, context, encode), expected)
             assert torch.equal(solve(made, step, like, context, encode), expected)
-        assert torch.equal(solve(made, step, like, context, encode), expected)
 
 
 def test_bernoulli_samples_are_identical_in_float32():

@@ -15,20 +15,22 @@ the first ``k`` features of the ordering, so once those are known it is final an
 changes. With the units of every layer sorted by degree (a permutation that leaves the function
 unchanged), the units that become final when feature ``k`` is known are a block ``[k]`` of
 rows, and the units below that they see are a prefix ``[<=k]``. Step ``k`` computes each such
-block once, layer by layer, either by *pulling* from the layer below or, NADE-style, by having
-each new block *push* its contribution into the pre-activations above (``a`` accumulates):
+block once, layer by layer:
 
 .. math::
 
-    h^{(l)}_{[k]} = \operatorname{act}\big(b_{[k]} + W^{(l)}_{[k], [\le k]}\,
-        h^{(l-1)}_{[\le k]}\big)
-    \quad\text{or}\quad
-    a^{(l+1)}_{[\ge k]} \mathrel{+}= W^{(l+1)}_{[\ge k], [k]}\, h^{(l)}_{[k]},
+    h^{(l)}_{[k]} = \operatorname{act}\big(a^{(l)}_{[k]} + W^{(l)}_{[k], [w \le \cdot \le k]}\,
+        h^{(l-1)}_{[w \le \cdot \le k]}\big),
+    \qquad
+    a^{(l)}_{[\ge w']} \mathrel{+}= W^{(l)}_{[\ge w'], [w, w')}\, h^{(l-1)}_{[w, w')},
 
-then the ``P`` outputs of the ``k``-th feature, then the feature. Each weight entry is used
-once in all, as in one forward pass, spread over ``D`` steps of a handful of tensor operations.
-Which blocks there are, and which connections pull or push, is decided once per set of weights
-by :mod:`flowkit.nn.inversion_program`; this module runs the steps.
+where ``[w, w')`` is the window of degrees that holds ``k``: a block pulls the units of its own
+window, and when a window ends its units are added to the pre-activations ``a`` of every unit
+not yet computed in one product (a *flush*). Then come the ``P`` outputs of the ``k``-th
+feature, then the feature. Each weight entry is used once in all, as in one forward pass,
+spread over ``D`` steps of a handful of tensor operations. The windows of each connection (one
+degree is the NADE recurrence, all degrees pull whole prefixes) are chosen once per set of
+weights by :mod:`flowkit.nn.inversion_program`; this module runs the steps.
 
 References:
     Germain et al., "MADE: Masked Autoencoder for Distribution Estimation", ICML 2015.
@@ -211,31 +213,33 @@ def _solve_with_params(
     view = _Views(tracked)
 
     # acc[stage]: pre-activations, started at the bias plus the context's contribution (the
-    # context reaches every unit), summed into by pushes; buf[source]: values pulled from.
+    # context reaches every unit), summed into by flushes; buf[source]: values read from.
     # Units x batch, so that a block of units is a block of rows and every product is
     # (units x units) @ (units x batch), the shape BLAS does fast. The inputs too: the
-    # user's step gives a column (batch x 1), written as one contiguous row.
+    # user's step gives a column (batch x 1), written as one contiguous row. Every unit is
+    # written before anything reads it: the buffers need no initial value. Without autograd
+    # on the CPU they are memory this thread reuses between calls (fresh memory costs its
+    # page faults at every call).
     last = len(program.stages) - 1  # the output stage
+    scratch = Scratch.take("solver") if Scratch.applies(like) else None
+
+    def buffer(slot: object, width: int, like: Tensor) -> Tensor:
+        if scratch is None:
+            return like.new_empty(width, n)
+        return scratch.tensor(slot, width, n, like)
+
     acc = []
     for t, stage in enumerate(program.stages):
         a = sum(layer.bias for layer, _ in stage.reads if layer.bias is not None)
         a = a.index_select(0, layout.stage_perm(t))[:, None]
         if context is not None and program.context[t] is not None:
             a = torch.addmm(a, program.context[t], context.t())
-        acc.append(a.expand(-1, n).contiguous() if t in program.accumulated else a)
-    # Every unit is written before anything reads it: the buffers need no initial value.
-    # Without autograd on the CPU they are memory this thread reuses between calls.
-    scratch = Scratch.take("solver") if Scratch.applies(like) else None
-
-    def buffer(source: int, width: int) -> Tensor:
-        if scratch is None:
-            return acc[-1].new_empty(width, n)
-        return scratch.tensor(source, width, n, acc[-1])
-
-    buf = {s: buffer(s, w) for s, w in program.sources}
+        if t in program.accumulated:
+            a = buffer(("acc", t), a.shape[0], a).copy_(a.expand(-1, n))
+        acc.append(a)
+    buf = {s: buffer(s, w, acc[-1]) for s, w in program.sources}
     if not one_hot:
-        buf[-1] = buffer(-1, features * m)
-    input_starts = list(range(0, features * m + 1, m))
+        buf[-1] = buffer(-1, features * m, acc[-1])
 
     # Without autograd a ReLU writes the hidden values into their buffer (torch.relu is
     # clamp_min(h, 0)), one operation instead of two at every step.
@@ -245,8 +249,8 @@ def _solve_with_params(
         h = None
         for block in program.hidden[k]:
             pre = view.block(acc[block.stage], program.starts[block.stage], k)
-            for source, length, weight in block.pulls:
-                pre = torch.addmm(pre, weight, view.rows(buf[source], length))
+            for source, start, end, weight in block.pulls:
+                pre = torch.addmm(pre, weight, view.rows(buf[source], start, end))
             h = pre + h if block.residual else pre
             kept = (view.block(buf[block.stage], program.starts[block.stage], k)
                     if block.stage in buf else None)
@@ -256,18 +260,19 @@ def _solve_with_params(
                 value = made.activation(h) if block.activate else h
                 if kept is not None:
                     kept.copy_(value)
-            for target, start, weight in block.pushes:
-                view.rows(acc[target], start, after=True).addmm_(weight, value)
 
     values, params = [], []
     with hooks:
         hidden_units(0)
     for k in range(1, features + 1):
         with hooks:
+            for source, start, end, target, first, weight in program.flushes[k - 1]:
+                view.rows(acc[target], first).addmm_(
+                    weight, view.rows(buf[source], start, end))
             block = program.output[k - 1]
             p = view.block(acc[last], program.starts[last], k)
-            for source, length, weight in block.pulls:
-                p = torch.addmm(p, weight, view.rows(buf[source], length))
+            for source, start, end, weight in block.pulls:
+                p = torch.addmm(p, weight, view.rows(buf[source], start, end))
             p = (p.clone() if tracked and not block.pulls else p).t().unsqueeze(1)
         y = step(p, layout.index[k - 1])
         values.append(y)
@@ -280,9 +285,9 @@ def _solve_with_params(
                 classes = y.reshape(-1).long()
                 for target, start, weight in program.inputs[k - 1]:
                     rows = weight.index_select(0, classes).t()
-                    view.rows(acc[target], start, after=True).add_(rows)
+                    view.rows(acc[target], start).add_(rows)
             else:
-                view.block(buf[-1], input_starts, k - 1).copy_(x.t())
+                view.block(buf[-1], program.input_starts, k).copy_(x.t())
             hidden_units(k)
     y = torch.cat(values, dim=1).index_select(1, layout.position)
     params = torch.cat(params, dim=1).index_select(1, layout.position)
@@ -328,12 +333,12 @@ class _Views:
             blocks = self.cache[id(t),] = t.split(sizes)
         return blocks[k]
 
-    def rows(self, t: Tensor, index: int, after: bool = False) -> Tensor:
-        """``t[index:]`` if ``after`` else ``t[:index]``."""
+    def rows(self, t: Tensor, start: int, end: int | None = None) -> Tensor:
+        """``t[start:end]``."""
         if self.cache is None:
-            return t[index:] if after else t[:index]
-        key = (id(t), index, after)
+            return t[start:end]
+        key = (id(t), start, end)
         v = self.cache.get(key)
         if v is None:
-            v = self.cache[key] = t[index:] if after else t[:index]
+            v = self.cache[key] = t[start:end]
         return v

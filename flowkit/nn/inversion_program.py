@@ -4,8 +4,19 @@ r"""The program of the one-pass solver: a MADE's weights cut into the blocks eac
 for the math). Before it starts, :func:`build_program` sorts the masked weights of the active
 mask set by degree (:func:`flowkit.nn.layout.sorted_layout`) and cuts them into blocks
 (:class:`Block`): the units of one degree of one stage, which become final together, with the
-weight slices that compute them (*pulls*) and the ones that send them on (*pushes*). The solver
-then runs the blocks in order; it makes no decision of its own.
+weight slices that compute them (*pulls*), and into the *flushes* that send whole windows of
+finished units on at once. The solver then runs the blocks and flushes in order; it makes no
+decision of its own.
+
+**Windows.** Each connection (a source layer, or the inputs, read by a stage) cuts the degrees
+into windows of ``w`` consecutive degrees. A unit of degree ``k`` sums the units below that it
+sees; those of the windows before ``k``'s were added to it in one product each, when their
+window ended (a flush: every unit not yet computed sees all of a finished window), and a block
+pulls only the units of its own window. ``w = 1`` is the NADE recurrence (every new block sent
+on at once), a window of all degrees pulls whole prefixes; the weights are the same and each is
+used once either way. Small windows stream the layer above once per window, large ones the
+layer below once per degree: :func:`build_program` takes, per connection, the window that moves
+the least data (:func:`_traffic`).
 
 A program depends on the MADE's weights and active masks, not on the batch: without autograd it
 is kept between calls for as long as those stay the same tensors.
@@ -13,7 +24,9 @@ is kept between calls for as long as those stay the same tensors.
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -22,22 +35,29 @@ from torch import Tensor
 from flowkit.nn.layout import INPUTS, SortedLayout, Stage, stages
 from flowkit.nn.made import MADE
 
-Pull = tuple[int, int, Tensor]
-"""``(source, length, weight)``: add ``weight`` times the first ``length`` units of source
+Pull = tuple[int, int, int, Tensor]
+"""``(source, start, end, weight)``: add ``weight`` times the units ``start:end`` of source
 ``-1`` (the inputs, in the ordering) or ``l >= 0`` (hidden layer ``l``, sorted by degree)."""
 
+Flush = tuple[int, int, int, int, int, Tensor]
+"""``(source, start, end, target, first, weight)``: add ``weight`` times the units
+``start:end`` of ``source`` to the units of stage ``target`` from ``first`` on."""
+
 Push = tuple[int, int, Tensor]
-"""``(target, start, weight)``: add ``weight`` times the block's values to the units of stage
-``target`` from ``start`` on."""
+"""``(target, start, weight)``: one-hot inputs, the rows of ``weight`` ``(K, units)`` to add
+to the units of stage ``target`` from ``start`` on, picked by the class of a feature."""
+
+CALL_COST = 16
+"""What one product costs beyond the data it moves, in rows of the batch (a call's overhead is
+about the time it takes to stream 16 rows of 1024 floats on the CPUs the solver was timed on)."""
 
 
 class Block(NamedTuple):
     """The units of one degree of one stage (hidden layers, then the output), which become
-    final together: computed from ``pulls`` and sent on by ``pushes``."""
+    final together: computed from ``pulls`` added to what flushes gathered for them."""
 
     stage: int
     pulls: list[Pull]
-    pushes: list[Push]
     residual: bool  # adds the sum of the same units of the stage below
     activate: bool  # passes act(sum) on
 
@@ -51,11 +71,13 @@ class Program(NamedTuple):
     products: list[Tensor]  # the masked weights of its reads, in order
     context: list[Tensor | None]  # per stage, (out, C) weights of the context
     starts: list[list[int]]  # per stage, its first unit of degree k = 0..D+1
-    accumulated: set[int]  # stages that receive pushes (the others start at a bias column)
-    sources: list[tuple[int, int]]  # (layer, width) of the hidden layers that pulls read
+    input_starts: list[int]  # the first input (sorted, no context) of degree k = 0..D+1
+    accumulated: set[int]  # stages whose pre-activations are kept for the whole batch
+    sources: list[tuple[int, int]]  # (layer, width) of the hidden layers read
     hidden: list[list[Block]]  # per degree k < D, the hidden units of degree k
     output: list[Block]  # per position k = 1..D, the outputs of the k-th feature
-    inputs: list[list[Push]]  # one-hot inputs, per position k = 1..D-1: weights (K, out - start)
+    flushes: list[list[Flush]]  # per position k = 1..D, run before its outputs
+    inputs: list[list[Push]]  # one-hot inputs, per position k = 1..D-1
 
 
 _programs: weakref.WeakKeyDictionary[MADE, Program] = weakref.WeakKeyDictionary()
@@ -66,17 +88,21 @@ def cached_program(made: MADE) -> Program | None:
     return _programs.get(made)
 
 
+def choose_window(traffic: Callable[[int], int], features: int) -> int:
+    """The window of a connection: of ``1, 2, 4, ...`` and ``features + 1`` (all degrees), the
+    one of least ``traffic(window)``."""
+    sizes = {1 << i for i in range(features.bit_length())} | {features + 1}
+    return min(sorted(sizes), key=traffic)
+
+
 def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
     """The program of ``made``'s active mask set. Without autograd it is kept while the masked
     weights (cached by :meth:`flowkit.MaskedLinear.masked_weight`) stay the same tensors; under
     autograd it is rebuilt on every call, from the weights the gradient flows to.
 
-    Each connection from a hidden layer either *pulls* (a block of units reads the prefix of
-    the layer below that it sees) or *pushes* (a new block adds its contribution to the units
-    above that see it), whichever moves less data: pulling reads about half the layer below at
-    every step of the layer above, pushing reads and writes about half the layer above at every
-    step of the layer below. Inputs are pulled, or pushed one weight row per feature (NADE)
-    when they are one-hot.
+    Each connection gets the window (see the module docstring) that moves the least data. The
+    inputs are one such connection, unless they are one-hot: then each feature adds one weight
+    row per unit it reaches (NADE), picked by its class.
     """
     description = stages(made)
     reads = [(t, source, layer) for t, stage in enumerate(description)
@@ -93,13 +119,12 @@ def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
     last = len(description) - 1  # the output stage
     counts = [layout.stage_counts(t, made) for t in range(last + 1)]  # outputs: degrees 1..D
     starts = [[0, *accumulate(c)] for c in counts]
-    inputs = features * m
+    input_starts = [0] + [(k - 1) * m for k in range(1, features + 2)]
+    width = features * m
 
-    # Weights with rows (units) and columns (their inputs) sorted by degree: reads of the
-    # inputs (their context columns apart: the context reaches every unit) and links between
-    # stages, (source, target, weight).
+    # Weights with rows (units) and columns (their inputs) sorted by degree: the context's
+    # columns apart (the context reaches every unit), (source, target, weight).
     context: list[Tensor | None] = [None] * (last + 1)
-    from_inputs: list[tuple[int, Tensor]] = []
     links: list[tuple[int, int, Tensor]] = []
     for (target, source, _), w in zip(reads, products, strict=True):
         w = w.index_select(0, layout.stage_perm(target))
@@ -107,64 +132,83 @@ def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
             links.append((source, target, w.index_select(1, layout.hidden_perms[source])))
             continue
         if made.context_features:
-            c = w[:, inputs:]
+            c = w[:, width:]
             context[target] = c if context[target] is None else context[target] + c
-        from_inputs.append((target, w[:, :inputs].index_select(1, layout.input_perm)))
+        links.append((INPUTS, target, w[:, :width].index_select(1, layout.input_perm)))
+
+    def source_starts(source: int) -> list[int]:
+        return input_starts if source == INPUTS else starts[source]
+
+    def computed(t: int) -> list[int]:
+        """The degrees at which units of stage ``t`` are computed."""
+        return [k for k in range(features + 1) if counts[t][k] and (t == last or k < features)]
 
     def seen(source: int, target: int, k: int) -> int:
-        """Units of `source` that units of degree k of `target` see."""
-        return starts[source][k if target == last else k + 1]
+        """Units of ``source`` that the units of degree ``k`` of ``target`` see."""
+        return source_starts(source)[k if target == last else k + 1]
 
-    def first(target: int, k: int) -> int:
-        """The first unit of `target` that sees the units of degree k below."""
-        return starts[target][k + (target == last)]
+    def traffic(source: int, target: int, window: int) -> int:
+        """Rows of the batch that a connection's products move with ``window``, plus
+        :data:`CALL_COST` per product: a pull reads its columns twice (the matrix product
+        packs them) and writes its rows; a flush reads its columns and reads and writes the
+        rows it adds to, which are kept for the whole batch (written once at the start)."""
+        s, total = source_starts(source), starts[target][-1]
+        pulled = [seen(source, target, k) - s[k // window * window] for k in computed(target)]
+        cost = sum(2 * p + counts[target][k] + CALL_COST
+                   for p, k in zip(pulled, computed(target), strict=True) if p)
+        flushed = [(s[a] - s[a - window], total - starts[target][a])
+                   for a in range(window, features + 1, window)]
+        flushed = [(chunk, rest) for chunk, rest in flushed if chunk and rest]
+        if flushed:
+            cost += total + sum(chunk + 2 * rest + CALL_COST for chunk, rest in flushed)
+        return cost
 
-    pushing = set()  # the links that push
-    for i, (source, target, _) in enumerate(links):
-        active = [k for k in range(features) if counts[source][k]]
-        pull_cost = sum(seen(source, target, k) for k in range(features + 1) if counts[target][k])
-        push_cost = sum(2 * (starts[target][-1] - first(target, k)) for k in active)
-        if push_cost < pull_cost:
-            pushing.add(i)
+    windows = [features + 1 if source == INPUTS and one_hot else
+               choose_window(functools.partial(traffic, source, target), features)
+               for source, target, _ in links]
 
     blocks: list[list[Block]] = [[] for _ in range(features + 1)]
-    for t, count in enumerate(counts):
+    for t in range(last + 1):
         stage = description[t]
-        for k in range(features + 1):
-            if not count[k] or (t < last and k == features):
-                continue  # units of degree >= D feed no output
+        for k in computed(t):
             start, end = starts[t][k], starts[t][k + 1]
             pulls: list[Pull] = []
-            if not one_hot:
-                length = (k if t < last else k - 1) * m  # inputs of degree <= k or < k
-                pulls += [(INPUTS, length, w[start:end, :length])
-                          for r, w in from_inputs if r == t]
-            pushes: list[Push] = []
-            for i, (source, target, w) in enumerate(links):
-                if target == t and i not in pushing:
-                    length = seen(source, t, k)
-                    pulls.insert(0, (source, length, w[start:end, :length]))
-                if source == t and i in pushing and first(target, k) < starts[target][-1]:
-                    pushes.append((target, first(target, k), w[first(target, k):, start:end]))
-            blocks[k].append(Block(t, pulls, pushes, stage.residual, stage.activate))
+            for (source, target, w), window in zip(links, windows, strict=True):
+                if target != t or (source == INPUTS and one_hot):
+                    continue
+                lo, hi = source_starts(source)[k // window * window], seen(source, t, k)
+                if hi > lo:
+                    pulls.append((source, lo, hi, w[start:end, lo:hi]))
+            blocks[k].append(Block(t, pulls, stage.residual, stage.activate))
     output = [b[-1] for b in blocks[1:]]
     hidden = [[b for b in bs if b.stage < last] for bs in blocks[:features]]
 
+    flushes: list[list[Flush]] = [[] for _ in range(features)]
+    for (source, target, w), window in zip(links, windows, strict=True):
+        s = source_starts(source)
+        for a in range(window, features + 1, window):
+            lo, hi, first = s[a - window], s[a], starts[target][a]
+            if hi > lo and first < starts[target][-1]:
+                flushes[a - 1].append((source, lo, hi, target, first, w[first:, lo:hi]))
+
     inputs_pushed: list[list[Push]] = [[] for _ in range(features)]
     if one_hot:
-        for t, w in from_inputs:
+        for source, t, w in links:
+            if source != INPUTS:
+                continue
             rows = w.t().contiguous().split(m)  # per feature, (K, out)
             for k in range(1, features):
-                if first(t, k) < w.shape[0]:
-                    inputs_pushed[k - 1].append((t, first(t, k), rows[k - 1][:, first(t, k):]))
-    pulled = {source for i, (source, _, _) in enumerate(links) if i not in pushing}
-    sources = [(s, starts[s][-1]) for s in sorted(pulled)]
-    accumulated = {links[i][1] for i in pushing}
-    if one_hot:
-        accumulated |= {t for t, _ in from_inputs}
+                first = starts[t][k + (t == last)]
+                if first < w.shape[0]:
+                    inputs_pushed[k - 1].append((t, first, rows[k - 1][:, first:]))
+    # Stages that flushes or one-hot inputs add to, and those with a block that reads nothing
+    # (its bias and context alone): their pre-activations are kept for the whole batch.
+    accumulated = ({f[3] for fs in flushes for f in fs} | {p[0] for ps in inputs_pushed for p in ps}
+                   | {b.stage for bs in blocks for b in bs if not b.pulls})
+    sources = [(s, starts[s][-1]) for s in sorted({s for s, _, _ in links if s != INPUTS})]
     program = Program(
-        key, description, products, context, starts, accumulated, sources, hidden, output,
-        inputs_pushed,
+        key, description, products, context, starts, input_starts, accumulated, sources,
+        hidden, output, flushes, inputs_pushed,
     )
     if not any(p.requires_grad for p in products):
         _programs[made] = program
