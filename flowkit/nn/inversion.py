@@ -212,14 +212,12 @@ def _solve_with_params(
     hooks = saved_tensors_hooks(_identity, _identity) if tracked else nullcontext()
     view = _Views(tracked)
 
-    # acc[stage]: pre-activations, started at the bias plus the context's contribution (the
-    # context reaches every unit), summed into by flushes; buf[source]: values read from.
-    # Units x batch, so that a block of units is a block of rows and every product is
-    # (units x units) @ (units x batch), the shape BLAS does fast. The inputs too: the
-    # user's step gives a column (batch x 1), written as one contiguous row. Every unit is
-    # written before anything reads it: the buffers need no initial value. Without autograd
-    # on the CPU they are memory this thread reuses between calls (fresh memory costs its
-    # page faults at every call).
+    # The state is kept units x batch, so that a block of units is a block of rows and every
+    # product is (units x units) @ (units x batch), the shape BLAS does fast. The inputs
+    # too: the user's step gives a column (batch x 1), written as one contiguous row. Every
+    # unit is written before anything reads it: the buffers need no initial value. Without
+    # autograd on the CPU they are memory this thread reuses between calls (fresh memory
+    # costs its page faults at every call).
     last = len(program.stages) - 1  # the output stage
     scratch = Scratch.take("solver") if Scratch.applies(like) else None
 
@@ -228,18 +226,36 @@ def _solve_with_params(
             return like.new_empty(width, n)
         return scratch.tensor(slot, width, n, like)
 
-    acc = []
+    # base[stage]: the bias plus the context's contribution (the context reaches every unit):
+    # a column, or the whole batch with a context. acc[stage]: the pre-activations of the
+    # units that flushes add to (from program.flushed_from on, the first flush writing them),
+    # or of all units if the program initializes them; None if there are none. Under
+    # autograd acc starts at the base and every flush adds (out= is not differentiable).
+    # buf[source]: the values that pulls and flushes read.
+    base, acc = [], []
     for t, stage in enumerate(program.stages):
         a = sum(layer.bias for layer, _ in stage.reads if layer.bias is not None)
         a = a.index_select(0, layout.stage_perm(t))[:, None]
         if context is not None and program.context[t] is not None:
             a = torch.addmm(a, program.context[t], context.t())
-        if t in program.accumulated:
-            a = buffer(("acc", t), a.shape[0], a).copy_(a.expand(-1, n))
-        acc.append(a)
-    buf = {s: buffer(s, w, acc[-1]) for s, w in program.sources}
+        base.append(a)
+        units = a.shape[0]
+        if program.flushed_from[t] == units:
+            acc.append(None)
+        elif tracked or t in program.initialized:
+            acc.append(buffer(("acc", t), units, a).copy_(a.expand(-1, n)))
+        else:
+            acc.append(buffer(("acc", t), units, a))
+    writes = not tracked
+
+    def pre_activations(t: int, k: int) -> Tensor:
+        """The block of units of degree ``k`` of stage ``t``, before its pulls."""
+        kept = program.starts[t][k] >= program.flushed_from[t]
+        return view.block(acc[t] if kept else base[t], program.starts[t], k)
+
+    buf = {s: buffer(s, w, base[-1]) for s, w in program.sources}
     if not one_hot:
-        buf[-1] = buffer(-1, features * m, acc[-1])
+        buf[-1] = buffer(-1, features * m, base[-1])
 
     # Without autograd a ReLU writes the hidden values into their buffer (torch.relu is
     # clamp_min(h, 0)), one operation instead of two at every step.
@@ -248,7 +264,7 @@ def _solve_with_params(
     def hidden_units(k: int) -> None:
         h = None
         for block in program.hidden[k]:
-            pre = view.block(acc[block.stage], program.starts[block.stage], k)
+            pre = pre_activations(block.stage, k)
             for source, start, end, weight in block.pulls:
                 pre = torch.addmm(pre, weight, view.rows(buf[source], start, end))
             h = pre + h if block.residual else pre
@@ -266,11 +282,15 @@ def _solve_with_params(
         hidden_units(0)
     for k in range(1, features + 1):
         with hooks:
-            for source, start, end, target, first, weight in program.flushes[k - 1]:
-                view.rows(acc[target], first).addmm_(
-                    weight, view.rows(buf[source], start, end))
+            for source, start, end, target, first, write, weight in program.flushes[k - 1]:
+                values_below = view.rows(buf[source], start, end)
+                if write and writes:
+                    torch.addmm(view.rows(base[target], first), weight, values_below,
+                                out=view.rows(acc[target], first))
+                else:
+                    view.rows(acc[target], first).addmm_(weight, values_below)
             block = program.output[k - 1]
-            p = view.block(acc[last], program.starts[last], k)
+            p = pre_activations(last, k)
             for source, start, end, weight in block.pulls:
                 p = torch.addmm(p, weight, view.rows(buf[source], start, end))
             p = (p.clone() if tracked and not block.pulls else p).t().unsqueeze(1)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import NamedTuple
 
+import numpy as np
 from torch import Tensor
 
 from flowkit.nn.layout import INPUTS, SortedLayout, Stage, stages
@@ -39,9 +40,19 @@ Pull = tuple[int, int, int, Tensor]
 """``(source, start, end, weight)``: add ``weight`` times the units ``start:end`` of source
 ``-1`` (the inputs, in the ordering) or ``l >= 0`` (hidden layer ``l``, sorted by degree)."""
 
-Flush = tuple[int, int, int, int, int, Tensor]
-"""``(source, start, end, target, first, weight)``: add ``weight`` times the units
-``start:end`` of ``source`` to the units of stage ``target`` from ``first`` on."""
+class Flush(NamedTuple):
+    """Add ``weight`` times the units ``start:end`` of ``source`` to the units of stage
+    ``target`` from ``first`` on. The first flush into a stage writes them instead (``write``),
+    bias included, unless the program initializes that stage (:attr:`Program.initialized`)."""
+
+    source: int
+    start: int
+    end: int
+    target: int
+    first: int
+    write: bool
+    weight: Tensor
+
 
 Push = tuple[int, int, Tensor]
 """``(target, start, weight)``: one-hot inputs, the rows of ``weight`` ``(K, units)`` to add
@@ -72,7 +83,8 @@ class Program(NamedTuple):
     context: list[Tensor | None]  # per stage, (out, C) weights of the context
     starts: list[list[int]]  # per stage, its first unit of degree k = 0..D+1
     input_starts: list[int]  # the first input (sorted, no context) of degree k = 0..D+1
-    accumulated: set[int]  # stages whose pre-activations are kept for the whole batch
+    initialized: set[int]  # stages whose pre-activations are kept whole from the start
+    flushed_from: list[int]  # per stage, the first unit that a flush adds to (or all units)
     sources: list[tuple[int, int]]  # (layer, width) of the hidden layers read
     hidden: list[list[Block]]  # per degree k < D, the hidden units of degree k
     output: list[Block]  # per position k = 1..D, the outputs of the k-th feature
@@ -151,17 +163,16 @@ def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
         """Rows of the batch that a connection's products move with ``window``, plus
         :data:`CALL_COST` per product: a pull reads its columns twice (the matrix product
         packs them) and writes its rows; a flush reads its columns and reads and writes the
-        rows it adds to, which are kept for the whole batch (written once at the start)."""
-        s, total = source_starts(source), starts[target][-1]
-        pulled = [seen(source, target, k) - s[k // window * window] for k in computed(target)]
-        cost = sum(2 * p + counts[target][k] + CALL_COST
-                   for p, k in zip(pulled, computed(target), strict=True) if p)
-        flushed = [(s[a] - s[a - window], total - starts[target][a])
-                   for a in range(window, features + 1, window)]
-        flushed = [(chunk, rest) for chunk, rest in flushed if chunk and rest]
-        if flushed:
-            cost += total + sum(chunk + 2 * rest + CALL_COST for chunk, rest in flushed)
-        return cost
+        rows it adds to (the first one writes them)."""
+        s, to = np.array(source_starts(source)), np.array(starts[target])
+        k = np.array(computed(target), dtype=np.int64)
+        pulled = s[k + (target != last)] - s[k // window * window]
+        rows = to[k + 1] - to[k]
+        cost = np.where(pulled > 0, 2 * pulled + rows + CALL_COST, 0).sum()
+        a = np.arange(window, features + 1, window)
+        chunk, rest = s[a] - s[a - window], to[-1] - to[a]
+        cost += np.where((chunk > 0) & (rest > 0), chunk + 2 * rest + CALL_COST, 0).sum()
+        return int(cost)
 
     windows = [features + 1 if source == INPUTS and one_hot else
                choose_window(functools.partial(traffic, source, target), features)
@@ -189,7 +200,7 @@ def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
         for a in range(window, features + 1, window):
             lo, hi, first = s[a - window], s[a], starts[target][a]
             if hi > lo and first < starts[target][-1]:
-                flushes[a - 1].append((source, lo, hi, target, first, w[first:, lo:hi]))
+                flushes[a - 1].append(Flush(source, lo, hi, target, first, False, w[first:, lo:hi]))
 
     inputs_pushed: list[list[Push]] = [[] for _ in range(features)]
     if one_hot:
@@ -201,14 +212,22 @@ def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
                 first = starts[t][k + (t == last)]
                 if first < w.shape[0]:
                     inputs_pushed[k - 1].append((t, first, rows[k - 1][:, first:]))
-    # Stages that flushes or one-hot inputs add to, and those with a block that reads nothing
-    # (its bias and context alone): their pre-activations are kept for the whole batch.
-    accumulated = ({f[3] for fs in flushes for f in fs} | {p[0] for ps in inputs_pushed for p in ps}
+    # Stages whose pre-activations are kept for the whole batch from the start: those that
+    # one-hot inputs add to from the first step, and those with a block that reads nothing
+    # (its bias and context alone). Elsewhere the units before the first flush's read their
+    # bias, and that flush writes the bias and its product where the others add.
+    initialized = ({p[0] for ps in inputs_pushed for p in ps}
                    | {b.stage for bs in blocks for b in bs if not b.pulls})
+    flushed_from = [0 if t in initialized else starts[t][-1] for t in range(last + 1)]
+    for fs in flushes:  # in the order they run
+        for j, f in enumerate(fs):
+            if f.first < flushed_from[f.target]:
+                flushed_from[f.target] = f.first
+                fs[j] = f._replace(write=True)
     sources = [(s, starts[s][-1]) for s in sorted({s for s, _, _ in links if s != INPUTS})]
     program = Program(
-        key, description, products, context, starts, input_starts, accumulated, sources,
-        hidden, output, flushes, inputs_pushed,
+        key, description, products, context, starts, input_starts, initialized, flushed_from,
+        sources, hidden, output, flushes, inputs_pushed,
     )
     if not any(p.requires_grad for p in products):
         _programs[made] = program
