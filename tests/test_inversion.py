@@ -3,6 +3,7 @@
 import contextlib
 import copy
 import pickle
+import random
 from unittest import mock
 
 import pytest
@@ -56,14 +57,22 @@ def _problem(made: MADE, n: int = 5, seed: int = 0):
     return z, context, step
 
 
-WINDOWS = st.sampled_from([None, 1, 2, 3])  # None: the solver's choice
+# None: the solver's choice; an int: every connection gets that window; a tuple: each
+# connection draws one of them (connections into one stage with different windows)
+WINDOWS = st.sampled_from([None, 1, 2, 3, (1, 2, 3, 5, 7, 8, 20)])
 
 
-def _windows(window: int | None):
-    """Every connection of the programs built inside gets ``window`` (None: the choice)."""
+def _windows(window: int | tuple[int, ...] | None):
+    """The connections of the programs built inside get ``window`` (see WINDOWS)."""
     if window is None:
         return contextlib.nullcontext()
-    return mock.patch.object(inversion_program, "choose_window", lambda traffic, features: window)
+    inversion_program._windows.clear()  # chosen once per MADE: choose again
+    if isinstance(window, int):
+        return mock.patch.object(inversion_program, "choose_window",
+                                 lambda traffic, features: window)
+    draw = random.Random(0).choice
+    return mock.patch.object(inversion_program, "choose_window",
+                             lambda traffic, features: draw(window))
 
 
 @settings(max_examples=50, deadline=None)
@@ -136,7 +145,7 @@ def test_every_window_is_exact_with_its_gradients(monkeypatch, config, window):
         torch.testing.assert_close(solve(made, step, z, context), expected, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("window", [None, 1, 2])
+@pytest.mark.parametrize("window", [None, 1, 2, (1, 2, 3, 6)])
 @pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("hidden", [(), (12,), (10, 10)])
 def test_one_hot_inputs_gather_one_weight_row_per_feature(hidden, direct, window):
@@ -159,6 +168,29 @@ def test_one_hot_inputs_gather_one_weight_row_per_feature(hidden, direct, window
             with torch.no_grad():
                 assert torch.equal(solve(made, step, like, context, encode), expected)
             assert torch.equal(solve(made, step, like, context, encode), expected)
+
+
+@pytest.mark.parametrize("window", [None, 1, 2, 4])
+@pytest.mark.parametrize("context", [0, 2])
+def test_params_a_step_keeps_are_not_overwritten_by_later_calls(window, context):
+    """Without autograd the solver works in memory that the thread reuses: what it hands a
+    step (which may keep it) is never that memory (review 49)."""
+    made = _made(dict(features=4, hidden_features=(6,), params_per_feature=2, seed=0,
+                      context_features=context))
+    kept = []
+
+    def step(params, index):
+        kept.append(params)
+        return params[..., 0] * 0 + 1.0
+
+    like = torch.zeros(3, 4, **torch_f64)
+    c = torch.randn(3, context, **torch_f64) if context else None
+    with torch.no_grad(), _windows(window):
+        solve(made, step, like, c)
+        first = [p.clone() for p in kept]
+        solve(made, lambda params, index: params[..., 0] * 0 + 5.0, like, c)
+    for was, now in zip(first, kept, strict=True):
+        assert torch.equal(was, now)
 
 
 def test_bernoulli_samples_are_identical_in_float32():

@@ -66,8 +66,8 @@ column ``(N, 1)`` at a time."""
 Step = Callable[[Tensor, Tensor], Tensor]
 """``step(params, index) -> values``: ``params`` ``(N, m, P)`` are the MADE outputs of the
 features ``index`` ``(m,)``; returns their values ``(N, m)``. :func:`solve` passes ``m = 1``
-and, without autograd, ``params`` may be a non-contiguous view of its working memory: do not
-write to it."""
+and a ``params`` that may be non-contiguous and that becomes part of the returned parameters:
+do not write to it (keeping it is safe: it is never the solver's reused memory)."""
 
 
 class OneHot:
@@ -232,26 +232,34 @@ def _solve_with_params(
     # or of all units if the program initializes them; None if there are none. Under
     # autograd acc starts at the base and every flush adds (out= is not differentiable).
     # buf[source]: the values that pulls and flushes read.
-    base, acc = [], []
+    base, acc, writes = [], [], []
     for t, stage in enumerate(program.stages):
         a = sum(layer.bias for layer, _ in stage.reads if layer.bias is not None)
         a = a.index_select(0, layout.stage_perm(t))[:, None]
-        if context is not None and program.context[t] is not None:
-            a = torch.addmm(a, program.context[t], context.t())
-        base.append(a)
         units = a.shape[0]
-        if program.flushed_from[t] == units:
+        kept = program.flushed_from[t] < units
+        if context is not None and program.context[t] is not None:
+            out = buffer(("acc", t), units, a) if kept and not tracked else None
+            a = torch.addmm(a, program.context[t], context.t(), out=out)
+        base.append(a)
+        if not kept:
             acc.append(None)
+        elif a.shape[1] == n:  # with a context: the whole batch already
+            acc.append(a)
         elif tracked or t in program.initialized:
             acc.append(buffer(("acc", t), units, a).copy_(a.expand(-1, n)))
         else:
             acc.append(buffer(("acc", t), units, a))
-    writes = not tracked
+        writes.append(not tracked and acc[t] is not None and acc[t] is not a
+                      and t not in program.initialized)
 
-    def pre_activations(t: int, k: int) -> Tensor:
-        """The block of units of degree ``k`` of stage ``t``, before its pulls."""
-        kept = program.starts[t][k] >= program.flushed_from[t]
-        return view.block(acc[t] if kept else base[t], program.starts[t], k)
+    def pre_activations(t: int, k: int, pulled: bool) -> Tensor:
+        """The block of units of degree ``k`` of stage ``t`` before its pulls, if it has any
+        (``pulled``); else the whole batch's."""
+        if program.starts[t][k] >= program.flushed_from[t]:
+            return view.block(acc[t], program.starts[t], k)
+        pre = view.block(base[t], program.starts[t], k)
+        return pre if pulled else pre.expand(-1, n)
 
     buf = {s: buffer(s, w, base[-1]) for s, w in program.sources}
     if not one_hot:
@@ -264,7 +272,7 @@ def _solve_with_params(
     def hidden_units(k: int) -> None:
         h = None
         for block in program.hidden[k]:
-            pre = pre_activations(block.stage, k)
+            pre = pre_activations(block.stage, k, bool(block.pulls))
             for source, start, end, weight in block.pulls:
                 pre = torch.addmm(pre, weight, view.rows(buf[source], start, end))
             h = pre + h if block.residual else pre
@@ -284,16 +292,17 @@ def _solve_with_params(
         with hooks:
             for source, start, end, target, first, write, weight in program.flushes[k - 1]:
                 values_below = view.rows(buf[source], start, end)
-                if write and writes:
+                if write and writes[target]:
                     torch.addmm(view.rows(base[target], first), weight, values_below,
                                 out=view.rows(acc[target], first))
                 else:
                     view.rows(acc[target], first).addmm_(weight, values_below)
             block = program.output[k - 1]
-            p = pre_activations(last, k)
+            p = pre_activations(last, k, bool(block.pulls))
             for source, start, end, weight in block.pulls:
                 p = torch.addmm(p, weight, view.rows(buf[source], start, end))
-            p = (p.clone() if tracked and not block.pulls else p).t().unsqueeze(1)
+            # the step may keep what it is given: never the solver's memory
+            p = (p if block.pulls else p.clone()).t().unsqueeze(1)
         y = step(p, layout.index[k - 1])
         values.append(y)
         params.append(p)

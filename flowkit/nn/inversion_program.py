@@ -16,7 +16,7 @@ pulls only the units of its own window. ``w = 1`` is the NADE recurrence (every 
 on at once), a window of all degrees pulls whole prefixes; the weights are the same and each is
 used once either way. Small windows stream the layer above once per window, large ones the
 layer below once per degree: :func:`build_program` takes, per connection, the window that moves
-the least data (:func:`_traffic`).
+the least data (by its estimate ``traffic``), once per mask set.
 
 A program depends on the MADE's weights and active masks, not on the batch: without autograd it
 is kept between calls for as long as those stay the same tensors.
@@ -43,7 +43,8 @@ Pull = tuple[int, int, int, Tensor]
 class Flush(NamedTuple):
     """Add ``weight`` times the units ``start:end`` of ``source`` to the units of stage
     ``target`` from ``first`` on. The first flush into a stage writes them instead (``write``),
-    bias included, unless the program initializes that stage (:attr:`Program.initialized`)."""
+    bias included, unless the stage's pre-activations are initialized
+    (:attr:`Program.initialized`)."""
 
     source: int
     start: int
@@ -60,7 +61,8 @@ to the units of stage ``target`` from ``start`` on, picked by the class of a fea
 
 CALL_COST = 16
 """What one product costs beyond the data it moves, in rows of the batch (a call's overhead is
-about the time it takes to stream 16 rows of 1024 floats on the CPUs the solver was timed on)."""
+about the time it takes to stream 16 rows of 1024 floats on the CPUs the solver was timed on;
+the choice of windows does not depend on the batch size)."""
 
 
 class Block(NamedTuple):
@@ -164,7 +166,7 @@ def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
         """Rows of the batch that a connection's products move with ``window``, plus
         :data:`CALL_COST` per product: a pull reads its columns twice (the matrix product
         packs them) and writes its rows; a flush reads its columns and reads and writes the
-        rows it adds to (the first one writes them)."""
+        rows it adds to. Rows, not bytes: the estimate does not depend on the batch."""
         s, to = np.array(source_starts(source)), np.array(starts[target])
         k = np.array(computed(target), dtype=np.int64)
         pulled = s[k + (target != last)] - s[k // window * window]
@@ -218,12 +220,11 @@ def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
                 first = starts[t][k + (t == last)]
                 if first < w.shape[0]:
                     inputs_pushed[k - 1].append((t, first, rows[k - 1][:, first:]))
-    # Stages whose pre-activations are kept for the whole batch from the start: those that
-    # one-hot inputs add to from the first step, and those with a block that reads nothing
-    # (its bias and context alone). Elsewhere the units before the first flush's read their
-    # bias, and that flush writes the bias and its product where the others add.
-    initialized = ({p[0] for ps in inputs_pushed for p in ps}
-                   | {b.stage for bs in blocks for b in bs if not b.pulls})
+    # Stages that one-hot inputs add to from the first step keep their pre-activations for
+    # the whole batch from the start. Elsewhere the units before a stage's first flush read
+    # their bias (and context) alone, and that flush writes the units from there on, bias
+    # included, where the later ones add.
+    initialized = {p[0] for ps in inputs_pushed for p in ps}
     flushed_from = [0 if t in initialized else starts[t][-1] for t in range(last + 1)]
     for fs in flushes:  # in the order they run
         for j, f in enumerate(fs):

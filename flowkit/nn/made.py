@@ -51,6 +51,12 @@ def _build_activation(activation: str | Callable[[], nn.Module]) -> nn.Module:
             "what builds one with no arguments (nn.ELU, functools.partial(nn.LeakyReLU, 0.2)), "
             f"not a module already built, got {activation!r}"
         )
+    if getattr(built, "inplace", False):  # review 49
+        raise ValueError(
+            f"'activation' builds {built!r}, which overwrites its input: the MADE keeps the "
+            "pre-activations (residual blocks add them, the solver reads them); pass the "
+            "activation without inplace=True"
+        )
     return built
 
 
