@@ -13,7 +13,11 @@ from flowkit import MADE, MAF, Flow, StandardNormal
 from flowkit.flows.builders import DEFAULT_STANDARDIZATION
 from flowkit.transforms import Compose, MaskedAutoregressive, Permutation, Standardize, standardize
 from flowkit.transforms.elementwise import make_transformer
-from flowkit.transforms.standardize import set_from_data, standardizations_to_set
+from flowkit.transforms.standardize import (
+    SingleRowWarning,
+    set_from_data,
+    standardizations_to_set,
+)
 
 
 def test_fixed_values_and_constant_log_det():
@@ -227,7 +231,7 @@ def test_set_from_data_names_batches_of_the_wrong_kind(batches, name):
 
 def test_set_from_data_warns_when_one_row_sets_the_scale_to_one():
     lazy = Standardize(2)
-    with pytest.warns(UserWarning, match="'batches' hold a single row"):
+    with pytest.warns(SingleRowWarning, match="'batches' hold a single row"):
         set_from_data(lazy, [(torch.tensor([[5.0, 7.0]]),)], call=lazy)
     assert lazy.shift.tolist() == [5.0, 7.0] and lazy.scale.tolist() == [1.0, 1.0]
     flow = MAF(2, layers=1, hidden_features=(8,), context_features=1, standardize=True)

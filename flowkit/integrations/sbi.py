@@ -82,7 +82,7 @@ except ImportError as e:  # pragma: no cover - exercised only without sbi
     ) from e
 
 from flowkit.flows import IAF, MAF, Flow
-from flowkit.transforms import Logit, Standardize, set_from_data
+from flowkit.transforms import Logit, SingleRowWarning, Standardize, set_from_data
 from flowkit.validation import check_batch, check_batch_context, nonfinite_rows, reference
 
 __all__ = ["FlowkitEstimator", "likelihood_nn", "posterior_nn"]
@@ -264,7 +264,7 @@ def _builder(
         # side then as its z_score_* option asks. A split of one row is warned of here, in
         # sbi's terms (set_from_data's warning names its own argument).
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="'batches' hold a single row")
+            warnings.simplefilter("ignore", SingleRowWarning)
             set_from_data(flow, [rows])
         per_element = [n for n in names if z_scores.get(f"z_score_{n}") in (None, "independent")]
         if len(inputs) == 1 and flow_kwargs.get("standardize", True) and per_element:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..nn.modes import evaluating
 from ..transforms.bounded import Logit
-from ..transforms.standardize import set_from_data, standardizations_to_set
+from ..transforms.standardize import SingleRowWarning, set_from_data, standardizations_to_set
 from ..validation import ArgumentError, Mention
 from .arrays import DataWarning, check_finite, check_pair_shapes
 from .objectives import is_bounded, log_prob, outside_support, rows_outside
@@ -188,7 +188,7 @@ def check_first_batch_and_standardize(
         set_all()  # (no catch_warnings: a change of the filters shows every warning again)
         return
     with warnings.catch_warnings():  # a single row: the DataWarning of the data said so
-        warnings.filterwarnings("ignore", message="'batches' hold a single row")
+        warnings.simplefilter("ignore", SingleRowWarning)
         set_all()
 
 

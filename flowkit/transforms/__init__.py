@@ -7,7 +7,7 @@ from flowkit.transforms.bounded import Logit
 from flowkit.transforms.elementwise import Affine, Transformer
 from flowkit.transforms.linear import LULinear
 from flowkit.transforms.spline import RationalQuadraticSpline
-from flowkit.transforms.standardize import Standardize, set_from_data
+from flowkit.transforms.standardize import SingleRowWarning, Standardize, set_from_data
 
 __all__ = [
     "Affine",
@@ -20,6 +20,7 @@ __all__ = [
     "MaskedAutoregressive",
     "Permutation",
     "RationalQuadraticSpline",
+    "SingleRowWarning",
     "Standardize",
     "Transform",
     "Transformer",

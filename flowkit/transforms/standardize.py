@@ -685,6 +685,11 @@ def standardizations_to_set(model: nn.Module) -> list[Standardize]:
             if isinstance(m, Standardize) and (m.provisional or not m.is_initialized)]
 
 
+class SingleRowWarning(UserWarning):
+    """:func:`set_from_data` saw a single row: the shift is that row and the scale is 1. (A
+    category of its own, so that callers that warned of it in their own terms can filter it.)"""
+
+
 def set_from_data(
     model: nn.Module,
     batches: Iterable[Sequence[Tensor]],
@@ -761,7 +766,8 @@ def set_from_data(
             pending = [m for m in pending if m is not first]
     if single_row:
         warnings.warn("'batches' hold a single row: it sets the shift, and the scale is 1 (one "
-                      "row has no spread to measure); pass more rows", stacklevel=2)
+                      "row has no spread to measure); pass more rows", SingleRowWarning,
+                      stacklevel=2)
     return done
 
 
