@@ -29,8 +29,9 @@ window, and when a window ends its units are added to the pre-activations ``a`` 
 not yet computed in one product (a *flush*). Then come the ``P`` outputs of the ``k``-th
 feature, then the feature. Each weight entry is used once in all, as in one forward pass,
 spread over ``D`` steps of a handful of tensor operations. The windows of each connection (one
-degree is the NADE recurrence, all degrees pull whole prefixes) are chosen once per set of
-weights by :mod:`flowkit.nn.inversion_program`; this module runs the steps.
+degree is the NADE recurrence, all degrees pull whole prefixes) are chosen once per mask set by
+:mod:`flowkit.nn.inversion_program`, which also cuts the weights into the blocks each step
+multiplies; this module runs the steps.
 
 References:
     Germain et al., "MADE: Masked Autoencoder for Distribution Estimation", ICML 2015.
