@@ -5,6 +5,7 @@ bad input, save/load."""
 import doctest
 import itertools
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from flowkit import load_model, save_model
 from flowkit.distributions import discrete
 from flowkit.distributions.discrete import BernoulliMADE, CategoricalMADE
 from flowkit.testing import check_autoregressive
+from flowkit.train import Callbacks, fit
 from flowkit.validation import is_int
 
 BERNOULLI = {
@@ -757,3 +759,30 @@ def test_fit_refuses_a_bad_value_anywhere_in_array_data_before_the_first_step(ki
         flowkit.fit(model, data, valid=valid, epochs=2, batch_size=100, progress=False,
                     device="cpu")
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_fit_warns_when_validation_scores_a_changing_mask_set():
+    """Validation data scored with cycling mask sets compare different models (review 51);
+    the model's own mask_set() scores one set, as docs/discrete.md advises."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 2, (64, 5), generator=g).float()
+    model = BernoulliMADE(5, hidden_features=(16,), num_masks=3, seed=0)
+    cycle = Callbacks(after_step=lambda p: p.model.next_mask())
+    with pytest.warns(UserWarning, match="active mask set, which changed between two"):
+        fit(model, x, valid=x[:16], steps=4, valid_every=1, batch_size=16, seed=0,
+            progress=False, callbacks=cycle)
+
+    def nll_of_set_0(m):
+        with m.mask_set(0):
+            assert m.mask_set_index == 0
+            return -m.log_prob(x[:16]).mean().item()
+
+    model.set_mask(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(model, x, valid=nll_of_set_0, steps=4, valid_every=1, batch_size=16, seed=0,
+            progress=False, callbacks=cycle)
+    model.set_mask(1)
+    with model.mask_set(2):
+        assert model.mask_set_index == 2
+    assert model.mask_set_index == 1

@@ -45,8 +45,9 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -126,6 +127,13 @@ class _DiscreteMADE(nn.Module):
         """Activate mask set ``index``, an integer in ``[0, num_masks)`` (anything else is a
         ValueError naming ``index``)."""
         self.made.set_mask(index)
+
+    @contextlib.contextmanager
+    def mask_set(self, index: int) -> Iterator[_DiscreteMADE]:
+        """Temporarily evaluate with mask set ``index`` (checked as in :meth:`set_mask`);
+        restores the active set afterwards (:meth:`flowkit.MADE.mask_set`)."""
+        with self.made.mask_set(index):
+            yield self
 
     def next_mask(self) -> int:
         """Move to the next mask set (``k -> (k + 1) mod num_masks``); returns its index.

@@ -5,6 +5,7 @@ the mean NLL of validation data (:class:`HeldOutNLL`), or what the user's ``vali
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from numbers import Real
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ..nn.made import MADE
 from ..nn.modes import evaluating
 from ..validation import ArgumentError, Mention
 from .arrays import frames_as_arrays, load_arrays, loader_batch
@@ -61,9 +63,12 @@ class HeldOutNLL:
                  s: Session):
         self.model, self.batches, self.s = model, batches, s
         self.counts = (0, 0, 0)  # rows, rows holding NaN/Inf, rows of log-density -inf
+        self.mask_sets: tuple[int, ...] | None = None  # active sets of MADEs with several
+        self.warned_of_mask_sets = False
 
     def __call__(self) -> float:
         model, s = self.model, self.s
+        self._warn_if_mask_sets_changed()
         # NLL sum, rows, rows holding NaN/Inf (a DataLoader's later batches are not checked),
         # rows of log-density -inf
         total = torch.zeros(4, device=s.device, dtype=torch.float64)
@@ -77,6 +82,23 @@ class HeldOutNLL:
         nll, rows, bad, outside = s.dist.all_sum(total).tolist()
         self.counts = (int(rows), int(bad), int(outside))
         return math.nan if bad else nll / rows
+
+    def _warn_if_mask_sets_changed(self) -> None:
+        """Warn (once) when the active mask set of a MADE with several changed since the last
+        validation: the scores then belong to different models, which early stopping and
+        ``restore_best`` would compare (review 51)."""
+        sets = tuple(m.mask_set_index for m in self.model.modules()
+                     if isinstance(m, MADE) and m.num_masks > 1)
+        before, self.mask_sets = self.mask_sets, sets
+        if before is None or before == sets or self.warned_of_mask_sets:
+            return
+        self.warned_of_mask_sets = True
+        warnings.warn(
+            f"'valid' is scored with the active mask set, which changed between two "
+            f"validations ({before[0]} then {sets[0]}): the validation losses belong to "
+            "different models, which early stopping and restore_best compare; pass 'valid' a "
+            "function valid(model) that scores one fixed set (with model.mask_set(0): ...) or "
+            "the ensemble (docs/discrete.md, 'Validation while the sets cycle')", stacklevel=2)
 
     def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
         """Why the validation loss of step ``step`` was ``value``, not finite."""
