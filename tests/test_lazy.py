@@ -469,3 +469,37 @@ def test_torch_func_through_the_solver_and_with_respect_to_parameters():
     wrapped(x, c).backward()
     for k, v in wrapped.named_parameters():
         torch.testing.assert_close(grads[k], v.grad)
+
+
+@pytest.mark.parametrize("kind", ["standardized", "embedding", "conditional_base"])
+def test_to_base_maps_data_where_the_base_scores_it(kind):
+    """``z, log_det = flow.to_base(x, c)`` decomposes ``log_prob`` with the context the
+    transforms read (review 50: ``flow.transform(x, c)`` with the raw context mapped ``x``
+    under another context, by up to 62 in ``z``)."""
+    options = {"standardized": {},
+               "embedding": {"embedding": flowkit.nn.MLPEmbedding(2, 4, hidden_features=(8,))},
+               "conditional_base": {"conditional_base": True}}[kind]
+    flow = flowkit.MAF(3, layers=2, hidden_features=(16,), context_features=2, **options)
+    flow = flow.double()
+    g = torch.Generator().manual_seed(0)
+    data = (torch.randn(300, 3, generator=g, dtype=torch.float64) * 4 + 10,
+            torch.randn(300, 2, generator=g, dtype=torch.float64) * 50 - 3)
+    flowkit.fit(flow, data, steps=20, valid=None, progress=False, seed=0)
+    flow.eval()
+    x = torch.randn(4, 1, 3, generator=g, dtype=torch.float64) + 10
+    c = torch.randn(5, 2, generator=g, dtype=torch.float64) * 50
+    z, log_det = flow.to_base(x, c)
+    assert z.shape == (4, 5, 3) and log_det.shape == (4, 5)
+    base = flow.base.log_prob(z.reshape(-1, 3), *(
+        [flow.embed_context(c).expand(4, 5, -1).reshape(-1, flow.base.context_features)]
+        if kind == "conditional_base" else [])).reshape(4, 5)
+    torch.testing.assert_close(base + log_det, flow.log_prob(x, c), rtol=0, atol=1e-10)
+    z2, log_det2 = flow(c).to_base(x)
+    assert torch.equal(z2, z) and torch.equal(log_det2, log_det)
+    x0, _ = flow.transform._inverse(z.reshape(-1, 3), flow.embed_context(c).expand(4, 5, -1)
+                                    .reshape(-1, flow.embed_context(c).shape[-1]))
+    torch.testing.assert_close(x0.reshape(4, 5, 3), x.expand(4, 5, 3), rtol=0, atol=1e-8)
+    with pytest.raises(ValueError, match="'x' contains infinite"):
+        flow.to_base(torch.full((3,), math.inf, dtype=torch.float64), c)
+    with pytest.raises(ValueError, match="'x'"):
+        flow.to_base(torch.randn(5, 4, dtype=torch.float64), c)

@@ -157,6 +157,12 @@ class FlowDistribution(Distribution):
         assert log_p is not None
         return x, log_p
 
+    def to_base(self, value: Tensor) -> tuple[Tensor, Tensor]:
+        """``value`` ``(..., *batch_shape, D)`` mapped into the base's space with this
+        distribution's context, and ``log|det|`` of the map: :meth:`flowkit.Flow.to_base`
+        (zuko's ``flow(c).transform(value)``)."""
+        return self.flow.to_base(value, self.context)
+
     def rsample(self, sample_shape: _Shape = ()) -> Tensor:
         """Reparameterized samples, ``(*sample_shape, *batch_shape, D)``. With gradients enabled,
         the sample and its log-density are kept for :meth:`log_prob` (see the module notes)."""

@@ -80,7 +80,8 @@ class Flow(nn.Module):
     the base reads ``s(c)`` instead, and only the transform reads the embedding:
     ``p(x | c) = p_base(T(x; h) | s(c)) |det dT/dx|``. ``context_features`` is the raw width
     ``C`` that callers pass; ``h`` is computed once per distinct context row, before rows are
-    expanded.
+    expanded. So ``flow.transform`` called directly reads ``h``, not ``c``: map data to the
+    base's space with :meth:`to_base`, which passes ``h``.
 
     Internal protocol: :class:`flowkit.FlowDistribution`, the torch-distribution front end in
     :mod:`flowkit.flows.distribution`, checks its input itself and then calls two unchecked
@@ -391,6 +392,42 @@ class Flow(nn.Module):
     def sample(self, n: SampleShape = None, context: Tensor | None = None) -> Tensor:
         """Samples without gradient tracking; shapes as :meth:`rsample`."""
         return self.rsample(n, context)
+
+    @_autocast_off
+    def to_base(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``x`` mapped through the flow's transform into the base's space, ``z = T(x; c)``,
+        and ``log|det dz/dx|``, so that ``log p(x | c) = log p_base(z | c) + log_det`` (zuko's
+        ``flow(c).transform(x)``). ``x`` ``(*A, D)`` and ``context`` ``(*B, C)`` broadcast as
+        in :meth:`log_prob`; returns ``z`` ``(*broadcast(A, B), D)`` and ``log_det``
+        ``(*broadcast(A, B))``, differentiable.
+
+        The context reaches the transforms as the flow passes it to them: standardized and
+        embedded (:meth:`embed_context`). Calling ``flow.transform(x, c)`` with the raw
+        context skips both, and with the builders' default (a standardized context) silently
+        maps ``x`` under another context (review 50). ``z`` is the point the base scores; for a
+        base of its own noise map (:meth:`sample_from_noise`) it is not the noise itself.
+
+        Example:
+            >>> import torch, flowkit
+            >>> flow = flowkit.MAF(2, layers=2, hidden_features=(8,), context_features=3)
+            >>> x, c = torch.randn(5, 2), torch.randn(5, 3)
+            >>> z, log_det = flow.to_base(x, c)
+            >>> torch.allclose(flow.base.log_prob(z) + log_det, flow.log_prob(x, c))
+            True
+        """
+        ref = self._reference()
+        x = check_batch("x", x, self.features, ref)
+        context = check_batch_context(context, self.context_features, ref)
+        shape = broadcast_batch("x", x, context)
+        check_not_empty("x", x, shape)
+        if nonfinite_rows("x", x) is not None:
+            raise ValueError("'x' contains infinite values: they have no image in the base's "
+                             "space")
+        rows = x.expand(*shape, self.features).reshape(-1, self.features)
+        h = None if context is None else self._split(self._embed_rows(context, shape))[0]
+        z, log_det = check_transform_result(self.transform, "_forward",
+                                            self.transform._forward(rows, h), rows)
+        return z.reshape(*shape, self.features), log_det.reshape(shape)
 
     def sample_from_noise(
         self, noise: Tensor, context: Tensor | None = None, *, log_prob: bool = False
