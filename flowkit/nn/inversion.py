@@ -275,7 +275,7 @@ def _solve_with_params(
         for block in program.hidden[k]:
             pre = pre_activations(block.stage, k, bool(block.pulls))
             for source, start, end, weight in block.pulls:
-                pre = torch.addmm(pre, weight, view.rows(buf[source], start, end))
+                pre = torch.addmm(pre, weight, buf[source][start:end])
             h = pre + h if block.residual else pre
             kept = (view.block(buf[block.stage], program.starts[block.stage], k)
                     if block.stage in buf else None)
@@ -292,16 +292,16 @@ def _solve_with_params(
     for k in range(1, features + 1):
         with hooks:
             for source, start, end, target, first, write, weight in program.flushes[k - 1]:
-                values_below = view.rows(buf[source], start, end)
+                values_below = buf[source][start:end]
                 if write and writes[target]:
-                    torch.addmm(view.rows(base[target], first), weight, values_below,
-                                out=view.rows(acc[target], first))
+                    torch.addmm(base[target][first:], weight, values_below,
+                                out=acc[target][first:])
                 else:
-                    view.rows(acc[target], first).addmm_(weight, values_below)
+                    acc[target][first:].addmm_(weight, values_below)
             block = program.output[k - 1]
             p = pre_activations(last, k, bool(block.pulls))
             for source, start, end, weight in block.pulls:
-                p = torch.addmm(p, weight, view.rows(buf[source], start, end))
+                p = torch.addmm(p, weight, buf[source][start:end])
             # the step may keep what it is given: never the solver's memory
             p = (p if block.pulls else p.clone()).t().unsqueeze(1)
         y = step(p, layout.index[k - 1])
@@ -315,7 +315,7 @@ def _solve_with_params(
                 classes = y.reshape(-1).long()
                 for target, start, weight in program.inputs[k - 1]:
                     rows = weight.index_select(0, classes).t()
-                    view.rows(acc[target], start).add_(rows)
+                    acc[target][start:].add_(rows)
             else:
                 view.block(buf[-1], program.input_starts, k).copy_(x.t())
             hidden_units(k)
@@ -345,30 +345,21 @@ def _identity(t: Tensor) -> Tensor:
 
 
 class _Views:
-    """Slices of the solver's state. Without autograd each is made once per call (the blocks
-    of a tensor by one ``split``) and reused; under autograd each is made anew at every use,
-    since autograd forbids writing through a view made before an in-place write to its base
-    (and through ``split``'s views at all)."""
+    """The blocks of the solver's state: the rows of one degree of a stage. Without autograd a
+    tensor's blocks are made once per call (one ``split``) and reused; under autograd each is
+    made anew at every use, since autograd forbids writing through a view made before an
+    in-place write to its base (and through ``split``'s views at all). Other slices are used
+    once each and made where they are used."""
 
     def __init__(self, tracked: bool):
-        self.cache: dict[tuple, Any] | None = None if tracked else {}
+        self.cache: dict[int, tuple[Tensor, ...]] | None = None if tracked else {}
 
     def block(self, t: Tensor, starts: list[int], k: int) -> Tensor:
         """``t[starts[k]:starts[k + 1]]`` (rows); ``starts`` spans all of ``t``."""
         if self.cache is None:
             return t.narrow(0, starts[k], starts[k + 1] - starts[k])
-        blocks = self.cache.get((id(t),))
+        blocks = self.cache.get(id(t))
         if blocks is None:
             sizes = [b - a for a, b in pairwise(starts)]
-            blocks = self.cache[id(t),] = t.split(sizes)
+            blocks = self.cache[id(t)] = t.split(sizes)
         return blocks[k]
-
-    def rows(self, t: Tensor, start: int, end: int | None = None) -> Tensor:
-        """``t[start:end]``."""
-        if self.cache is None:
-            return t[start:end]
-        key = (id(t), start, end)
-        v = self.cache.get(key)
-        if v is None:
-            v = self.cache[key] = t[start:end]
-        return v
