@@ -258,7 +258,10 @@ def check_batch_context(
     model has ``C = 0`` (then a context is an error). Errors call it ``name``."""
     if context_features == 0:
         if context is not None:
-            raise ValueError(f"'{name}' was given but the model has context_features=0")
+            raise ValueError(
+                f"'{name}' was given but the model has context_features=0: build it with "
+                "context_features=C, by name (flowkit.MAF(D, context_features=C); MAF's and "
+                "IAF's second positional argument is the number of layers)")
         return None
     shape = f"(..., {context_features})"
     if context is None:
