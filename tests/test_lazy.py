@@ -503,3 +503,19 @@ def test_to_base_maps_data_where_the_base_scores_it(kind):
         flow.to_base(torch.full((3,), math.inf, dtype=torch.float64), c)
     with pytest.raises(ValueError, match="'x'"):
         flow.to_base(torch.randn(5, 4, dtype=torch.float64), c)
+
+
+def test_to_base_refuses_points_without_an_image():
+    """Points outside a bounded flow's support have no image in the base's space (review 52:
+    they came back as the box centre's z with log_det -inf); the distribution's errors name
+    its 'value'."""
+    flow = flowkit.MAF(2, layers=2, hidden_features=(8,), bounds=((0.0, 0.0), (1.0, 1.0)))
+    with pytest.raises(ValueError, match=r"'x' has points outside the flow's support \(the "
+                                         r"first at row 1"):
+        flow.to_base(torch.tensor([[0.5, 0.5], [2.0, 0.5]]))
+    z, log_det = flow.to_base(torch.tensor([[0.5, 0.5]]))
+    assert torch.isfinite(z).all() and torch.isfinite(log_det).all()
+    with pytest.raises(ValueError, match="'value' should have shape"):
+        flow().to_base(torch.randn(3))
+    with pytest.raises(ValueError, match="'value' has points outside"):
+        flow().to_base(torch.tensor([2.0, 0.5]))

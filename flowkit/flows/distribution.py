@@ -161,7 +161,7 @@ class FlowDistribution(Distribution):
         """``value`` ``(..., *batch_shape, D)`` mapped into the base's space with this
         distribution's context, and ``log|det|`` of the map: :meth:`flowkit.Flow.to_base`
         (zuko's ``flow(c).transform(value)``)."""
-        return self.flow.to_base(value, self.context)
+        return self.flow._to_base_checked(value, self.context, "value")
 
     def rsample(self, sample_shape: _Shape = ()) -> Tensor:
         """Reparameterized samples, ``(*sample_shape, *batch_shape, D)``. With gradients enabled,

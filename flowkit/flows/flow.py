@@ -265,11 +265,19 @@ class Flow(nn.Module):
 
     # ------------------------------------------------ unchecked implementations (checked input)
 
-    def _log_prob(self, x: Tensor, h: Tensor | None) -> Tensor:
-        """``x`` ``(R, D)``, ``h`` ``(R, H)`` (from :meth:`_embed`) or None -> ``(R,)``."""
+    def _to_base(
+        self, x: Tensor, h: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``x`` ``(R, D)``, ``h`` ``(R, H)`` (from :meth:`_embed`) or None -> ``z = T(x; h)``
+        ``(R, D)``, ``log|det dz/dx|`` ``(R,)`` and the base's context."""
         h, h_base = self._split(h)
         z, log_det = check_transform_result(self.transform, "_forward",
                                             self.transform._forward(x, h), x)
+        return z, log_det, h_base
+
+    def _log_prob(self, x: Tensor, h: Tensor | None) -> Tensor:
+        """``x`` ``(R, D)``, ``h`` ``(R, H)`` (from :meth:`_embed`) or None -> ``(R,)``."""
+        z, log_det, h_base = self._to_base(x, h)
         return self._base_log_prob(z, h_base) + log_det
 
     @_autocast_off
@@ -396,16 +404,24 @@ class Flow(nn.Module):
     @_autocast_off
     def to_base(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``x`` mapped through the flow's transform into the base's space, ``z = T(x; c)``,
-        and ``log|det dz/dx|``, so that ``log p(x | c) = log p_base(z | c) + log_det`` (zuko's
-        ``flow(c).transform(x)``). ``x`` ``(*A, D)`` and ``context`` ``(*B, C)`` broadcast as
-        in :meth:`log_prob`; returns ``z`` ``(*broadcast(A, B), D)`` and ``log_det``
-        ``(*broadcast(A, B))``, differentiable.
+        and ``log|det dz/dx|``, so that ``log p(x | c) = log p_base(z) + log_det`` (a
+        conditional base reads its own context); zuko's ``flow(c).transform(x)``. ``x``
+        ``(*A, D)`` and ``context`` ``(*B, C)`` broadcast as in :meth:`log_prob`; returns ``z``
+        ``(*broadcast(A, B), D)`` and ``log_det`` ``(*broadcast(A, B))``, differentiable.
 
         The context reaches the transforms as the flow passes it to them: standardized and
         embedded (:meth:`embed_context`). Calling ``flow.transform(x, c)`` with the raw
         context skips both, and with the builders' default (a standardized context) silently
         maps ``x`` under another context (review 50). ``z`` is the point the base scores; for a
-        base of its own noise map (:meth:`sample_from_noise`) it is not the noise itself.
+        base of its own noise map (:meth:`sample_from_noise`) it is not the noise itself. As
+        :meth:`log_prob`, a call in training mode sets a standardization still to be set and
+        batch-norm layers use (and update) the batch's statistics: call ``flow.eval()`` first
+        to map points with fixed layers.
+
+        Raises:
+            ValueError: points with an infinite coordinate, or outside the flow's support (a
+                flow with ``bounds=``): they have no image in the base's space. (Compiled code
+                does not look at the values: there such rows give NaN or ``-inf``.)
 
         Example:
             >>> import torch, flowkit
@@ -415,18 +431,29 @@ class Flow(nn.Module):
             >>> torch.allclose(flow.base.log_prob(z) + log_det, flow.log_prob(x, c))
             True
         """
+        return self._to_base_checked(x, context, "x")
+
+    def _to_base_checked(
+        self, x: Tensor, context: Tensor | None, name: str
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`to_base`, its errors naming the points ``name``."""
         ref = self._reference()
-        x = check_batch("x", x, self.features, ref)
+        x = check_batch(name, x, self.features, ref)
         context = check_batch_context(context, self.context_features, ref)
-        shape = broadcast_batch("x", x, context)
-        check_not_empty("x", x, shape)
-        if nonfinite_rows("x", x) is not None:
-            raise ValueError("'x' contains infinite values: they have no image in the base's "
-                             "space")
+        shape = broadcast_batch(name, x, context)
+        check_not_empty(name, x, shape)
+        eager = not torch.compiler.is_compiling()
+        if eager and nonfinite_rows(name, x) is not None:
+            raise ValueError(f"'{name}' contains infinite values: they have no image in the "
+                             "base's space")
         rows = x.expand(*shape, self.features).reshape(-1, self.features)
-        h = None if context is None else self._split(self._embed_rows(context, shape))[0]
-        z, log_det = check_transform_result(self.transform, "_forward",
-                                            self.transform._forward(rows, h), rows)
+        h = None if context is None else self._embed_rows(context, shape)
+        z, log_det, _ = self._to_base(rows, h)
+        if eager and bool((log_det == -math.inf).any()):
+            first = int((log_det == -math.inf).nonzero()[0, 0])
+            raise ValueError(
+                f"'{name}' has points outside the flow's support (the first at row {first} of "
+                f"the broadcast batch {tuple(shape)}): they have no image in the base's space")
         return z.reshape(*shape, self.features), log_det.reshape(shape)
 
     def sample_from_noise(

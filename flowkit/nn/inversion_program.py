@@ -95,7 +95,7 @@ class Program(NamedTuple):
 
 
 _programs: weakref.WeakKeyDictionary[MADE, Program] = weakref.WeakKeyDictionary()
-_windows: weakref.WeakKeyDictionary[MADE, tuple[tuple, list[int]]] = weakref.WeakKeyDictionary()
+_windows: weakref.WeakKeyDictionary[MADE, dict[tuple, list[int]]] = weakref.WeakKeyDictionary()
 
 
 def cached_program(made: MADE) -> Program | None:
@@ -177,14 +177,17 @@ def build_program(made: MADE, layout: SortedLayout, one_hot: bool) -> Program:
         cost += np.where((chunk > 0) & (rest > 0), chunk + 2 * rest + CALL_COST, 0).sum()
         return int(cost)
 
-    found = _windows.get(made)
-    if found is not None and found[0] == key:
-        windows = found[1]
-    else:  # they depend on the degrees only: chosen once, also under autograd
+    # They depend on the degrees only: chosen once per mask set, also under autograd (a few
+    # sets are kept, for cycling through them; a change of degrees starts afresh).
+    chosen = _windows.setdefault(made, {})
+    windows = chosen.get(key)
+    if windows is None:
         windows = [features + 1 if source == INPUTS and one_hot else
                    choose_window(functools.partial(traffic, source, target), features)
                    for source, target, _ in links]
-        _windows[made] = (key, windows)
+        if len(chosen) >= 2 * made.num_masks:
+            chosen.clear()
+        chosen[key] = windows
 
     blocks: list[list[Block]] = [[] for _ in range(features + 1)]
     for t in range(last + 1):

@@ -51,12 +51,6 @@ def _build_activation(activation: str | Callable[[], nn.Module]) -> nn.Module:
             "what builds one with no arguments (nn.ELU, functools.partial(nn.LeakyReLU, 0.2)), "
             f"not a module already built, got {activation!r}"
         )
-    if getattr(built, "inplace", False):  # review 49
-        raise ValueError(
-            f"'activation' builds {built!r}, which overwrites its input: the MADE keeps the "
-            "pre-activations (residual blocks add them, the solver reads them); pass the "
-            "activation without inplace=True"
-        )
     return built
 
 
@@ -136,6 +130,12 @@ class MADE(nn.Module):
         seed = check_int("seed", seed, 0)
         direct_connection = check_bool("direct_connection", direct_connection)
         residual = check_bool("residual", residual)
+        if residual and getattr(nonlinearity, "inplace", False):  # review 49
+            raise ValueError(
+                f"'activation' builds {nonlinearity!r}, which overwrites its input, and "
+                "residual=True adds that input (the pre-activation) to the next layer's: pass "
+                "the activation without inplace=True"
+            )
         if residual and len(set(hidden_features)) != 1:
             raise ValueError(
                 "'residual' blocks need hidden layers of one size, got "

@@ -43,8 +43,9 @@ class Scratch:
     """Larger tensors (elements) are allocated afresh and not kept, so that evaluating one huge
     batch does not hold its memory for the rest of the thread's life. Below it a thread keeps
     what its largest calls used, per slot and per dtype, device and inference mode: for the
-    solver, two units x batch tensors per stage of the MADE (pre-activations and values), e.g.
-    15 MB for hidden (1000, 1000) at batch 500 in float32."""
+    solver, up to two units x batch tensors per stage of the MADE (pre-activations and
+    values), e.g. 5.75 MB for hidden (1000, 1000) at batch 500 in float32 (twice that after
+    calls both under ``no_grad`` and under ``inference_mode``)."""
 
     def tensor(self, slot: object, rows: int, cols: int, like: Tensor) -> Tensor:
         """A ``(rows, cols)`` tensor of ``like``'s dtype and device, one per ``slot``, with

@@ -93,12 +93,15 @@ class HeldOutNLL:
         if before is None or before == sets or self.warned_of_mask_sets:
             return
         self.warned_of_mask_sets = True
+        change = (f"{before[0]} then {sets[0]}" if len(sets) == 1 else
+                  f"{list(before)} then {list(sets)}, one per MADE")
         warnings.warn(
             f"'valid' is scored with the active mask set, which changed between two "
-            f"validations ({before[0]} then {sets[0]}): the validation losses belong to "
-            "different models, which early stopping and restore_best compare; pass 'valid' a "
-            "function valid(model) that scores one fixed set (with model.mask_set(0): ...) or "
-            "the ensemble (docs/discrete.md, 'Validation while the sets cycle')", stacklevel=2)
+            f"validations ({change}): the validation losses belong to different models, "
+            "which early stopping and restore_best compare; pass 'valid' a function "
+            "valid(model) that scores one fixed set (in 'with made.mask_set(0):' for each "
+            "MADE, or the model's own mask_set(0)) or the ensemble (docs/discrete.md, "
+            "'Validation while the sets cycle')", stacklevel=2)
 
     def cause(self, step: int, value: float) -> tuple[str | Mention, ...]:
         """Why the validation loss of step ``step`` was ``value``, not finite."""

@@ -717,6 +717,9 @@ def set_from_data(
     Returns:
         The modules that were set (those that saw no data stay as they were).
 
+    Warns:
+        SingleRowWarning: a module saw a single row: its shift is that row and its scale 1.
+
     Example:
         >>> import torch, flowkit
         >>> flow = flowkit.MAF(2, layers=2, hidden_features=(8,))
