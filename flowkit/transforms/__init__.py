@@ -8,6 +8,7 @@ from flowkit.transforms.elementwise import Affine, Transformer
 from flowkit.transforms.linear import LULinear
 from flowkit.transforms.spline import RationalQuadraticSpline
 from flowkit.transforms.standardize import SingleRowWarning, Standardize, set_from_data
+from flowkit.transforms.torch_bijection import TorchBijection
 
 __all__ = [
     "Affine",
@@ -22,6 +23,7 @@ __all__ = [
     "RationalQuadraticSpline",
     "SingleRowWarning",
     "Standardize",
+    "TorchBijection",
     "Transform",
     "Transformer",
     "set_from_data",
