@@ -25,6 +25,7 @@ from flowkit.nn.inversion import (
 from flowkit.nn.inversion_program import build_program
 from flowkit.nn.layout import sorted_layout
 from flowkit.nn.linear import _spread
+from flowkit.nn.scratch import Scratch
 from flowkit.validation import validate_values
 
 torch_f64 = dict(dtype=torch.float64)
@@ -488,3 +489,16 @@ def test_the_solver_runs_under_autocast(call):
         got = run()
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("window", [1, 3, None])
+def test_the_path_without_scratch_memory_is_exact(monkeypatch, window):
+    """What a GPU runs (no scratch memory: fresh buffers at every call), on the CPU."""
+    monkeypatch.setattr(Scratch, "applies", staticmethod(lambda like: False))
+    made = _made(dict(features=6, hidden_features=(24, 24), context_features=2, order="random",
+                      direct_connection=True, seed=5))
+    z, context, step = _problem(made)
+    with torch.no_grad(), _windows(window):
+        y, params = solve_with_params(made, step, z, context)
+        torch.testing.assert_close(y, solve_naive(made, step, z, context), rtol=0, atol=1e-10)
+        torch.testing.assert_close(params, made(y, context), rtol=0, atol=1e-10)
