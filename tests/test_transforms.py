@@ -636,3 +636,19 @@ def test_torch_bijection_runs_zukos_flow_and_refuses_what_it_cannot_read():
         TorchBijection(T.ExpTransform(), maps="forward")
     with pytest.raises(ValueError, match="event_dim 2 -> 2"):
         TorchBijection(T.IndependentTransform(T.ExpTransform(), 2), maps="to_noise")
+
+
+def test_torch_bijection_gives_points_outside_its_range_no_density():
+    """Data outside (-1, 1) under a tanh read to_data have log-density -inf (as with Logit),
+    not NaN; inside, the density integrates to 1 on a grid."""
+    from torch.distributions import TanhTransform
+
+    flow = flowkit.Flow([TorchBijection(TanhTransform(), maps="to_data")],
+                        flowkit.StandardNormal(2)).double()
+    log_p = flow.log_prob(torch.tensor([[0.5, 0.2], [1.5, 0.1], [0.9, -1.0]],
+                                       dtype=torch.float64))
+    assert torch.isfinite(log_p[0]) and log_p[1:].tolist() == [-math.inf, -math.inf]
+    g = torch.linspace(-1, 1, 802, dtype=torch.float64)[1:-1]
+    grid = torch.cartesian_prod(g, g)
+    mass = flow.log_prob(grid).exp().sum() * (g[1] - g[0]) ** 2
+    assert abs(mass.item() - 1) < 2e-3

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
+import torch
 from torch import Tensor
 from torch.distributions import Transform as TorchTransform
 
@@ -22,6 +24,11 @@ class TorchBijection(Transform):
     * ``maps="to_data"``: ``x = T(z)``, noise to data, as
       :class:`torch.distributions.TransformedDistribution` applies its transforms.
       ``forward`` is ``T.inv``, with ``log_det = -log|dT/dz|`` at ``z = T^{-1}(x)``.
+
+    Rows outside the data's side of ``T`` (its domain for ``to_noise``, its range for
+    ``to_data``: data outside ``(-1, 1)`` under a ``TanhTransform``) or without a finite image
+    (its edges) get ``log_det = -inf``,
+    so their log-density under a flow is ``-inf``, as with :class:`flowkit.transforms.Logit`.
 
     ``T`` acts on ``(N, D)`` rows: elementwise (``T.domain.event_dim == 0``, its
     log-determinant summed over the ``D`` features) or on vectors (``event_dim == 1``). It
@@ -79,7 +86,16 @@ class TorchBijection(Transform):
         return outputs, -self._log_det(outputs, inputs)
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        return self._map(x, self.maps == "to_noise")
+        z, log_det = self._map(x, self.maps == "to_noise")
+        # Rows outside the data's side of T (its domain, or its range for to_data), or on its
+        # edge (tanh's range is checked as [-1, 1], atanh(1) is inf), have no finite image:
+        # z 0 and log_det -inf there, so that their log-density is -inf, as with Logit.
+        support = self.transform.domain if self.maps == "to_noise" else self.transform.codomain
+        inside = support.check(x)
+        if support.event_dim == 0:
+            inside = inside.all(-1)
+        inside = inside & torch.isfinite(z).all(-1) & torch.isfinite(log_det)
+        return z.masked_fill(~inside[:, None], 0.0), log_det.masked_fill(~inside, -math.inf)
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         return self._map(z, self.maps == "to_data")
