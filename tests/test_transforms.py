@@ -628,7 +628,12 @@ def test_torch_bijection_runs_zukos_flow_and_refuses_what_it_cannot_read():
     x = torch.randn(7, 3)
     torch.testing.assert_close(ours.log_prob(x), theirs().log_prob(x), rtol=0, atol=1e-5)
     with pytest.raises(TypeError, match="'transform' should be a torch.distributions.Transform"):
+        TorchBijection(3.0, maps="to_noise")
+    with pytest.raises(TypeError, match="calling it failed: .*missing 1 required positional"):
         TorchBijection(torch.nn.Linear(3, 3), maps="to_noise")
+    with pytest.raises(TypeError, match="should build a torch.distributions.Transform, got "
+                                        "Tensor"):
+        TorchBijection(lambda: torch.zeros(3), maps="to_noise")
     from torch.distributions import transforms as T
     with pytest.raises(ValueError, match="should be a bijection"):
         TorchBijection(T.AbsTransform(), maps="to_noise")
@@ -652,3 +657,40 @@ def test_torch_bijection_gives_points_outside_its_range_no_density():
     grid = torch.cartesian_prod(g, g)
     mass = flow.log_prob(grid).exp().sum() * (g[1] - g[0]) ** 2
     assert abs(mass.item() - 1) < 2e-3
+
+
+def test_torch_bijection_built_by_a_module_trains_and_refuses_noise_the_wrong_way():
+    """A T built once keeps its values (review 53); a module that builds it at every use
+    makes its parameters the flow's, trained by fit. Noise outside T's noise side means
+    'maps' the wrong way round; data outside T's data side give no NaN gradient."""
+    from torch.distributions import (
+        AffineTransform,
+        ComposeTransform,
+        SigmoidTransform,
+        TanhTransform,
+    )
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.log_scale = torch.nn.Parameter(torch.zeros(2))
+
+        def forward(self):
+            return ComposeTransform([AffineTransform(0.0, self.log_scale.exp()), TanhTransform()])
+
+    builder = Scaled()
+    flow = flowkit.Flow([TorchBijection(builder, maps="to_data")], flowkit.StandardNormal(2))
+    assert [name for name, _ in flow.named_parameters()] == [
+        "transform.transforms.0.build.log_scale"]
+    log_p = flow.log_prob(torch.tensor([[0.5, 0.2], [1.5, 0.1]]))
+    assert torch.isfinite(log_p[0]) and log_p[1] == -math.inf
+    log_p[:1].sum().backward()
+    assert torch.isfinite(builder.log_scale.grad).all()
+    x = torch.tanh(torch.randn(500, 2) * 0.3)
+    flowkit.fit(flow, x, steps=150, lr=0.05, valid=None, progress=False, seed=0)
+    torch.testing.assert_close(builder.log_scale.exp().detach(), torch.full((2,), 0.3),
+                               rtol=0.15, atol=0)
+    wrong = flowkit.Flow([TorchBijection(SigmoidTransform(), maps="to_noise")],
+                         flowkit.StandardNormal(2))
+    with pytest.raises(ValueError, match="is it maps='to_data'"):
+        wrong.sample(4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -19,25 +20,32 @@ class TorchBijection(Transform):
     The two libraries read such a ``T`` in opposite directions, so say which one it is:
 
     * ``maps="to_noise"``: ``z = T(x)``, data to noise, as zuko's flows apply their transforms
-      (``zuko.flows.Flow.transform``, after building it with a context:
-      ``flow.transform(c)``). ``forward`` is ``T``, ``log_det = log|dT/dx|``.
+      (``zuko_flow.transform``). ``forward`` is ``T``, ``log_det = log|dT/dx|``.
     * ``maps="to_data"``: ``x = T(z)``, noise to data, as
       :class:`torch.distributions.TransformedDistribution` applies its transforms.
       ``forward`` is ``T.inv``, with ``log_det = -log|dT/dz|`` at ``z = T^{-1}(x)``.
 
-    Rows outside the data's side of ``T`` (its domain for ``to_noise``, its range for
-    ``to_data``: data outside ``(-1, 1)`` under a ``TanhTransform``) or without a finite image
-    (its edges) get ``log_det = -inf``,
-    so their log-density under a flow is ``-inf``, as with :class:`flowkit.transforms.Logit`.
+    **Parameters.** A ``T`` is no module: one built once from tensors keeps those values. To
+    train ``T``, pass what builds it instead, called at every use: a module (its parameters
+    become this module's, move with ``.to()`` and are saved in the ``state_dict``: zuko's
+    unconditional ``zuko_flow.transform`` is one) or a function of no arguments (whose
+    parameters your own module must hold).
+
+    **Support.** Data rows outside ``T``'s data side (its domain for ``to_noise``, its range
+    for ``to_data``: values outside ``(-1, 1)`` under a ``TanhTransform``), or whose image is
+    not finite (``1.0`` under ``tanh``), get ``log_det = -inf``, so a flow gives them
+    log-density ``-inf`` (as :class:`flowkit.transforms.Logit` does), with no gradient from
+    them. Noise outside ``T``'s noise side (the sign of ``maps`` the wrong way round: normal
+    noise into the inverse of a sigmoid) is an error naming ``maps``.
 
     ``T`` acts on ``(N, D)`` rows: elementwise (``T.domain.event_dim == 0``, its
     log-determinant summed over the ``D`` features) or on vectors (``event_dim == 1``). It
-    reads no context, and its tensors are not this module's parameters: a ``T`` built from
-    the parameters of a module of yours trains with that module, which a flow of yours must
-    then hold too.
+    reads no context (a zuko transform built for one context ``c``, ``zuko_flow.transform(c)``
+    with ``c`` of shape ``(C,)``, serves every row).
 
     Args:
-        transform: the torch bijection (``T.bijective`` must be true).
+        transform: the torch bijection (``T.bijective`` must be true), or a module or function
+            that builds it when called with no arguments.
         maps: ``"to_noise"`` or ``"to_data"`` (no default: the libraries disagree).
 
     Example:
@@ -49,56 +57,97 @@ class TorchBijection(Transform):
         (tensor([[1., 2.]]), tensor([-1.3863]))
     """
 
-    def __init__(self, transform: TorchTransform, maps: Literal["to_noise", "to_data"]):
+    def __init__(
+        self,
+        transform: TorchTransform | Callable[[], TorchTransform],
+        maps: Literal["to_noise", "to_data"],
+    ):
         super().__init__()
-        if not isinstance(transform, TorchTransform):
-            raise TypeError(f"'transform' should be a torch.distributions.Transform, got "
-                            f"{type(transform).__name__}")
-        if not transform.bijective:
-            raise ValueError(f"'transform' should be a bijection (its .bijective is False): "
-                             f"{transform!r}")
-        event_dim = transform.domain.event_dim
-        if event_dim not in (0, 1) or transform.codomain.event_dim != event_dim:
-            raise ValueError(
-                f"'transform' should act elementwise or on vectors (event_dim 0 or 1 on both "
-                f"sides), got event_dim {event_dim} -> {transform.codomain.event_dim}")
         if maps not in ("to_noise", "to_data"):
             raise ValueError(f"'maps' should be 'to_noise' (z = T(x), zuko's flows) or "
                              f"'to_data' (x = T(z), torch's TransformedDistribution), got "
                              f"{maps!r}")
-        self.transform = transform
         self.maps = maps
+        if isinstance(transform, TorchTransform):
+            self.fixed: TorchTransform | None = _checked(transform)
+            self.build: Callable[[], TorchTransform] | None = None
+        elif callable(transform):
+            self.fixed, self.build = None, transform  # a module is registered as a child
+            try:
+                built = transform()
+            except TypeError as error:
+                raise TypeError(f"'transform' should be a torch.distributions.Transform, or a "
+                                f"module or function that builds one when called with no "
+                                f"arguments; calling it failed: {error}") from error
+            _checked(built)
+        else:
+            raise TypeError(f"'transform' should be a torch.distributions.Transform, or a module "
+                            f"or function that builds one, got {type(transform).__name__}")
 
-    def _log_det(self, inputs: Tensor, outputs: Tensor) -> Tensor:
+    def bijection(self) -> TorchTransform:
+        """``T`` as it is now (built anew if a builder was given)."""
+        return self.fixed if self.build is None else _checked(self.build())
+
+    def _log_det(self, t: TorchTransform, inputs: Tensor, outputs: Tensor) -> Tensor:
         """``log|det dT/d inputs|`` per row, ``(N,)``."""
-        log_det = self.transform.log_abs_det_jacobian(inputs, outputs)
-        if self.transform.domain.event_dim == 0:
+        log_det = t.log_abs_det_jacobian(inputs, outputs)
+        if t.domain.event_dim == 0:
             log_det = log_det.expand_as(inputs).sum(-1)
         return log_det
 
-    def _map(self, inputs: Tensor, forward: bool) -> tuple[Tensor, Tensor]:
+    def _map(self, t: TorchTransform, inputs: Tensor, forward: bool) -> tuple[Tensor, Tensor]:
         """``T`` (``forward``) or ``T^{-1}``, with the log-determinant of that direction."""
-        t = self.transform
         if forward:
             outputs = t(inputs)
-            return outputs, self._log_det(inputs, outputs)
+            return outputs, self._log_det(t, inputs, outputs)
         outputs = t.inv(inputs)
-        return outputs, -self._log_det(outputs, inputs)
+        return outputs, -self._log_det(t, outputs, inputs)
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        z, log_det = self._map(x, self.maps == "to_noise")
-        # Rows outside the data's side of T (its domain, or its range for to_data), or on its
-        # edge (tanh's range is checked as [-1, 1], atanh(1) is inf), have no finite image:
-        # z 0 and log_det -inf there, so that their log-density is -inf, as with Logit.
-        support = self.transform.domain if self.maps == "to_noise" else self.transform.codomain
-        inside = support.check(x)
-        if support.event_dim == 0:
-            inside = inside.all(-1)
+        t = self.bijection()
+        to_noise = self.maps == "to_noise"
+        inside = _inside(t.domain if to_noise else t.codomain, x)
+        # Rows outside are replaced by a point inside (the image of the noise 0) before T
+        # sees them, so that no NaN reaches the gradients; their results are then discarded.
+        with torch.no_grad():
+            origin = torch.zeros_like(x[:1])
+            safe = t.inv(origin) if to_noise else t(origin)
+        z, log_det = self._map(t, torch.where(inside[:, None], x, safe), to_noise)
         inside = inside & torch.isfinite(z).all(-1) & torch.isfinite(log_det)
         return z.masked_fill(~inside[:, None], 0.0), log_det.masked_fill(~inside, -math.inf)
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        return self._map(z, self.maps == "to_data")
+        t = self.bijection()
+        noise_side = t.codomain if self.maps == "to_noise" else t.domain
+        if not torch.compiler.is_compiling() and not bool(_inside(noise_side, z).all()):
+            other = "to_data" if self.maps == "to_noise" else "to_noise"
+            raise ValueError(
+                f"noise values fall outside the noise side of {t!r} ({noise_side}), which "
+                f"maps={self.maps!r} reads as the noise side: is it maps={other!r}?")
+        return self._map(t, z, self.maps == "to_data")
 
     def extra_repr(self) -> str:
-        return f"{self.transform!r}, maps={self.maps!r}"
+        return f"{self.fixed!r}, maps={self.maps!r}" if self.fixed is not None else (
+            f"maps={self.maps!r}")
+
+
+def _checked(transform: object) -> TorchTransform:
+    """``transform`` if it is a bijection :class:`TorchBijection` can read, else the error."""
+    if not isinstance(transform, TorchTransform):
+        raise TypeError(f"'transform' should build a torch.distributions.Transform, got "
+                        f"{type(transform).__name__}")
+    if not transform.bijective:
+        raise ValueError(f"'transform' should be a bijection (its .bijective is False): "
+                         f"{transform!r}")
+    event_dim = transform.domain.event_dim
+    if event_dim not in (0, 1) or transform.codomain.event_dim != event_dim:
+        raise ValueError(
+            f"'transform' should act elementwise or on vectors (event_dim 0 or 1 on both "
+            f"sides), got event_dim {event_dim} -> {transform.codomain.event_dim}")
+    return transform
+
+
+def _inside(support: torch.distributions.constraints.Constraint, values: Tensor) -> Tensor:
+    """Which rows of ``values`` ``(N, D)`` lie in ``support``, ``(N,)``."""
+    inside = support.check(values)
+    return inside.all(-1) if support.event_dim == 0 else inside
