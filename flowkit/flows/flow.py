@@ -378,12 +378,21 @@ class Flow(nn.Module):
         """Exact log-density ``log p(x | context)``: ``x`` ``(*A, D)``, ``context`` ``(*B, C)``
         with broadcastable ``A`` and ``B``; returns their broadcast shape. ``-inf`` for points
         with an infinite coordinate; NaN is an error."""
-        ref = self._reference()
-        x = check_batch("x", x, self.features, ref)
-        context = check_batch_context(context, self.context_features, ref)
-        shape = broadcast_batch("x", x, context)
-        check_not_empty("x", x, shape)
+        x, context, shape = self._check_points("x", x, context)
         return self._log_prob_batch(x, context, shape, nonfinite_rows("x", x))
+
+    def _check_points(
+        self, name: str, x: object, context: object
+    ) -> tuple[Tensor, Tensor | None, torch.Size]:
+        """Points ``x`` ``(*A, D)`` and ``context`` ``(*B, C)`` given to a public method,
+        checked (errors name the points ``name``), with their broadcast batch shape, not
+        empty. Their values are left to the caller (:func:`~flowkit.validation.nonfinite_rows`)."""
+        ref = self._reference()
+        x = check_batch(name, x, self.features, ref)
+        context = check_batch_context(context, self.context_features, ref)
+        shape = broadcast_batch(name, x, context)
+        check_not_empty(name, x, shape)
+        return x, context, shape
 
     def _check_sample(
         self, n: SampleShape, context: Tensor | None
@@ -437,19 +446,14 @@ class Flow(nn.Module):
         self, x: Tensor, context: Tensor | None, name: str
     ) -> tuple[Tensor, Tensor]:
         """:meth:`to_base`, its errors naming the points ``name``."""
-        ref = self._reference()
-        x = check_batch(name, x, self.features, ref)
-        context = check_batch_context(context, self.context_features, ref)
-        shape = broadcast_batch(name, x, context)
-        check_not_empty(name, x, shape)
-        eager = not torch.compiler.is_compiling()
-        if eager and nonfinite_rows(name, x) is not None:
+        x, context, shape = self._check_points(name, x, context)
+        if nonfinite_rows(name, x) is not None:  # (skipped while compiling)
             raise ValueError(f"'{name}' contains infinite values: they have no image in the "
                              "base's space")
         rows = x.expand(*shape, self.features).reshape(-1, self.features)
         h = None if context is None else self._embed_rows(context, shape)
         z, log_det, _ = self._to_base(rows, h)
-        if eager and bool((log_det == -math.inf).any()):
+        if not torch.compiler.is_compiling() and bool((log_det == -math.inf).any()):
             first = int((log_det == -math.inf).nonzero()[0, 0])
             raise ValueError(
                 f"'{name}' has points outside the flow's support (the first at row {first} of "
@@ -479,14 +483,10 @@ class Flow(nn.Module):
             >>> flow.sample_from_noise(torch.zeros(2), torch.randn(5, 3)).shape
             torch.Size([5, 2])
         """
-        ref = self._reference()
         if not hasattr(self.base, "from_noise"):
             raise TypeError(f"sample_from_noise needs a base with a noise map (from_noise, as "
                             f"flowkit's Gaussian bases have); {type(self.base).__name__} has none")
-        noise = check_batch("noise", noise, self.features, ref)
-        context = check_batch_context(context, self.context_features, ref)
-        shape = broadcast_batch("noise", noise, context)
-        check_not_empty("noise", noise, shape)
+        noise, context, shape = self._check_points("noise", noise, context)
         if nonfinite_rows("noise", noise) is not None:
             raise ValueError("'noise' contains infinite values")
         if context is not None:  # a view: the context broadcast to every sample
