@@ -161,16 +161,17 @@ def check_tensor(
 def check_width(
     name: str,
     value: object,
-    features: int,
+    features: int | None,
     like: Tensor | None = None,
     floating: bool = True,
 ) -> Tensor:
-    """:func:`check_tensor`, and that ``value`` has shape ``(N, features)``. Reads no values.
-    Without ``like`` (the transforms' check: the type and the width) this costs about as much
-    as reading a shape."""
-    value = check_tensor(name, value, ("N", features), like, floating)
-    if value.dim() != 2 or value.shape[1] != features:
-        raise ValueError(f"'{name}' should have shape (N, {features}), got {tuple(value.shape)}")
+    """:func:`check_tensor`, and that ``value`` has shape ``(N, features)`` (any width if
+    ``features`` is None). Reads no values. Without ``like`` (the transforms' check: the type
+    and the width) this costs about as much as reading a shape."""
+    width = "D" if features is None else features
+    value = check_tensor(name, value, ("N", width), like, floating)
+    if value.dim() != 2 or value.shape[1] != (value.shape[1] if features is None else features):
+        raise ValueError(f"'{name}' should have shape (N, {width}), got {tuple(value.shape)}")
     return value
 
 
@@ -490,7 +491,7 @@ def check_transform_result(
 ) -> tuple[Tensor, Tensor]:
     """``result`` of ``transform.<method>(x, context)``, checked: a pair ``(y, log_det)`` with
     ``y`` of ``x``'s shape ``(N, D)`` and ``log_det`` of shape ``(N,)``, one value per row
-    (review 45: a custom transform's log-determinant summed over the batch was broadcast to
+    (a custom transform's log-determinant summed over the batch was broadcast to
     every row, and a bare ``z`` of two rows was unpacked as the pair). Anything else is a
     ValueError naming the transform. Costs a few comparisons of shapes per transform. Flows and
     :class:`~flowkit.transforms.Compose` check each result, and

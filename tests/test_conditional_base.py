@@ -102,6 +102,15 @@ def test_base_bad_input_names_the_argument(call, match):
         call(ConditionalDiagonalGaussian(2, context_features=3))
 
 
+def test_base_names_a_context_of_another_dtype():
+    """Checked against the head's weights, as DiagonalGaussian checks against its own (it used
+    to reach the head's product: 'mat1 and mat2 must have the same dtype')."""
+    base = ConditionalDiagonalGaussian(2, context_features=3)
+    for call in (lambda c: base.log_prob(torch.zeros(4, 2), c), base.rsample):
+        with pytest.raises(TypeError, match="'context' should have dtype torch.float32"):
+            call(torch.zeros(4, 3, dtype=torch.float64))
+
+
 # ----------------------------------------------------------------- flows with both
 
 

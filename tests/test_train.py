@@ -1276,6 +1276,14 @@ def test_evaluating_restores_the_mode_it_found_after_an_exception():
         assert all(m.training == mode for m in net.modules()) and torch.is_grad_enabled()
 
 
+def test_evaluating_gives_each_submodule_back_its_own_mode():
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(), nn.BatchNorm1d(2)).train()
+    net[2].eval()  # a user's frozen layer inside a training model
+    with evaluating(net):
+        assert not any(m.training for m in net.modules())
+    assert [m.training for m in net.modules()] == [True, True, True, False]
+
+
 def test_callbacks_run_after_steps_epochs_and_checkpoints(tmp_path):
     events = []
     callbacks = flowkit.train.Callbacks(

@@ -635,6 +635,12 @@ def test_torch_bijection_runs_zukos_flow_and_refuses_what_it_cannot_read():
                                         "Tensor"):
         TorchBijection(lambda: torch.zeros(3), maps="to_noise")
     from torch.distributions import transforms as T
+    any_width = TorchBijection(T.AffineTransform(1.0, 2.0), maps="to_data")
+    with pytest.raises(TypeError, match=r"'x' should be a torch.Tensor of shape \(N, D\), got "
+                                        "list"):
+        any_width([[1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"'x' should have shape \(N, D\), got \(3,\)"):
+        any_width(torch.zeros(3))
     with pytest.raises(ValueError, match="should be a bijection"):
         TorchBijection(T.AbsTransform(), maps="to_noise")
     with pytest.raises(ValueError, match="'maps' should be 'to_noise'"):

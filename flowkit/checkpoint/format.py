@@ -214,7 +214,7 @@ is removed by the next write of that target (a writer alive writes for seconds, 
 
 
 def _remove_stale_temporary_files(path: Path) -> None:
-    """Remove ``path``'s temporary files older than :data:`STALE_TMP_S` (review 41: every
+    """Remove ``path``'s temporary files older than :data:`STALE_TMP_S` (every
     write killed mid-way left one beside the file for good)."""
     now = time.time()
     for entry in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from flowkit.distributions.normal import diagonal_normal_log_prob, standard_normal_noise
 from flowkit.nn.embedding import MLPEmbedding
-from flowkit.validation import check_int, check_width
+from flowkit.validation import check_int, check_width, reference
 
 __all__ = ["ConditionalDiagonalGaussian"]
 
@@ -65,7 +65,7 @@ class ConditionalDiagonalGaussian(nn.Module):
 
     def loc_and_log_scale(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """``mu(c)`` and ``log sigma(c)``, each ``(N, D)``, for a context ``(N, C)``."""
-        check_width("context", context, self.context_features)
+        context = check_width("context", context, self.context_features, reference(self))
         return self._loc_and_log_scale(context)
 
     def _loc_and_log_scale(self, context: Tensor) -> tuple[Tensor, Tensor]:
@@ -75,14 +75,20 @@ class ConditionalDiagonalGaussian(nn.Module):
 
     def log_prob(self, z: Tensor, context: Tensor) -> Tensor:
         """``log p(z | context)``: ``z`` ``(N, D)``, ``context`` ``(N, C)`` -> ``(N,)``."""
-        check_width("z", z, self.features)
-        check_width("context", context, self.context_features)
+        z, context = self._check_rows(z, context)
+        return self._unchecked_log_prob(z, context)
+
+    def _check_rows(self, z: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        """``z`` ``(N, D)`` and ``context`` ``(N, C)`` of the head's dtype and device."""
+        like = reference(self)
+        z = check_width("z", z, self.features, like)
+        context = check_width("context", context, self.context_features, like)
         if z.shape[0] != context.shape[0]:
             raise ValueError(
                 f"'z' has {z.shape[0]} rows but 'context' has {context.shape[0]}; pass one "
                 "context per row"
             )
-        return self._unchecked_log_prob(z, context)
+        return z, context
 
     def _unchecked_log_prob(self, z: Tensor, context: Tensor) -> Tensor:
         """:meth:`log_prob` without the checks (a flow's own ``z`` and context, see

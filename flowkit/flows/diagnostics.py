@@ -116,7 +116,7 @@ def importance_sampling(
     n = check_n(n)
     like = reference(flow)
     context = check_batch_context(context, flow.context_features, like)
-    with evaluating(flow), torch.no_grad():
+    with evaluating(flow):
         x, log_q = flow.sample_and_log_prob(n, context)
         rows = x.reshape(-1, x.shape[-1])
         if context is None:

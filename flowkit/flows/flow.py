@@ -421,7 +421,7 @@ class Flow(nn.Module):
         The context reaches the transforms as the flow passes it to them: standardized and
         embedded (:meth:`embed_context`). Calling ``flow.transform(x, c)`` with the raw
         context skips both, and with the builders' default (a standardized context) silently
-        maps ``x`` under another context (review 50). ``z`` is the point the base scores; for a
+        maps ``x`` under another context. ``z`` is the point the base scores; for a
         base of its own noise map (:meth:`sample_from_noise`) it is not the noise itself. As
         :meth:`log_prob`, a call in training mode sets a standardization still to be set and
         batch-norm layers use (and update) the batch's statistics: call ``flow.eval()`` first

@@ -1,11 +1,16 @@
-"""Hidden nonlinearities by name, for the networks whose config a file stores (the MADEs of
-:func:`flowkit.MAF` / :func:`flowkit.IAF`, :class:`flowkit.nn.MLPEmbedding`)."""
+"""Hidden nonlinearities: by name (:func:`activation_class`) for the networks whose config a
+file stores (the MADEs of :func:`flowkit.MAF` / :func:`flowkit.IAF`,
+:class:`flowkit.nn.MLPEmbedding`), which must rebuild them from that name; or also from what
+builds one (:func:`build_activation`) for :class:`flowkit.MADE`, whose file stores its weights
+only."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
-__all__ = ["ActivationSpec", "activation_class", "activation_name"]
+__all__ = ["ActivationSpec", "activation_class", "activation_name", "build_activation"]
 
 ActivationSpec = str | type[nn.Module]
 
@@ -40,10 +45,33 @@ def activation_class(activation: ActivationSpec) -> type[nn.Module]:
         return activation
     raise ValueError(
         "'activation' should be the name or class of a torch.nn activation (e.g. 'relu', "
-        f"'elu', 'gelu', 'silu', 'tanh'; one of {sorted(names)}), got {activation!r}"
+        f"'elu', 'gelu', 'silu', 'tanh'; one of {sorted(names)}), got {activation!r} (the "
+        "saved config stores the name; a partial or a module of your own goes into a "
+        "flowkit.MADE built by hand, whose activation takes any of them)"
     )
 
 
 def activation_name(activation: ActivationSpec) -> str:
     """What a config stores for ``activation``: its class name (see :func:`activation_class`)."""
     return activation_class(activation).__name__
+
+
+def build_activation(activation: str | Callable[[], nn.Module]) -> nn.Module:
+    """The hidden nonlinearity of :class:`flowkit.MADE`'s ``activation``: a :mod:`torch.nn`
+    activation by name (:func:`activation_class`), or what builds an ``nn.Module`` with no
+    arguments (a class, a partial, a function of your own)."""
+    if isinstance(activation, str):
+        activation = activation_class(activation)
+    built = None
+    if callable(activation) and not isinstance(activation, nn.Module):
+        try:
+            built = activation()
+        except TypeError:  # e.g. torch.tanh, which needs its input
+            pass
+    if not isinstance(built, nn.Module):
+        raise ValueError(
+            "'activation' should be the name of a torch.nn activation ('relu', 'elu', ...) or "
+            "what builds one with no arguments (nn.ELU, functools.partial(nn.LeakyReLU, 0.2)), "
+            f"not a module already built, got {activation!r}"
+        )
+    return built

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from flowkit.checkpoint import InvalidBuffer, register_check
 from flowkit.checkpoint.registry import warn_on_build
 from flowkit.nn import layout, masks, staircase
-from flowkit.nn.activation import activation_class
+from flowkit.nn.activation import build_activation
 from flowkit.nn.linear import MaskedLinear
 from flowkit.nn.masks import HiddenDegrees, OrderSpec
 from flowkit.validation import (
@@ -32,26 +32,6 @@ from flowkit.validation import (
     format_shape,
     is_permutation,
 )
-
-
-def _build_activation(activation: str | Callable[[], nn.Module]) -> nn.Module:
-    """The hidden nonlinearity of :class:`MADE`'s ``activation``: a :mod:`torch.nn` activation
-    by name, or what builds an ``nn.Module`` with no arguments (a class, a partial)."""
-    if isinstance(activation, str):
-        activation = activation_class(activation)
-    built = None
-    if callable(activation) and not isinstance(activation, nn.Module):
-        try:
-            built = activation()
-        except TypeError:  # e.g. torch.tanh, which needs its input
-            pass
-    if not isinstance(built, nn.Module):
-        raise ValueError(
-            "'activation' should be the name of a torch.nn activation ('relu', 'elu', ...) or "
-            "what builds one with no arguments (nn.ELU, functools.partial(nn.LeakyReLU, 0.2)), "
-            f"not a module already built, got {activation!r}"
-        )
-    return built
 
 
 class MADE(nn.Module):
@@ -113,7 +93,7 @@ class MADE(nn.Module):
         residual: bool = False,
     ):
         super().__init__()
-        nonlinearity = _build_activation(activation)
+        nonlinearity = build_activation(activation)
         features = check_int("features", features, 1)
         if isinstance(hidden_features, str) or not isinstance(hidden_features, Sequence):
             raise ValueError(
@@ -130,7 +110,7 @@ class MADE(nn.Module):
         seed = check_int("seed", seed, 0)
         direct_connection = check_bool("direct_connection", direct_connection)
         residual = check_bool("residual", residual)
-        if residual and getattr(nonlinearity, "inplace", False):  # review 49
+        if residual and getattr(nonlinearity, "inplace", False):
             raise ValueError(
                 f"'activation' builds {nonlinearity!r}, which overwrites its input, and "
                 "residual=True adds that input (the pre-activation) to the next layer's: pass "
@@ -206,6 +186,8 @@ class MADE(nn.Module):
         self.register_buffer("hidden_degree_sets", torch.stack(degrees))
         # The active set is kept both as a buffer (saved with the masks) and as a Python int
         # (read on every call without a device synchronisation).
+        # the active mask set (mask_set_index): saved with the model as the buffer mask_index,
+        # and kept as a Python int (_active) so that reading it costs no read from the device
         self.register_buffer("mask_index", torch.zeros((), dtype=torch.long))
         self._active = 0
         self._solver = "fast"

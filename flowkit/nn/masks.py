@@ -72,10 +72,10 @@ CONTEXT_UNITS = 8
 """Fewest units of degree 0 in a hidden layer that the context reaches (at most a quarter of
 the layer, and at least one): they are the only path from the context to the first feature's
 outputs, and a layer of ``H`` units drawn over ``D`` degrees holds about ``H / D`` of them, often
-none when ``D > H`` (review 38: a conditional MADE of 100 features, hidden (64, 64), ignored
+none when ``D > H`` (a conditional MADE of 100 features, hidden (64, 64), ignored
 the context in its first conditional on 6 seeds of 10); several, so that one dead ReLU does not
 cut the path. The units moved to degree 0 see only the context, which leaves a few fewer paths
-between features (review 40: 4702 instead of 4762 of the 4950 pairs at D = 100, hidden
+between features (4702 instead of 4762 of the 4950 pairs at D = 100, hidden
 (64, 64); 116 instead of 164 of 190 at D = 20, hidden (16, 16))."""
 
 

@@ -13,8 +13,8 @@ from torch import nn
 def evaluating(module: nn.Module) -> Iterator[nn.Module]:
     """Inside the ``with`` block, ``module`` is in evaluation mode (``module.eval()``) and no
     gradients are recorded (:func:`torch.no_grad`); on leaving it, normally or by an exception,
-    ``module.train(mode)`` restores the mode ``module`` had on entering, for it and all its
-    submodules.
+    ``module`` and each of its submodules get back the mode they had on entering (a submodule
+    kept in evaluation mode inside a training model stays so).
 
     Example:
         >>> import torch
@@ -25,10 +25,11 @@ def evaluating(module: nn.Module) -> Iterator[nn.Module]:
         >>> net.training
         True
     """
-    training = module.training
+    modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
         with torch.no_grad():
             yield module
     finally:
-        module.train(training)
+        for m, training in modes:
+            m.training = training

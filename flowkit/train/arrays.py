@@ -452,7 +452,7 @@ def warn_if_duplicated(
 ) -> Tensor | None:
     """Warn if at least :data:`DUPLICATE_ROWS` of the rows of ``x`` (with their ``context``)
     repeat an earlier row: a continuous density has no mass on single points, and one fitted to
-    repeated rows concentrates on them (review 22: a table appended to itself once gave a test
+    repeated rows concentrates on them (a table appended to itself once gave a test
     NLL of 160 against 4.5, with a validation NLL of 4.4 from held-out rows that had copies
     among the training rows). Returns the groups of :func:`equal_row_groups`."""
     groups = equal_row_groups(x, context)
@@ -529,7 +529,7 @@ def warn_if_skewed(
     times its median (a log-normal of sigma 1.5 or more, incomes, concentrations, counts of
     rare events). An affine autoregressive layer shapes such a tail with shifts and scales that
     its MADE extrapolates linearly: beyond and even between the training rows some held-out rows
-    then score thousands of nats or more, however well the flow validates (review 42: one row of
+    then score thousands of nats or more, however well the flow validates (one row of
     3-D log-normal data at 2.65e8 nats, mean 132,707, where a lower bound of 0 gives 5.98 and
     the exact density 5.97). Returns the columns warned of. ``stacklevel``, ``labels`` and
     ``numbers`` as in :func:`warn_if_degenerate`; ``remedy``, the advice that ends the message

@@ -86,7 +86,7 @@ class HeldOutNLL:
     def _warn_if_mask_sets_changed(self) -> None:
         """Warn (once) when the active mask set of a MADE with several changed since the last
         validation: the scores then belong to different models, which early stopping and
-        ``restore_best`` would compare (review 51)."""
+        ``restore_best`` would compare."""
         sets = tuple(m.mask_set_index for m in self.model.modules()
                      if isinstance(m, MADE) and m.num_masks > 1)
         before, self.mask_sets = self.mask_sets, sets

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..flows import Flow
-from ..transforms import Affine, BatchNorm, Logit, MaskedAutoregressive
+from ..transforms import Affine, BatchNorm, MaskedAutoregressive
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, reference
 from .arrays import (
     DataWarning,
@@ -41,6 +41,7 @@ from .preflight import (
     check_batches_for_batch_norm,
     check_first_batch,
     check_first_batch_and_standardize,
+    input_bounds,
 )
 from .session import Session, session
 from .sources import LoaderSource, SamplerSource, TensorSource, derive_seed
@@ -431,12 +432,10 @@ def _has_affine_layers(model: nn.Module) -> bool:
 
 def _bounded_columns(flow: nn.Module) -> list[int]:
     """The columns a :class:`~flowkit.transforms.Logit` first in ``flow`` gives a finite bound."""
-    if not isinstance(flow, Flow):
+    box = input_bounds(flow)
+    if box is None:
         return []
-    first = next(iter(getattr(flow.transform, "transforms", [flow.transform])), None)
-    if not isinstance(first, Logit):
-        return []
-    return (torch.isfinite(first.low) | torch.isfinite(first.high)).nonzero().flatten().tolist()
+    return (torch.isfinite(box.low) | torch.isfinite(box.high)).nonzero().flatten().tolist()
 
 
 def _warn_if_affine_on_few_rows(model: nn.Module, rows: int) -> None:

@@ -105,7 +105,7 @@ class _Best:
 
 LOG_REFRESH_S = 10.0
 """Seconds between progress-bar updates written to a file or pipe rather than a terminal or a
-notebook: each update is a line's worth of text, ten a second by tqdm's default (review 22: a
+notebook: each update is a line's worth of text, ten a second by tqdm's default (a
 log grew by 3.6 MB an hour)."""
 
 
@@ -431,7 +431,7 @@ class Trainer:
 
     def _stop_at_divergence(self, problem: tuple[str | Mention, ...], step: int) -> None:
         """A divergence in a run that keeps its best validation's weights: the run ends, as
-        early stopping ends it, and returns those weights with a warning (review 42: on small
+        early stopping ends it, and returns those weights with a warning (on small
         data sets the training loss blew up hundreds of steps after the best validation, and
         the DivergenceError lost the run's history). The steps recorded after it are dropped,
         non-finite losses and weights included."""

@@ -99,8 +99,8 @@ class TensorSource:
         ):  # the same training rows, however valid named them (0.1 or "auto")
             check_same_batch_size(state, self.batch_size)
             return
-        # other rows: say why first (the default batch size follows the rows, review 33)
-        if state.get("holdout", self.holdout) != self.holdout:  # (recorded since review 19)
+        # other rows: say why first (the default batch size follows the rows)
+        if state.get("holdout", self.holdout) != self.holdout:
             raise ArgumentError(
                 "valid", "the checkpoint was trained on ", *_held_out(state["holdout"]),
                 ", this run on ", *_held_out(self.holdout), ": other rows train; pass ",

@@ -115,7 +115,9 @@ def _column_reader(t: Tensor) -> Callable[[Tensor], Tensor]:
 class MaskedAffineAutoregressive(MaskedAutoregressive):
     r"""The layer of the MAF and IAF papers: :class:`MaskedAutoregressive` with the
     :class:`flowkit.transforms.Affine` transformer, ``z_d = (x_d - \mu_d) e^{-\alpha_d}`` with
-    ``(\mu_d, \alpha_d)`` from the MADE.
+    ``(\mu_d, \alpha_d)`` from the MADE. A shorthand (nflows has a class of this name): it is
+    ``MaskedAutoregressive(made, Affine(log_scale_bound), direction, identity_init)``, which
+    the builders make.
 
     Args:
         made: the conditioner, with ``params_per_feature=2``.

@@ -98,10 +98,7 @@ class Transform(nn.Module):
         None) and the context, with the dtype and device of the transform's floating-point
         parameters (if it has any). Reads no values."""
         like = reference(self)
-        if self.features is None:
-            x = check_width(name, x, x.shape[-1] if isinstance(x, Tensor) else 0, like)
-        else:
-            x = check_width(name, x, self.features, like)
+        x = check_width(name, x, self.features, like)
         return x, check_context(context, self.context_features, x.shape[:1], like)
 
 

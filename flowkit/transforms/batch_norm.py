@@ -14,7 +14,9 @@ class BatchNorm(Transform):
     r"""Batch normalization as a bijection (MAF paper, section 3.4).
 
     ``forward``: :math:`z = (x - \mu) / \sqrt{v + \epsilon} \cdot e^{\gamma} + \beta`, with
-    :math:`\log|\det dz/dx| = \sum_d \gamma_d - \tfrac12 \log(v_d + \epsilon)`.
+    :math:`\log|\det dz/dx| = \sum_d \gamma_d - \tfrac12 \log(v_d + \epsilon)`, as in the
+    paper: :math:`\gamma` is the log of the scale (the parameter ``log_gamma``), :math:`\beta`
+    the shift (``beta``).
 
     **Eval mode**: both directions use the running averages: one fixed, exact bijection.
 
@@ -81,6 +83,6 @@ class BatchNorm(Transform):
 @register_check(BatchNorm)
 def _check_stored_statistics(module: BatchNorm) -> None:
     """Refuse a stored ``running_var`` that no training gives: a negative variance makes every
-    density NaN in evaluation mode (review 46); zero is allowed (``eps`` is added)."""
+    density NaN in evaluation mode; zero is allowed (``eps`` is added)."""
     if (module.running_var < 0).any():
         raise InvalidBuffer("running_var", "non-negative (a variance)")

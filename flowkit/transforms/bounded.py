@@ -28,7 +28,7 @@ interval in float32, ``> 36`` in float64) is within one rounding step of an edge
 returned on it. Its log-density from ``sample_and_log_prob`` (and from a flow distribution's
 cached ``log_prob`` of its own sample) is that of the unrounded point, while ``log_prob`` of the
 returned value scores the edge one rounding step inside: where the density changes fast near
-the edge the two differ, by tens of nats in review 37's float32 flows with perturbed weights.
+the edge the two differ, by tens of nats in float32 flows with perturbed weights.
 A model whose mass reaches that close to an edge needs float64 (``model.double()``).
 """
 
@@ -103,7 +103,7 @@ class Logit(Transform):
         # one rounding step inside: distances below that step are raised to it, which moves
         # no more mass than the rounding of x itself. Outside (and at an infinite end) the
         # distances are stood in for by the width, whose values are then discarded.
-        # The step is the float spacing at that end (review 46: eps * width on (0, 1) moved a
+        # The step is the float spacing at that end (eps * width on (0, 1) moved a
         # point at 1e-10 to 1.2e-7 in float32, 7 nats off), the smallest normal number at 0.
         tiny = torch.finfo(x.dtype).tiny
         low_x, high_x = low.to(x.dtype), high.to(x.dtype)
@@ -183,7 +183,7 @@ def _checked_bounds(
             "torch.set_default_dtype(torch.float64), or shift and scale the data first")
     bounded = torch.isfinite(low_) & torch.isfinite(high_)
     bad = (bounded & ~torch.isfinite(high_ - low_)).nonzero().flatten().tolist()
-    if bad:  # review 46: every point's density was NaN
+    if bad:  # otherwise every point's density is NaN
         raise ValueError(
             f"the width high - low overflows {dtype} at features {bad} (low "
             f"{values['low'][bad].tolist()}, high {values['high'][bad].tolist()}): give those "

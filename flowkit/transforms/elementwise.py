@@ -40,7 +40,7 @@ class Transformer(Protocol):
 MAX_LOG_SCALE_BOUND = 20.0
 """The largest ``log_scale_bound`` of :class:`Affine` without a
 :class:`~flowkit.checkpoint.BuildWarning`: a layer then scales by at most
-``e^20``, about 5e8 (review 46: at 100 a float32 layer's output was inf with a finite
+``e^20``, about 5e8 (at 100 a float32 layer's output was inf with a finite
 log-determinant, at 1000 its inverse NaN)."""
 
 
@@ -79,7 +79,7 @@ class Affine:
             warn_on_build(
                 f"'log_scale_bound' is {self.log_scale_bound:g}, above {MAX_LOG_SCALE_BOUND:g}: "
                 "a layer may then scale by more than float32 holds (inf outputs with finite "
-                "log-determinants, review 46)", stacklevel=2)
+                "log-determinants)", stacklevel=2)
         if form not in ("location-scale", "scale-shift"):
             raise ValueError(f"'form' should be 'location-scale' or 'scale-shift', got {form!r}")
         self.form = form

@@ -29,7 +29,7 @@ sent single rows of breast cancer to NLLs of 10^4; ``docs/defaults.md``)."""
 MIN_BIN_FRACTION = 1e-6
 """The smallest ``min_bin_width`` and ``min_bin_height`` (fractions of the interval's length)
 a spline takes without a :class:`~flowkit.checkpoint.BuildWarning`: with 1e-7, float32 splines
-gave NaN log-densities for some rows (review 46)."""
+gave NaN log-densities for some rows."""
 
 
 def _in_float32(
@@ -167,7 +167,7 @@ class RationalQuadraticSpline:
                 warn_on_build(
                     f"'{name}' is {value:g}, below {MIN_BIN_FRACTION:g} of the interval: bins "
                     "that narrow are below float32's resolution and gave NaN log-densities "
-                    "(review 46); use float64 (model.double()) or a larger value",
+                    "for some rows; use float64 (model.double()) or a larger value",
                     stacklevel=2)
         check_float("min_derivative", min_derivative, 0, 1, exclusive=True)
         bin_temperature = check_float("bin_temperature", bin_temperature, 0, exclusive=True)

@@ -54,18 +54,18 @@ A training-mode ``inverse`` with gradients (reparameterized samples: training by
 where the flow's samples are the data) notes the step count; once a step follows, the samples
 were trained through and the value in use is fixed. Before that step data still replace it, so
 that a Monte-Carlo look at a new flow (``flow().entropy()``, a ``kl_divergence``, an
-``rsample((5,))``) before ``fit`` or a loop of one's own does not decide it (review 29: an
+``rsample((5,))``) before ``fit`` or a loop of one's own does not decide it (an
 ``rsample((5,))`` first left data near 1000 at the identity, a loss of 516 against 5.94); the
 flow's own samples, and copies of them, are not "in other units" than the samples the identity
 gave (the moments of all of them are kept until the step), however far from the origin its base
-starts, so the identity they were drawn with stays (review 43: a base at a guess of (40, -25)
+starts, so the identity they were drawn with stays (a base at a guess of (40, -25)
 had its samples re-standardize the flow, 305 nats between ``sample_and_log_prob`` and
 ``log_prob``). A deep copy or pickle of the flow taken before that step forgets that its
 samples had gradients (step counts do not carry over): there data replace the identity.
 Updates written by hand (no ``torch.optim``) are not counted: such a loop should set the values
 first (:meth:`Standardize.set` or :func:`set_from_data`). The contexts a flow samples at are
 treated alike: with gradients they set the context standardization, which the first optimizer
-step fixes (amortized variational inference: review 43).
+step fixes (amortized variational inference).
 
 One row has no spread: a value set from a single row, or copies of one (shift = that row,
 scale = 1), gives way to the first training call with gradients on rows that differ. A loop
@@ -115,9 +115,9 @@ def _in_other_units(x: Tensor, samples: _Moments | None) -> bool:
     that the identity map gave (``samples``, their moments so far): a feature's mean more than
     ``10 s`` from theirs, or its standard deviation above ``10 s`` (or below ``0.01 s``, from 8
     rows on), with ``s`` their standard deviation but at least 1 (a shape check's few samples
-    measure it poorly: review 47). Without samples of two rows or more, ``m = 0, s = 1``: the
+    measure it poorly). Without samples of two rows or more, ``m = 0, s = 1``: the
     unit scale of a new flow's samples. The flow's own samples, however far from the origin its
-    base starts (review 43: a base at a guess of (40, -25)), and copies of them, are not.
+    base starts (a base at a guess of (40, -25)), and copies of them, are not.
     Reads the values back."""
     x = x.detach()
     mean, std = x.mean(0), x.std(0)
@@ -141,7 +141,7 @@ def counting_steps_of(weight: Tensor | None) -> Iterator[None]:
     counts only the optimizer steps that update ``weight`` (a weight of the flow it belongs to;
     :class:`flowkit.Flow` sets it around its sampling pass) when deciding that its samples were
     trained through (see :attr:`Standardize.provisional`); without it any ``torch.optim`` step
-    counts, another model's too (review 31: a shape check, a step of an unrelated model, then a
+    counts, another model's too (a shape check, a step of an unrelated model, then a
     loop of one's own kept the identity)."""
     token = _COUNTED_WEIGHT.set(weight)
     try:
@@ -303,7 +303,7 @@ class Standardize(Transform):
         """Warn, once, when a value set from a single row or copies of one (its shift that row,
         its scale 1) stays while a training call sees other values (``x``): calls that see one
         row at a time (a context shared by each batch, batches of one) never replace it, and an
-        optimizer step fixes one that samples were drawn at (review 41: contexts near 5000 +-
+        optimizer step fixes one that samples were drawn at (contexts near 5000 +-
         1000 kept the scale 1, a test NLL of 11.7 instead of 3.4). Copies of the row it was
         set from say nothing (a context that never varies has nothing to standardize; review
         44: the warning fired for a policy acting on one state before its first batch)."""
@@ -468,7 +468,7 @@ class Standardize(Transform):
     def _sampling_pass(self) -> Iterator[None]:
         """Calls inside are a flow's sampling pass: a value they set (from the contexts
         sampled at) is a look, which the first training batch replaces, as a look without
-        gradients is (review 31: an ``entropy()`` at 3 contexts set the context scale for a
+        gradients is (an ``entropy()`` at 3 contexts set the context scale for a
         loop of one's own)."""
         before = getattr(self, "_sampling", False)
         self._sampling = True
@@ -516,7 +516,7 @@ class Standardize(Transform):
     def _see_outside_the_graph(self, x: Tensor) -> None:
         """:meth:`_see` called from compiled code when the host does not know the values set:
         run eagerly (a graph break) so that a flow compiled before training is standardized
-        as an eager one would be (review 21: compiled code skipped it, 88.5 nats off)."""
+        as an eager one would be (compiled code skipped it, 88.5 nats off)."""
         if self._looks(x):
             self._see(x)
 
