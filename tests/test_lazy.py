@@ -200,6 +200,23 @@ def test_a_batch_of_only_infinite_rows_is_minus_infinity_in_training_mode_too():
     assert not flow.transform.transforms[0].initialized  # the data's: it never saw a row
 
 
+def test_a_batch_of_only_infinite_rows_keeps_its_graph():
+    """With one finite row the result has a graph, so with none it must too: a loss that masks
+    the -inf rows out (a replayed action at the edge of a squash) back-propagates zeros instead
+    of failing in backward() ("does not require grad")."""
+    flow = flowkit.MAF(2, layers=1, hidden_features=(8,), context_features=3).eval()
+    x = torch.tensor([[0.0, math.inf]], requires_grad=True)
+    c = torch.randn(1, 3, requires_grad=True)
+    for log_p in (flow.log_prob(x, c), flow(c).log_prob(x)):
+        assert log_p.item() == -math.inf and log_p.requires_grad
+        flow.zero_grad()
+        log_p.clamp_min(-1e3).sum().backward()
+        assert x.grad.eq(0).all() and c.grad.eq(0).all()
+        assert all(p.grad is None or p.grad.eq(0).all() for p in flow.parameters())
+    with torch.no_grad():
+        assert not flow.log_prob(x, c).requires_grad
+
+
 def test_an_empty_context_batch_is_an_error_naming_the_context():
     """``flow(torch.zeros(0, C))`` failed inside torch's constraint check ("cannot reshape
     tensor of 0 elements"); it is the error ``Flow.sample`` gives for the same context."""

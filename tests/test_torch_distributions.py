@@ -182,6 +182,59 @@ def test_a_sample_written_in_place_is_scored_afresh(kind):
     torch.testing.assert_close(d.log_prob(x), d.log_prob(x.clone()))
 
 
+@pytest.mark.parametrize("change", ["fused Adam", "Polyak update"])
+def test_a_sample_of_an_older_flow_is_scored_afresh(kind, change):
+    """The kept log-density belongs to the weights it was drawn with: after an optimizer step
+    (fused kernels bump no version counter) or a write by hand, log_prob recomputes it, as a
+    zuko flow would."""
+    flow = _flow(kind)
+    d = FlowDistribution(flow, torch.randn(5, C, dtype=torch.float64))
+    x = d.rsample()
+    if change == "fused Adam":
+        optimizer = torch.optim.Adam(flow.parameters(), lr=0.1, fused=True)
+        (-d.log_prob(x).sum()).backward()
+        optimizer.step()
+    else:
+        with torch.no_grad():
+            for p in flow.parameters():
+                p.mul_(0.9)
+    torch.testing.assert_close(d.log_prob(x), d.log_prob(x.clone()))
+
+
+def test_a_distribution_that_kept_a_sample_can_be_copied(kind):
+    """The kept pair belongs to a graph (torch cannot deepcopy it): copies leave it out."""
+    import copy
+    import pickle
+
+    d = FlowDistribution(_flow(kind).eval(), torch.randn(5, C, dtype=torch.float64))
+    x = d.rsample()
+    for twin in (copy.deepcopy(d), pickle.loads(pickle.dumps(d))):
+        torch.testing.assert_close(twin.log_prob(x.detach()), d.log_prob(x).detach())
+
+
+def test_support_is_the_flows_and_zuko_names_point_to_flowkits():
+    box = flowkit.MAF(2, layers=1, hidden_features=(8,), bounds=([0.0, -1.0], [1.0, 1.0]))
+    support = box().support
+    assert support.event_dim == 1
+    assert support.check(torch.tensor([[0.5, 0.0], [2.0, 0.0], [0.5, -1.5]])).tolist() == [
+        True, False, False]
+    assert box().log_prob(torch.tensor([[2.0, 0.0]])).item() == float("-inf")
+    # the validation of torch's arguments does not turn -inf outside the support into an error
+    assert FlowDistribution(box, validate_args=True).log_prob(
+        torch.tensor([[2.0, 0.0]])).item() == float("-inf")
+    assert _flow("maf")(torch.randn(C, dtype=torch.float64)).support.check(
+        torch.tensor([[1e30] * D])).all()
+    squashed = flowkit.Flow([flowkit.transforms.TorchBijection(TanhTransform(), maps="to_data")],
+                            flowkit.StandardNormal(2))
+    assert squashed().support.check(torch.tensor([[0.5, 0.9], [0.5, 1.5]])).tolist() == [
+        True, False]
+    d = box()
+    with pytest.raises(AttributeError, match=r"d\.to_base\(value\)"):
+        d.transform
+    with pytest.raises(AttributeError, match=r"d\.flow\.base"):
+        d.base
+
+
 def test_expand():
     flow = _flow("maf")
     context = torch.randn(5, C, dtype=torch.float64)

@@ -24,15 +24,17 @@ pre-squash tensor it cached, and the flow hands back its log-density. Only sampl
 gradients enabled are kept (a sample drawn by :meth:`sample` or under ``torch.no_grad()`` is
 scored afresh, so its log-density carries gradients), and only while the tensor is not written
 in place (``x.mul_(2)``, ``x[0] = 1`` bump its version; a write through ``x.data`` does not and
-is not seen). Build a new ``FlowDistribution`` after changing the flow's parameters, as with any
-torch distribution. With batch-norm layers in training mode, the kept value is that of the
+is not seen), and while the flow's parameters and buffers stay as they were: any ``torch.optim``
+step, or an in-place write such as a Polyak update, drops the kept value. With batch-norm layers in training mode, the kept value is that of the
 sampling pass, which uses the running averages, where ``log_prob`` of another tensor uses the
 batch's statistics (see :meth:`flowkit.Flow.sample_and_log_prob`): compare densities in eval
 mode.
 
 Values outside the support. A value with an infinite coordinate (an action clipped to +-1 and
 mapped back through ``atanh``, say) has log-density ``-inf``, as in torch's distributions; a
-NaN is a ValueError naming ``value``.
+NaN is a ValueError naming ``value``. ``support`` is the flow's (:attr:`flowkit.Flow.support`:
+a box for a flow built with ``bounds``), and a value outside it has log-density ``-inf``
+whether or not ``validate_args`` is on.
 
 What has no closed form. A flow's entropy, mean, variance and KL divergences are integrals
 without a closed form; they are Monte-Carlo estimates here, each with its sample count as an
@@ -55,6 +57,7 @@ import torch
 from torch import Tensor
 from torch.distributions import Distribution, constraints, register_kl
 
+from flowkit.nn.optimizer_steps import total_steps
 from flowkit.validation import (
     check_batch,
     check_batch_context,
@@ -98,7 +101,6 @@ class FlowDistribution(Distribution):
     """
 
     has_rsample = True
-    support = constraints.real_vector
 
     def __init__(
         self, flow: Flow, context: Tensor | None = None, validate_args: bool | None = None
@@ -109,8 +111,36 @@ class FlowDistribution(Distribution):
             check_not_empty("context", context, batch_shape)
         self.flow = flow
         self.context = context
-        self._cache: tuple[Tensor, Tensor, int] | None = None
+        self._cache: tuple[Tensor, Tensor, int, tuple[int, int]] | None = None
         super().__init__(batch_shape, torch.Size([flow.features]), validate_args)
+
+    def __getstate__(self) -> dict:
+        """Without the kept sample (see the module notes): a copy (``copy.deepcopy``, pickle)
+        scores its values afresh; the kept tensors belong to a graph, which torch cannot copy."""
+        return {**self.__dict__, "_cache": None}
+
+    @property
+    def support(self) -> constraints.Constraint:
+        """Where the density is positive: the data side of the flow's first transform where it
+        says (a :class:`flowkit.transforms.Logit` of ``bounds``, a
+        :class:`flowkit.transforms.TorchBijection` whose map's data side is an interval), else
+        ``R^D``. ``log_prob`` is ``-inf`` outside it, whether or not ``validate_args`` is on
+        (flowkit's own checks of ``value``, shape and NaN, run either way)."""
+        return self.flow.support
+
+    @property
+    def transform(self) -> None:
+        raise AttributeError(
+            "a FlowDistribution has no 'transform' (zuko's flow(c).transform): map values into "
+            "the base's space with d.to_base(value), or use the flow's layers, d.flow.transform"
+        )
+
+    @property
+    def base(self) -> None:
+        raise AttributeError(
+            "a FlowDistribution has no 'base' (zuko's flow(c).base): the base distribution is "
+            "d.flow.base"
+        )
 
     @property
     def arg_constraints(self) -> dict[str, constraints.Constraint]:
@@ -167,7 +197,8 @@ class FlowDistribution(Distribution):
         """Reparameterized samples, ``(*sample_shape, *batch_shape, D)``. With gradients enabled,
         the sample and its log-density are kept for :meth:`log_prob` (see the module notes)."""
         x, log_p = self.rsample_and_log_prob(sample_shape)
-        self._cache = (x, log_p, x._version) if torch.is_grad_enabled() else None
+        self._cache = ((x, log_p, x._version, _state_version(self.flow))
+                       if torch.is_grad_enabled() else None)
         return x
 
     def log_prob(self, value: Tensor) -> Tensor:
@@ -176,6 +207,7 @@ class FlowDistribution(Distribution):
         ``-inf`` where ``value`` has an infinite coordinate; NaN is an error."""
         if self._cache is not None and value is self._cache[0] and (
             value._version == self._cache[2]  # not written in place since (x.mul_(2), x[0] = 1)
+            and _state_version(self.flow) == self._cache[3]  # nor the flow (an optimizer step)
         ):
             log_p = self._cache[1].clone()  # a tensor of its own, as every call returns
             return log_p if torch.is_grad_enabled() else log_p.detach()
@@ -190,8 +222,6 @@ class FlowDistribution(Distribution):
             ) from None
         if math.prod(shape) == 0:
             return value.new_empty(shape)
-        if self._validate_args:  # torch's support check (after flowkit's checks of the type)
-            self._validate_sample(value)
         outside = nonfinite_rows("value", value)
         return self.flow._log_prob_batch(value, self.context, shape, outside)
 
@@ -258,6 +288,13 @@ class FlowDistribution(Distribution):
             f"context_features={self.flow.context_features}, "
             f"batch_shape={tuple(self.batch_shape)})"
         )
+
+
+def _state_version(flow: Flow) -> tuple[int, int]:
+    """What changes when the parameters or buffers of ``flow`` may have changed: the count of
+    ``torch.optim`` steps (fused kernels do not bump version counters) and the sum of their
+    version counters (writes by hand: a Polyak update, a standardization set)."""
+    return total_steps(), sum(t._version for t in (*flow.parameters(), *flow.buffers()))
 
 
 def monte_carlo_kl(p: Distribution, q: Distribution, n: int = KL_SAMPLES) -> Tensor:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.distributions import constraints
 
 from flowkit.flows.distribution import FlowDistribution
 from flowkit.nn.embedding import embedded_features
@@ -211,6 +212,14 @@ class Flow(nn.Module):
         self.context_features: int = context_features
         self.config: dict | None = None  # set by the builders, used by flowkit.save_model
 
+    @property
+    def support(self) -> constraints.Constraint:
+        """Where the density is positive, per row ``(D,)``: the data side of the flow's first
+        transform (a :class:`~flowkit.transforms.Logit` of ``bounds``, a
+        :class:`~flowkit.transforms.TorchBijection` onto an interval), else ``R^D``.
+        :meth:`log_prob` is ``-inf`` outside it."""
+        return self.transform.data_support
+
     def _reference(self) -> Tensor:
         """The first floating-point parameter or buffer: the model's dtype and device."""
         ref = reference(self)
@@ -303,8 +312,15 @@ class Flow(nn.Module):
             return self._log_prob(x, h).reshape(shape)
         inside = ~outside.expand(shape).reshape(-1)
         log_p = x.new_full((x.shape[0],), -math.inf)
-        if inside.any():  # no finite row: nothing to run (nor to set a standardization from)
+        if inside.any():
             log_p[inside] = self._log_prob(x[inside], None if h is None else h[inside])
+        elif torch.is_grad_enabled():
+            # no finite row: nothing to run (nor to set a standardization from), but the result
+            # keeps a graph to what it depends on, as with finite rows and in torch's
+            # distributions: a loss that masks these rows out back-propagates zeros
+            tied = [t for t in (*self.parameters(), x, h) if t is not None and t.requires_grad]
+            if tied:  # (the points' infinite entries would make 0 * inf = NaN: left out)
+                log_p = log_p + sum(t.masked_fill(torch.isinf(t), 0.0).sum() for t in tied) * 0.0
         return log_p.reshape(shape)
 
     def _embed_rows(self, context: Tensor, shape: tuple[int, ...]) -> Tensor:

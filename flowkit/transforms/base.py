@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.distributions import constraints
 
 from flowkit.checkpoint import InvalidBuffer, register_check
 from flowkit.validation import (
@@ -62,6 +63,13 @@ class Transform(nn.Module):
 
     context_features: int = 0
     features: int | None = None
+
+    @property
+    def data_support(self) -> constraints.Constraint:
+        """Where the data side's rows may lie (``event_dim`` 1): ``R^D`` unless the transform
+        maps a smaller set (:class:`~flowkit.transforms.Logit`'s box); rows outside have
+        log-density ``-inf`` in a flow that starts with it (:attr:`flowkit.Flow.support`)."""
+        return constraints.real_vector
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Data to noise, checked. ``x``: ``(N, D)``. Returns ``z``: ``(N, D)`` and
@@ -123,6 +131,11 @@ class Compose(Transform):
         self.transforms = nn.ModuleList(transforms)
         self.context_features = _common(self.transforms, "context_features", 0)
         self.features = _common(self.transforms, "features", None)
+
+    @property
+    def data_support(self) -> constraints.Constraint:
+        """The first transform's (the one that reads the data)."""
+        return self.transforms[0].data_support if len(self.transforms) else constraints.real_vector
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         total = None

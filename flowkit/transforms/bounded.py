@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.distributions import constraints
 
 from flowkit.checkpoint import InvalidBuffer, register_check
 from flowkit.transforms.base import Transform
@@ -78,6 +79,13 @@ class Logit(Transform):
         self.features = low_.numel()
         self.register_buffer("low", low_)
         self.register_buffer("high", high_)
+
+    @property
+    def data_support(self) -> constraints.Constraint:
+        """The box ``[low, high]`` (``R^D`` if every end is open), as :meth:`contains` reads it."""
+        if not (torch.isfinite(self.low).any() or torch.isfinite(self.high).any()):
+            return constraints.real_vector
+        return constraints.independent(constraints.interval(self.low, self.high), 1)
 
     def contains(self, x: Tensor) -> Tensor:
         """Whether each value of ``x`` ``(..., D)`` lies in its feature's closed interval

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 from torch.distributions import Transform as TorchTransform
+from torch.distributions import constraints
 
 from flowkit.transforms.base import Transform
 
@@ -87,6 +88,14 @@ class TorchBijection(Transform):
     def bijection(self) -> TorchTransform:
         """``T`` as it is now (built anew if a builder was given)."""
         return self.fixed if self.build is None else _checked(self.build())
+
+    @property
+    def data_support(self) -> constraints.Constraint:
+        """``T``'s data side: its domain (``maps="to_noise"``) or its range (``"to_data"``),
+        per row (an elementwise ``T``'s side, independent over the features)."""
+        t = self.bijection()
+        side = t.domain if self.maps == "to_noise" else t.codomain
+        return constraints.independent(side, 1) if side.event_dim == 0 else side
 
     def _log_det(self, t: TorchTransform, inputs: Tensor, outputs: Tensor) -> Tensor:
         """``log|det dT/d inputs|`` per row, ``(N,)``."""
