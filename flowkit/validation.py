@@ -473,7 +473,8 @@ def check_torch_shape(name: str, value: object) -> torch.Size:
             sizes = None
     if sizes is not None and all(n >= 0 for n in sizes):
         return torch.Size(sizes)
-    hint = f" such as ({value},)" if isinstance(value, int) and not isinstance(value, bool) else ""
+    hint = (f" such as ({value},)" if isinstance(value, int) and not isinstance(value, bool)
+            and value >= 0 else "")
     raise ValueError(
         f"'{name}' should be a tuple of non-negative integers{hint}, got {value!r}"
     )

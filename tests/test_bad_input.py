@@ -95,6 +95,19 @@ CASES: dict[str, Case] = {
         lambda: transforms.Compose([transforms.Permutation([0, 1]),
                                     transforms.Permutation([0, 1, 2])]),
         ValueError, "'transforms'"),
+    "Inverse of an int": (lambda: transforms.Inverse(3), TypeError, "'transform'"),
+    "set_from_data of a str": (
+        lambda: transforms.set_from_data("flow", [(torch.zeros(3, 2),)]), TypeError, "'model'"),
+    "FlowDistribution of a str": (lambda: flowkit.FlowDistribution("x"), TypeError, "'flow'"),
+    "StandardNormal rsample -1": (lambda: flowkit.StandardNormal(2).rsample(-1), ValueError,
+                                  "'n'"),
+    "StandardNormal rsample 2.0": (lambda: flowkit.StandardNormal(2).rsample(2.0), ValueError,
+                                   "'n'"),
+    "StandardNormal log_prob NaN": (
+        lambda: flowkit.StandardNormal(2).log_prob(torch.tensor([[0.0, NAN]])), ValueError,
+        "'z' contains NaN"),
+    "sample shape -1 hints nothing negative": (
+        lambda: _maf()().sample(-1), ValueError, r"non-negative integers, got -1$"),
     # builders
     "Compose one transform": (
         lambda: transforms.Compose(transforms.LULinear(2)), TypeError, "'transforms'"),

@@ -917,3 +917,43 @@ def test_a_model_whose_buffers_a_load_would_refuse_is_not_saved(tmp_path):
                        "be permutations of range\\(features\\).*would not load"):
         save_model(model, tmp_path / "m.pt")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_weights_are_not_cast_on_restore_nor_lost_on_save(tmp_path):
+    """Review 57: float64 weights restored into a float16 model became inf, a float64 run
+    resumed as float32 without a word, a model of mixed dtypes came back in one, and a meta
+    model failed in torch's code."""
+    model = flowkit.MAF(2, hidden_features=(8,), layers=1).double()
+    save_checkpoint(tmp_path / "c.pt", "x", model=model)
+    with pytest.raises(CheckpointError, match="holds float64 weights .* the model float16 ones"):
+        load_checkpoint(tmp_path / "c.pt").restore(
+            flowkit.MAF(2, hidden_features=(8,), layers=1).half())
+    assert next(flowkit.load_model(tmp_path / "c.pt").parameters()).dtype == torch.float64
+    mixed = flowkit.MAF(2, hidden_features=(8,), layers=1, learnable_base=True)
+    mixed.base.double()
+    with pytest.raises(ValueError, match=r"'model' mixes float32 .* and float64 \('base"):
+        flowkit.save_model(mixed, tmp_path / "m.pt")
+    with pytest.raises(ValueError, match="on the meta device"):
+        flowkit.save_model(flowkit.MAF(2, hidden_features=(8,), layers=1).to("meta"),
+                           tmp_path / "meta.pt")
+    with pytest.raises(ValueError, match=r"extra\['a'\] is a tensor on the meta device"):
+        save_checkpoint(tmp_path / "e.pt", "x", extra={"a": torch.empty(2, device="meta")})
+    assert not (tmp_path / "meta.pt").exists() and not (tmp_path / "e.pt").exists()
+
+
+def test_another_class_is_named_without_its_arguments(tmp_path):
+    flowkit.save_model(flowkit.BernoulliMADE(4, (8,)), tmp_path / "b.pt")
+    with pytest.raises(CheckpointError, match=r"written for a BernoulliMADE, not for this MAF: "):
+        load_checkpoint(tmp_path / "b.pt").restore(flowkit.MAF(4, hidden_features=(8,), layers=1))
+
+
+def test_a_path_starting_with_a_tilde_is_the_home_folder(tmp_path, monkeypatch):
+    """It made a folder named '~' in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    flow = flowkit.MAF(2, hidden_features=(8,), layers=1)
+    flowkit.save_model(flow, "~/flow.pt")
+    assert (tmp_path / "home" / "flow.pt").is_file() and not (tmp_path / "~").exists()
+    flowkit.load_model("~/flow.pt")
+    flowkit.fit(flow, torch.randn(64, 2), steps=1, checkpoint_dir="~/run", progress=False)
+    assert (tmp_path / "home" / "run" / "checkpoint.pt").is_file()

@@ -27,3 +27,18 @@ def test_damaged_files_and_objects_are_named(tmp_path):
     np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object))
     with pytest.raises(ValueError, match=r"o\.npy' holds Python objects"):
         read_arrays(tmp_path / "o.npy")
+
+
+def test_what_is_not_an_array_file_is_named_as_what_it_is(tmp_path):
+    """A missing file or a folder was "damaged or truncated", and a CSV "held Python objects"
+    (every other name was opened as an .npz)."""
+    with pytest.raises(ValueError, match=r"existing file, got '.*nope\.npy' \(no such file\)"):
+        read_arrays(tmp_path / "nope.npy")
+    (tmp_path / "d.npz").mkdir()
+    with pytest.raises(ValueError, match=r"\(a folder\)"):
+        read_arrays(tmp_path / "d.npz")
+    (tmp_path / "x.csv").write_text("1,2\n3,4\n")
+    with pytest.raises(ValueError, match=r"should name a \.npy or \.npz file, got '.*x\.csv'"):
+        read_arrays(tmp_path / "x.csv")
+    with pytest.raises(TypeError, match="'path' should be a file path"):
+        read_arrays(None)

@@ -847,6 +847,11 @@ def test_resume_says_where_it_resumed_and_what_changed(tmp_path, capsys):
     assert cli.main([*run, "--steps", "8", "--resume"]) == 0  # a finished run (review 40)
     assert "checkpoint.pt' had run all its 8 steps: nothing was left to train" in (
         capsys.readouterr().out)
+    # a checkpoint without its options.json: not "nothing to resume" (it resumed the checkpoint
+    # unchecked, and recorded these options as the run's)
+    (out / "options.json").unlink()
+    assert cli.main([*run, "--steps", "8", "--resume"]) == 2
+    assert "exists but" in capsys.readouterr().err and not (out / "options.json").exists()
     assert cli.main(["fit", "--data", "moons", "--hidden", "8", "--layers", "1", "--quiet",
                      "--steps", "400", "--valid-every", "1", "--patience", "1", "--lr", "0.1",
                      "--out", str(tmp_path / "p")]) == 0

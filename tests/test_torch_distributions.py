@@ -230,9 +230,9 @@ def test_support_is_the_flows_and_zuko_names_point_to_flowkits():
         True, False]
     d = box()
     with pytest.raises(AttributeError, match=r"d\.to_base\(value\)"):
-        d.transform
+        _ = d.transform
     with pytest.raises(AttributeError, match=r"d\.flow\.base"):
-        d.base
+        _ = d.base
 
 
 def test_expand():

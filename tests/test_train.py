@@ -2155,3 +2155,13 @@ def test_progress_bar_refreshes_rarely_in_a_log_file(monkeypatch):
     assert loop.refresh_interval() == loop.LOG_REFRESH_S == 10.0
     monkeypatch.setattr(loop.sys, "stderr", Stream(True))
     assert loop.refresh_interval() == 0.1
+
+
+@pytest.mark.parametrize("valid", ["auto", None])
+def test_data_that_require_grad_are_taken_as_values(valid):
+    """Review 57: a graph of the data failed the second backward, and a leaf had the loss's
+    gradient written into its .grad."""
+    leaf = torch.randn(200, 2, requires_grad=True)
+    for x in (leaf, leaf * 2.0):
+        fit(small_maf(), x, steps=2, valid=valid, **QUIET)
+    assert leaf.grad is None

@@ -137,7 +137,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     common.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     common.add_argument(
         "--out",
-        type=Path,
+        type=lambda text: Path(text).expanduser(),  # a '~' the shell left (quoted, --out=~/x)
         default=None,
         help=f"output folder: metrics.json and the files the command writes (see its "
         f"description) (default: runs/{command}-<date>-<time>)",

@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -328,6 +329,11 @@ def _check_same_run(
                              f"these differ: {'; '.join(changed)}")
         args.started_lr = started.get("lr")  # said by _note_resumed once the run goes on
         return None
+    if args.resume and (args.out / CHECKPOINT_NAME).exists():
+        raise ValueError(
+            f"--resume: '{args.out / CHECKPOINT_NAME}' exists but '{path}' is missing, so the "
+            "options the run was started with cannot be checked against these: restore the "
+            "file, or start a new run in another --out folder")
     if args.resume and is_main_process():
         print(f"flowkit fit: note: nothing to resume in '{args.out}' (no options.json): starting "
               "a new run", flush=True)
@@ -381,6 +387,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"the data were named twice, '{args.data_file}' and --data "
                          f"'{args.data}': give one")
     args.data = args.__dict__.pop("data_file") or args.data or "moons"
+    if args.data not in TOY_DATASETS:
+        args.data = os.path.expanduser(args.data)  # a '~' the shell left (quoted, --data=~/x)
     typed = {name: getattr(args, name) for name in RUN_OPTIONS}
     if args.data in TOY_DATASETS:
         if args.context is not None or args.key is not None:

@@ -108,7 +108,8 @@ class LegacyFormatWarning(UserWarning):
 
 def check_path_to_read(path: object, argument: str = "path") -> Path:
     """``path`` as a :class:`~pathlib.Path` to read a file from: a ``str`` or ``os.PathLike``,
-    not empty (the first checks of :func:`check_path_to_write` too).
+    not empty (the first checks of :func:`check_path_to_write` too), with a leading ``~``
+    expanded to the home folder (as a shell would; it used to make a folder named ``~``).
 
     Raises:
         TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, a number, bytes).
@@ -122,7 +123,7 @@ def check_path_to_read(path: object, argument: str = "path") -> Path:
     text = os.fsdecode(os.fspath(path))
     if text == "":
         raise ValueError(f"'{argument}' should be a file path, got an empty string")
-    return Path(text)
+    return Path(os.path.expanduser(text))
 
 
 def check_path_to_write(path: object, argument: str = "path") -> Path:
@@ -135,7 +136,7 @@ def check_path_to_write(path: object, argument: str = "path") -> Path:
             with ``.`` or ``..``.
     """
     check_path_to_read(path, argument)  # a str or os.PathLike, not empty
-    text = os.fsdecode(os.fspath(path))  # as given: Path() would drop a final separator
+    text = os.path.expanduser(os.fsdecode(os.fspath(path)))  # Path() would drop a final "/"
     if os.path.basename(text) in ("", ".", ".."):
         raise ValueError(
             f"'{argument}' should be a file path, but '{text}' names a folder (it ends with "

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..validation import check_bool, invalid_values, open_ends
 from .format import (
@@ -125,6 +125,7 @@ class Checkpoint:
         prefix = "_orig_mod."  # files of compiled models written before unwrap_compiled
         if state and all(k.startswith(prefix) for k in state):
             state = {k[len(prefix):]: v for k, v in state.items()}
+        _refuse_other_dtypes(self.path, state, model.state_dict())
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
@@ -150,6 +151,24 @@ class Checkpoint:
                             f"infinite value(s) of {value.numel()} (a diverged model; pass "
                             "allow_nonfinite=True to load it anyway)"
                         )
+
+
+def _refuse_other_dtypes(
+    path: object, stored: dict[str, Tensor], expected: dict[str, Tensor]
+) -> None:
+    """Refuse to restore floating-point weights into tensors of another dtype:
+    ``load_state_dict`` would cast them (float64 weights into a float16 model become inf, a
+    float64 run resumed by a float32 model rounds its weights and optimizer state)."""
+    for key, value in stored.items():
+        target = expected.get(key)
+        if (target is not None and value.is_floating_point() and target.is_floating_point()
+                and value.dtype != target.dtype):
+            raise CheckpointError(
+                f"'{path}' holds {str(value.dtype).removeprefix('torch.')} weights ('{key}'), "
+                f"the model {str(target.dtype).removeprefix('torch.')} ones: a restore does not "
+                f"cast them; convert the model first, model.to({value.dtype}), or load the "
+                "file with flowkit.load_model, which builds the model in the file's dtype"
+            )
 
 
 def check_same_config(
@@ -209,6 +228,8 @@ def _embedding_structure(config: dict[str, Any]) -> str | None:
 def _config_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
     """How two model configs differ, for a message: only the arguments that differ, e.g.
     ``a MAF with {'activation': 'ReLU'}, not for this MAF with {'activation': 'Tanh'}``."""
+    if stored["type"] != current["type"]:  # other classes: their arguments do not compare
+        return f"a {stored['type']}, not for this {current['type']}"
     then, now = stored["kwargs"], current["kwargs"]
     keys = [k for k in {**then, **now} if then.get(k) != now.get(k)]
 
@@ -257,6 +278,7 @@ def save_checkpoint(
     if entry is not None:
         _check_plain(entry["config"], "model.config")
         _check_plain(entry["state_dict"], "model.state_dict()")
+        _check_one_dtype(entry)
         for name, error in check_buffers(model):  # the checks a load runs: no unloadable file
             raise CheckpointError(
                 f"'model' holds a buffer '{name}' that should be {error.expected} (written in "
@@ -265,11 +287,37 @@ def save_checkpoint(
     write_file({"kind": kind, "model": entry, "extra": extra}, path)
 
 
+def _check_one_dtype(entry: dict[str, Any]) -> None:
+    """Refuse a model that :func:`load_model` would not give back as it is: one whose
+    floating-point tensors mix dtypes (it rebuilds the model in one, :func:`_saved_dtype`; a
+    model without a config keeps its own dtypes, restored by name)."""
+    if entry["config"] is None:
+        return
+    first: dict[torch.dtype, str] = {}
+    for key, value in entry["state_dict"].items():
+        if value.is_floating_point():
+            first.setdefault(value.dtype, key)
+    if len(first) > 1:
+        (a, key_a), (b, key_b) = list(first.items())[:2]
+        raise ValueError(
+            f"'model' mixes {str(a).removeprefix('torch.')} ('{key_a}') and "
+            f"{str(b).removeprefix('torch.')} ('{key_b}') tensors, which a file of it would "
+            "not give back (a model is rebuilt in one dtype): convert it to one first, e.g. "
+            f"model.to({a})"
+        )
+
+
 def _check_plain(value: Any, where: str) -> None:
     """Refuse a value (by where it is, e.g. ``extra['c']``) that :func:`load_checkpoint` could not
     read back: only the exact types of :data:`_LEAVES` and :data:`_CONTAINERS`, not subclasses."""
     kind = type(value)
     if kind in _LEAVES:
+        if kind in (torch.Tensor, nn.Parameter) and value.is_meta:
+            raise ValueError(
+                f"{where} is a tensor on the meta device, which holds no values (a file of it "
+                "would have none): move it to a real device first, e.g. .to('cpu') after "
+                "loading or initializing its values"
+            )
         return
     if kind in (dict, OrderedDict):
         for k, v in value.items():

@@ -37,10 +37,21 @@ def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     only, in this machine's byte order.
 
     Raises:
-        ValueError: a file numpy cannot read as one (damaged, truncated, another format), or
+        TypeError: ``path`` is not a file path.
+        ValueError: a missing file or a folder; a name that ends neither in ``.npy`` nor in
+            ``.npz``; a file numpy cannot read as one (damaged, truncated, another format), or
             one that holds Python objects; the message names the file.
     """
-    suffix = ".npy" if str(path).lower().endswith(".npy") else ".npz"
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"'path' should be a file path (str or os.PathLike), got "
+                        f"{type(path).__name__}")
+    path = os.path.expanduser(os.fspath(path))
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in (".npy", ".npz"):
+        raise ValueError(f"'path' should name a .npy or .npz file, got '{path}'")
+    if not os.path.isfile(path):
+        raise ValueError(f"'path' should be an existing file, got '{path}' "
+                         f"({'a folder' if os.path.isdir(path) else 'no such file'})")
     try:
         if suffix == ".npy":
             return {"x": native_byte_order(np.load(path))}  # allow_pickle=False: arrays only

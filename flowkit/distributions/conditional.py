@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from flowkit.distributions.normal import diagonal_normal_log_prob, standard_normal_noise
 from flowkit.nn.embedding import MLPEmbedding
-from flowkit.validation import check_int, check_width, reference
+from flowkit.validation import check_int, check_width, nonfinite_rows, reference
 
 __all__ = ["ConditionalDiagonalGaussian"]
 
@@ -76,6 +76,8 @@ class ConditionalDiagonalGaussian(nn.Module):
     def log_prob(self, z: Tensor, context: Tensor) -> Tensor:
         """``log p(z | context)``: ``z`` ``(N, D)``, ``context`` ``(N, C)`` -> ``(N,)``."""
         z, context = self._check_rows(z, context)
+        nonfinite_rows("z", z)  # raises on NaN; infinite rows come out -inf
+        nonfinite_rows("context", context)
         return self._unchecked_log_prob(z, context)
 
     def _check_rows(self, z: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:

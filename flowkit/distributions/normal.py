@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from flowkit.validation import check_bool, check_int, check_width
+from flowkit.validation import check_bool, check_int, check_width, nonfinite_rows
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -62,8 +62,11 @@ class DiagonalGaussian(nn.Module):
             self.register_buffer("log_scale", log_scale)
 
     def log_prob(self, z: Tensor) -> Tensor:
-        """``z``: ``(N, D)`` of the module's dtype and device -> ``(N,)``."""
-        return self._unchecked_log_prob(check_width("z", z, self.features, self.loc))
+        """``z``: ``(N, D)`` of the module's dtype and device -> ``(N,)``; ``-inf`` for rows
+        with an infinite entry, NaN an error."""
+        z = check_width("z", z, self.features, self.loc)
+        nonfinite_rows("z", z)  # raises on NaN; infinite rows come out -inf
+        return self._unchecked_log_prob(z)
 
     def _unchecked_log_prob(self, z: Tensor) -> Tensor:
         """:meth:`log_prob` without the check of ``z`` (a flow's own ``z``, see
@@ -73,6 +76,7 @@ class DiagonalGaussian(nn.Module):
 
     def rsample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` reparameterized draws, ``(n, D)``, on the module's device and dtype."""
+        n = check_int("n", n, 0)
         return self.from_noise(standard_normal_noise((n, self.features), self.loc, generator))
 
     def from_noise(self, eps: Tensor) -> Tensor:

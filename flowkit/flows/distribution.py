@@ -25,10 +25,10 @@ gradients enabled are kept (a sample drawn by :meth:`sample` or under ``torch.no
 scored afresh, so its log-density carries gradients), and only while the tensor is not written
 in place (``x.mul_(2)``, ``x[0] = 1`` bump its version; a write through ``x.data`` does not and
 is not seen), and while the flow's parameters and buffers stay as they were: any ``torch.optim``
-step, or an in-place write such as a Polyak update, drops the kept value. With batch-norm layers in training mode, the kept value is that of the
-sampling pass, which uses the running averages, where ``log_prob`` of another tensor uses the
-batch's statistics (see :meth:`flowkit.Flow.sample_and_log_prob`): compare densities in eval
-mode.
+step, or an in-place write such as a Polyak update, drops the kept value. With batch-norm
+layers in training mode, the kept value is that of the sampling pass, which uses the running
+averages, where ``log_prob`` of another tensor uses the batch's statistics (see
+:meth:`flowkit.Flow.sample_and_log_prob`): compare densities in eval mode.
 
 Values outside the support. A value with an infinite coordinate (an action clipped to +-1 and
 mapped back through ``atanh``, say) has log-density ``-inf``, as in torch's distributions; a
@@ -105,6 +105,10 @@ class FlowDistribution(Distribution):
     def __init__(
         self, flow: Flow, context: Tensor | None = None, validate_args: bool | None = None
     ):
+        from flowkit.flows.flow import Flow  # (flow.py imports this module)
+
+        if not isinstance(flow, Flow):
+            raise TypeError(f"'flow' should be a flowkit.Flow, got {type(flow).__name__}")
         context = check_batch_context(context, flow.context_features, reference(flow))
         batch_shape = torch.Size() if context is None else context.shape[:-1]
         if context is not None:

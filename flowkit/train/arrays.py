@@ -41,7 +41,10 @@ def as_tensor(
 
     With ``keep_discrete=True`` integer and bool values keep their dtype (the class indices of a
     :class:`~flowkit.CategoricalMADE`, binary pixels stored as ``uint8``); only floating values
-    are cast. Data ``x`` is loaded that way, contexts always become ``dtype``.
+    are cast. Data ``x`` is loaded that way, contexts always become ``dtype``. A tensor that
+    requires grad is taken as its values (detached): training reads data, it never
+    differentiates with respect to them (a graph of them failed the second backward, and a leaf
+    had gradients written into its ``.grad``).
     """
     if not isinstance(value, Tensor | np.ndarray):
         raise TypeError(
@@ -60,7 +63,7 @@ def as_tensor(
             "not cast: casting would drop the imaginary part)"
         )
     cast = dtype if t.is_floating_point() or not keep_discrete else None
-    return t.to(device=device, dtype=cast)
+    return t.detach().to(device=device, dtype=cast)
 
 
 def readable(name: str, value: Any) -> Any:

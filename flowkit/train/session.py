@@ -141,7 +141,7 @@ def _checkpoint_path(checkpoint_dir: object) -> Path | None:
             "'checkpoint_dir' should be a folder path (str or os.PathLike), got "
             f"{type(checkpoint_dir).__name__} {checkpoint_dir!r}"
         )
-    folder = Path(checkpoint_dir)
+    folder = Path(checkpoint_dir).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ArgumentError("checkpoint_dir", f"should be a folder, but '{folder}' is a file")
     if (folder / CHECKPOINT_NAME).is_dir():

@@ -168,6 +168,9 @@ class Inverse(Transform):
 
     def __init__(self, transform: Transform):
         super().__init__()
+        if not isinstance(transform, Transform):
+            raise TypeError(
+                f"'transform' should be a flowkit Transform, got {type(transform).__name__}")
         self.transform = transform
         self.context_features = transform.context_features
         self.features = transform.features

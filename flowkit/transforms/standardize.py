@@ -728,6 +728,10 @@ def set_from_data(
         >>> len(done), bool(torch.allclose(done[0].shift, x.mean(0)))
         (1, True)
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"'model' should be a torch.nn.Module (a flowkit.Flow, say), got "
+            f"{type(model).__name__}")
     if isinstance(batches, Tensor) or not isinstance(batches, Iterable):
         raise TypeError(
             "'batches' should be an iterable of batches, each a tuple of the call's arguments, "
