@@ -391,8 +391,8 @@ def test_positive_columns_spread_over_orders_of_magnitude_are_warned_of():
     """Review 44: fit warned an affine flow of log-normal columns, FlowDensity did not; it has
     no bounds, so the advice is the logarithm or the spline."""
     X = np.exp(2.0 * np.random.default_rng(0).normal(size=(300, 2)))
-    with pytest.warns(DataWarning, match=r"'X', column 0, holds only positive values.*np.log.*"
-                      r"transformer='spline'"):
+    with pytest.warns(DataWarning, match=r"'X', columns 0 and 1, hold only positive values"
+                      r".*np.log.*transformer='spline'"):
         _small(max_epochs=1).fit(X)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DataWarning)

@@ -988,3 +988,51 @@ def test_a_context_shared_by_every_batch_of_a_loop_is_warned_of():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+
+
+# ------------------------------------------------------------------ robust standardization
+
+
+def test_robust_standardization_is_the_median_and_the_normal_iqr():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2001, 3, generator=g, dtype=torch.float64) * torch.tensor(
+        [1.0, 50.0, 1e-3], dtype=torch.float64) + torch.tensor([5.0, -100.0, 0.0],
+                                                                dtype=torch.float64)
+    x[:4, 0] = 1e6  # gross outliers: they move the mean and the deviation, not the quartiles
+    x[:1700, 2] = 0.0  # most of a column at one value: no interquartile range, the deviation
+    t = Standardize.from_data(x, robust=True)
+    q = torch.quantile(x, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64), dim=0)
+    torch.testing.assert_close(t.shift[:2], q[1, :2])
+    torch.testing.assert_close(t.scale[:2], (q[2, :2] - q[0, :2]) / 1.3489795003921634)
+    torch.testing.assert_close(t.shift[2], x[:, 2].mean())
+    torch.testing.assert_close(t.scale[2], x[:, 2].std(correction=0))
+    assert 0.9 < float(t.scale[0]) < 1.1  # the mean and deviation: 2000 and 4.5e4
+    z, log_det = t(x)
+    torch.testing.assert_close(z, (x - t.shift) / t.scale)
+    torch.testing.assert_close(log_det, -t.scale.log().sum().expand(len(x)))
+    with pytest.raises(ValueError, match="'robust' standardization is per feature"):
+        Standardize(3, covariance="full", robust=True)
+
+
+def test_robust_standardization_keeps_an_even_sample_past_its_row_limit(monkeypatch):
+    monkeypatch.setattr(standardize, "ROBUST_ROWS", 100)
+    x = torch.arange(1000, dtype=torch.float64).reshape(-1, 1)
+    lazy = Standardize(1, robust=True).double()
+    standardize.set_from_data(lazy, [(chunk,) for chunk in x.split(64)], call=lazy)
+    assert abs(float(lazy.shift) - 499.5) < 20 and abs(float(lazy.scale) - 500 / 1.349) < 30
+
+
+def test_builders_standardize_robustly_data_and_context_and_save_it(tmp_path):
+    import flowkit
+
+    flow = MAF(2, layers=1, hidden_features=(8,), context_features=1, standardize="robust")
+    x, c = torch.randn(400, 2), torch.randn(400, 1)
+    x[:2] = 1e6
+    flowkit.fit(flow, (x, c), steps=2, progress=False)
+    data_side = flow.transform.transforms[0]
+    assert data_side.robust and flow.standardize_context.robust
+    assert float(data_side.scale.max()) < 2  # not 7e4, the deviation the two rows give
+    flowkit.save_model(flow, tmp_path / "f.pt")
+    loaded = flowkit.load_model(tmp_path / "f.pt")
+    assert loaded.transform.transforms[0].robust
+    torch.testing.assert_close(loaded.log_prob(x[2:], c[2:]), flow.eval().log_prob(x[2:], c[2:]))

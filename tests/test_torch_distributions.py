@@ -182,7 +182,7 @@ def test_a_sample_written_in_place_is_scored_afresh(kind):
     torch.testing.assert_close(d.log_prob(x), d.log_prob(x.clone()))
 
 
-@pytest.mark.parametrize("change", ["fused Adam", "Polyak update"])
+@pytest.mark.parametrize("change", ["fused Adam", "Polyak update", "through .data"])
 def test_a_sample_of_an_older_flow_is_scored_afresh(kind, change):
     """The kept log-density belongs to the weights it was drawn with: after an optimizer step
     (fused kernels bump no version counter) or a write by hand, log_prob recomputes it, as a
@@ -194,10 +194,13 @@ def test_a_sample_of_an_older_flow_is_scored_afresh(kind, change):
         optimizer = torch.optim.Adam(flow.parameters(), lr=0.1, fused=True)
         (-d.log_prob(x).sum()).backward()
         optimizer.step()
-    else:
+    elif change == "Polyak update":
         with torch.no_grad():
             for p in flow.parameters():
                 p.mul_(0.9)
+    else:  # SAC's soft update: writes through .data bump no version counter
+        for p in flow.parameters():
+            p.data.copy_(0.9 * p.data)
     torch.testing.assert_close(d.log_prob(x), d.log_prob(x.clone()))
 
 

@@ -77,7 +77,7 @@ def _autoregressive_flow(
     learnable_base: bool,
     conditional_base: bool,
     embedding: nn.Module | dict | None,
-    standardize: bool | Literal["diagonal", "full"],
+    standardize: bool | Standardization,
     bounds: tuple[Sequence[float], Sequence[float]] | None,
     seed: int,
     base_context: Literal["embedded", "raw"],
@@ -128,7 +128,7 @@ def _autoregressive_flow(
     # and by a conditional base (base_context="raw": the base reads the standardized (N, C)).
     standardize_context = None
     if standardize is not None and context_features:
-        standardize_context = Standardize(context_features)
+        standardize_context = Standardize(context_features, robust=standardize == "robust")
     embedded = context_features
     if embedding is not None:
         embedding = build_embedding(embedding)
@@ -138,7 +138,9 @@ def _autoregressive_flow(
     if bounds is not None:
         transforms.append(_bounds_transform(bounds, features))
     if standardize is not None:
-        transforms.append(Standardize(features, covariance=standardize))
+        transforms.append(Standardize(
+            features, covariance="full" if standardize == "full" else "diagonal",
+            robust=standardize == "robust"))
     for i in range(layers):
         tau = make_transformer(transformer, **(transformer_kwargs or {}))
         made = MADE(
@@ -199,21 +201,25 @@ def _bounds_transform(bounds: object, features: int) -> Logit:
         raise ValueError(f"'bounds' = (low, high) was refused: {e}") from None
 
 
+Standardization = Literal["diagonal", "full", "robust"]
+"""The kinds of the builders' ``standardize`` (see :func:`MAF`)."""
+
 #: What ``standardize=True`` builds (see :func:`MAF`).
-DEFAULT_STANDARDIZATION: Literal["diagonal", "full"] = "diagonal"
+DEFAULT_STANDARDIZATION: Standardization = "diagonal"
 
 
-def _standardization(standardize: object) -> Literal["diagonal", "full"] | None:
-    """The data standardization's ``covariance`` for the builders' ``standardize`` argument
-    (``None``: none)."""
+def _standardization(standardize: object) -> Standardization | None:
+    """The kind of standardization the builders' ``standardize`` argument asks for (``None``:
+    none)."""
     if standardize is True:
         return DEFAULT_STANDARDIZATION
     if standardize is False:
         return None
-    if standardize in ("diagonal", "full"):
+    if standardize in ("diagonal", "full", "robust"):
         return standardize  # type: ignore[return-value]
     raise ValueError(
-        f"'standardize' should be True, False, 'diagonal' or 'full', got {standardize!r}"
+        f"'standardize' should be True, False, 'diagonal', 'full' or 'robust', got "
+        f"{standardize!r}"
     )
 
 
@@ -272,7 +278,7 @@ def MAF(
     learnable_base: bool = False,
     conditional_base: bool = False,
     embedding: nn.Module | dict | None = None,
-    standardize: bool | Literal["diagonal", "full"] = True,
+    standardize: bool | Standardization = True,
     bounds: tuple[Sequence[float], Sequence[float]] | None = None,
     seed: int = 0,
     base_context: Literal["embedded", "raw"] = "embedded",
@@ -331,7 +337,9 @@ def MAF(
             ``log p(a x + b) = log p(x) - sum(log|a|)``. Until set, each is the identity.
             ``"diagonal"`` standardizes each feature by its mean and standard deviation,
             ``"full"`` also divides out the correlations between the features (a Cholesky
-            factor of their correlation, ``Standardize(D, covariance="full")``); ``True`` is
+            factor of their correlation, ``Standardize(D, covariance="full")``), ``"robust"``
+            by its median and interquartile range (data with a few gross outliers, heavy
+            tails: ``Standardize(D, robust=True)``, the context's too); ``True`` is
             ``DEFAULT_STANDARDIZATION`` (see ``docs/defaults.md``). The context's
             standardization is per feature in every case. ``False`` builds the flow of
             flowkit 0.1 (which files saved by it rebuild).
@@ -396,7 +404,7 @@ def IAF(
     learnable_base: bool = False,
     conditional_base: bool = False,
     embedding: nn.Module | dict | None = None,
-    standardize: bool | Literal["diagonal", "full"] = True,
+    standardize: bool | Standardization = True,
     bounds: tuple[Sequence[float], Sequence[float]] | None = None,
     seed: int = 0,
     base_context: Literal["embedded", "raw"] = "embedded",

@@ -25,7 +25,8 @@ gradients enabled are kept (a sample drawn by :meth:`sample` or under ``torch.no
 scored afresh, so its log-density carries gradients), and only while the tensor is not written
 in place (``x.mul_(2)``, ``x[0] = 1`` bump its version; a write through ``x.data`` does not and
 is not seen), and while the flow's parameters and buffers stay as they were: any ``torch.optim``
-step, or an in-place write such as a Polyak update, drops the kept value. With batch-norm
+step, an in-place write, or a write through ``.data`` that changes the entry of each parameter
+compared (a Polyak update moves them all) drops the kept value. With batch-norm
 layers in training mode, the kept value is that of the sampling pass, which uses the running
 averages, where ``log_prob`` of another tensor uses the batch's statistics (see
 :meth:`flowkit.Flow.sample_and_log_prob`): compare densities in eval mode.
@@ -115,7 +116,7 @@ class FlowDistribution(Distribution):
             check_not_empty("context", context, batch_shape)
         self.flow = flow
         self.context = context
-        self._cache: tuple[Tensor, Tensor, int, tuple[int, int]] | None = None
+        self._cache: tuple[Tensor, Tensor, int, _State] | None = None
         super().__init__(batch_shape, torch.Size([flow.features]), validate_args)
 
     def __getstate__(self) -> dict:
@@ -211,7 +212,7 @@ class FlowDistribution(Distribution):
         ``-inf`` where ``value`` has an infinite coordinate; NaN is an error."""
         if self._cache is not None and value is self._cache[0] and (
             value._version == self._cache[2]  # not written in place since (x.mul_(2), x[0] = 1)
-            and _state_version(self.flow) == self._cache[3]  # nor the flow (an optimizer step)
+            and _same_state(_state_version(self.flow), self._cache[3])  # nor the flow
         ):
             log_p = self._cache[1].clone()  # a tensor of its own, as every call returns
             return log_p if torch.is_grad_enabled() else log_p.detach()
@@ -294,11 +295,25 @@ class FlowDistribution(Distribution):
         )
 
 
-def _state_version(flow: Flow) -> tuple[int, int]:
+_State = tuple[int, int, Tensor | None]
+
+
+def _state_version(flow: Flow) -> _State:
     """What changes when the parameters or buffers of ``flow`` may have changed: the count of
-    ``torch.optim`` steps (fused kernels do not bump version counters) and the sum of their
-    version counters (writes by hand: a Polyak update, a standardization set)."""
-    return total_steps(), sum(t._version for t in (*flow.parameters(), *flow.buffers()))
+    ``torch.optim`` steps (fused kernels do not bump version counters), the sum of their
+    version counters (in-place writes: a standardization set, ``p.mul_(0.9)``) and one entry
+    of each parameter (writes through ``.data``, which bump no counter: the usual Polyak update
+    ``target.data.copy_(...)``, ``vector_to_parameters``)."""
+    params = [p for p in flow.parameters() if p.numel()]
+    entries = (torch.stack([p.detach().reshape(-1)[p.numel() // 2] for p in params])
+               if params else None)
+    return (total_steps(), sum(t._version for t in (*flow.parameters(), *flow.buffers())),
+            entries)
+
+
+def _same_state(now: _State, then: _State) -> bool:
+    """Whether two :func:`_state_version` of one flow are the same state."""
+    return now[:2] == then[:2] and (now[2] is None or torch.equal(now[2], then[2]))
 
 
 def monte_carlo_kl(p: Distribution, q: Distribution, n: int = KL_SAMPLES) -> Tensor:

@@ -11,6 +11,7 @@ from .arrays import (
     warn_if_rounded,
     warn_if_skewed,
 )
+from .baseline import BaselineWarning
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, DivergenceWarning, NonFiniteLossError
 from .distributed import is_main_process, resolve_device
@@ -28,6 +29,7 @@ from .reverse_kl import fit_reverse_kl
 from .session import CHECKPOINT_NAME
 
 __all__ = [
+    "BaselineWarning",
     "CHECKPOINT_NAME",
     "DEFAULTS",
     "Callbacks",

@@ -206,7 +206,7 @@ def load_arrays(
     x, c = as_batch(name, *raw, device, dtype)
     check_pair_shapes(name, x, c)
     check_finite(name, x, c, given=raw)
-    if density:
+    if density and x.is_floating_point():  # (integers: the model refuses them, not a warning)
         # columns the cast made constant: warned already
         warn_if_degenerate(name, x, skip=rounded[0], labels=labels)
     return x, c
@@ -313,11 +313,8 @@ def warn_if_degenerate(
     if not x.is_floating_point() or x.dim() != 2:
         return
 
-    def number(columns: list[int]) -> list[int]:
-        return columns if numbers is None else [numbers[j] for j in columns]
-
-    def column(j: int) -> str:
-        return _column_name(j, labels, numbers)
+    def named(js: list[int]) -> str:
+        return _column_names(js, labels, numbers)
 
     n = x.shape[0]
     if n == 1:
@@ -338,19 +335,21 @@ def warn_if_degenerate(
     distinct[list(skip)] = n
     constant = (distinct == 1).nonzero().flatten().tolist()
     if constant:
-        j = constant[0]
+        one = len(constant) == 1
+        values = ", ".join(f"{x[0, j].item():.6g}" for j in constant[:10])
         _data_warning(
-            f"'{name}', {column(j)}, holds a single value ({x[0, j].item():.6g}) in all "
-            f"{n} rows ({len(constant)} constant column(s): {number(constant[:10])}): a density "
+            f"'{name}', {named(constant)}, hold{'s' if one else ''} a single value "
+            f"({values}) in all {n} rows: a density "
             "over it is a point mass, so the training NLL falls without bound while the model "
             "contracts that column; drop constant columns before fitting", stacklevel=stacklevel
         )
     few_mask = (distinct > 1) & (distinct <= max(FEW_VALUES * n, 10)) & (distinct <= n / 2)
     if few := few_mask.nonzero().flatten().tolist():
-        j = few[0]
+        one = len(few) == 1
+        counts = ", ".join(str(int(distinct[j])) for j in few[:10])
         _data_warning(
-            f"'{name}', {column(j)}, takes only {int(distinct[j])} distinct values in "
-            f"{n} rows ({len(few)} column(s) like it: {number(few[:10])}): a continuous density "
+            f"'{name}', {named(few)}, take{'s' if one else ''} only {counts} distinct "
+            f"values in {n} rows: a continuous density "
             "concentrates on such values as it trains, so its log-density there grows and "
             "means little; add uniform noise of one quantization step to the column "
             "(dequantization), or model it with a discrete distribution", stacklevel=stacklevel
@@ -360,22 +359,24 @@ def warn_if_degenerate(
     continuous[list(skip)] = False
     if columns := linearly_dependent(x, continuous.nonzero().flatten().tolist()):
         _data_warning(
-            f"'{name}', columns {number(columns)}"
-            + ("" if labels is None else f" ({', '.join(repr(labels[j]) for j in columns)})")
-            + ", are linearly dependent (a combination of them is constant, to within "
-            f"{COLLINEAR_SPREAD:g} of their spread): the rows lie on a hyperplane, where a "
-            "density is infinite, so the training NLL falls without bound while the model "
-            "contracts across it; drop one of these columns (the others determine it)",
+            f"'{name}', {named(columns)}, are linearly dependent (a combination of them is "
+            f"constant, to within {COLLINEAR_SPREAD:g} of their spread): the rows lie on a "
+            "hyperplane, where a density is infinite, so the training NLL falls without bound "
+            "while the model contracts across it; drop one of these columns (the others "
+            "determine it)",
             stacklevel=stacklevel,
         )
     if massed := (has_run & continuous).nonzero().flatten().tolist():
-        j = massed[0]
-        values, counts = x[:, j].unique(return_counts=True)
-        count, k = counts.max(dim=0)
+        heavy = []
+        for j in massed[:10]:
+            values, counts = x[:, j].unique(return_counts=True)
+            count, k = counts.max(dim=0)
+            heavy.append(f"{values[k].item():.6g} in {int(count)}")
+        one = len(massed) == 1
         _data_warning(
-            f"'{name}', {column(j)}, holds the value {values[k].item():.6g} in "
-            f"{int(count)} of its {n} rows ({len(massed)} column(s) like it: "
-            f"{number(massed[:10])}): a point mass inside a continuous column, which a flow "
+            f"'{name}', {named(massed)}, hold{'s' if one else ''} one value in many of "
+            f"the {n} rows ({'; '.join(heavy)} rows): a point mass inside a continuous column, "
+            "which a flow "
             "approaches by contracting the column there, so the training NLL falls without "
             "bound; model "
             "that value apart (e.g. a mixture of the point mass and a density of the other "
@@ -547,12 +548,12 @@ def warn_if_skewed(
     columns = skewed.nonzero().flatten().tolist()
     if not columns:
         return columns
-    j = columns[0]
-    listed = columns if numbers is None else [numbers[c] for c in columns]
+    one = len(columns) == 1
+    ratios = ", ".join(f"{float(high[j] / median[j]):.3g}" for j in columns[:10])
     _data_warning(DataWarning(
-        f"'{name}', {_column_name(j, labels, numbers)}, holds only positive values whose 99th "
-        f"percentile is {float(high[j] / median[j]):.3g} times their median ({len(columns)} "
-        f"column(s) like it: {listed[:10]}): affine autoregressive layers stretch such a tail "
+        f"'{name}', {_column_names(columns, labels, numbers)}, hold{'s' if one else ''} only "
+        f"positive values whose 99th percentile is {ratios} times their median: affine "
+        "autoregressive layers stretch such a tail "
         "linearly beyond the training rows, and some held-out rows can score thousands of nats "
         "or more however well the flow validates. ",
         *(remedy or ("Give those columns a lower bound of 0 (", Mention("bounds"), ": the flow "
@@ -566,6 +567,19 @@ def _column_name(j: int, names: Sequence[str] | None, numbers: Sequence[int] | N
     (``numbers[j]``, else ``j``) and its name, if the columns have names."""
     name = "" if names is None else f" ({names[j]!r})"
     return f"column {j if numbers is None else numbers[j]}{name}"
+
+
+def _column_names(
+    js: list[int], names: Sequence[str] | None, numbers: Sequence[int] | None
+) -> str:
+    """Columns ``js`` as the data warnings name them (:func:`_column_name`): ``column 0
+    ('age')``, ``columns 0 ('age') and 2 ('kids')``; the first 10, then how many more."""
+    if len(js) == 1:
+        return _column_name(js[0], names, numbers)
+    named = [_column_name(j, names, numbers).removeprefix("column ") for j in js[:10]]
+    more = f" and {len(js) - 10} more" if len(js) > 10 else ""
+    last = "" if more else f" and {named.pop()}"
+    return f"columns {', '.join(named)}{last}{more}"
 
 
 def _data_warning(message: str | DataWarning, stacklevel: int = 6) -> None:
@@ -598,12 +612,19 @@ def warn_if_rounded(
     coarse = ((levels < MIN_LEVELS) & (spread > 0)).nonzero().flatten().tolist()
     if coarse:
         j = coarse[0]
+        one = len(coarse) == 1
+        tiny = size[j] < torch.finfo(dtype).tiny / torch.finfo(dtype).eps  # below normal floats
+        remedy = ("Multiply it by a power of ten first (in float64): values this small are "
+                  f"below {dtype}'s normal range, where its steps are coarse whatever the offset"
+                  if tiny else "Subtract a typical value first (e.g. x - x.mean(0), in float64)")
         _data_warning(PrecisionWarning(
-            *label, f", {_column_name(j, names, numbers)}, has a "
-            f"standard deviation of {spread[j].item():.3g} at values "
-            f"up to {size[j].item():.3g}: cast to {dtype} it keeps about "
-            f"{levels[j].item():.3g} steps per standard deviation ({len(coarse)} column(s) "
-            "like it). Subtract a typical value first (e.g. x - x.mean(0), in float64), or "
-            "train a float64 model (", Mention("dtype", "float64", "model.double()"), ")",
+            *label, f", {_column_names(coarse, names, numbers)}, ha{'s' if one else 've'} "
+            f"{'a ' if one else ''}standard deviation{'' if one else 's'} of "
+            + ", ".join(f"{spread[k].item():.3g}" for k in coarse[:10])
+            + " at values up to " + ", ".join(f"{size[k].item():.3g}" for k in coarse[:10])
+            + f": cast to {dtype} {'it keeps' if one else 'they keep'} about "
+            + ", ".join(f"{levels[k].item():.3g}" for k in coarse[:10])
+            + f" steps per standard deviation. {remedy}, or train a float64 model (",
+            Mention("dtype", "float64", "model.double()"), ")",
         ), stacklevel=stacklevel)
     return coarse

@@ -32,6 +32,7 @@ from .arrays import (
     warn_if_duplicated,
     warn_if_skewed,
 )
+from .baseline import warn_if_worse_than_gaussian
 from .held_out import held_out_loss
 from .history import History
 from .loop import RunPlan, Trainer
@@ -225,6 +226,9 @@ def fit(
         history.train_rows = source.x.shape[0]
     if keep_best:
         _warn_if_never_improved(history)
+    if (held_out is not None and valid is held_out and keep_best and data_warnings
+            and isinstance(model, Flow) and isinstance(source, TensorSource)):
+        warn_if_worse_than_gaussian(history, (source.x, source.c), held_out, stacklevel=2)
     return history
 
 
@@ -394,12 +398,12 @@ def _make_source(
         density = isinstance(model, Flow)  # a density of real values: no mass on points
         arrays = load_arrays("data", data, s.device, dtype, density=density and data_warnings,
                              labels=labels)
+        check_first_batch(model, *arrays, batch=False)  # (refused data get no warnings)
         groups = None  # of equal rows, from one sort of the rows
         if density and data_warnings:
             groups = warn_if_duplicated("data", *arrays, stacklevel=5)
         elif density and holdout is not None:
             groups = equal_row_groups(*arrays)
-        check_first_batch(model, *arrays, batch=False)
         held_out, rows = None, arrays[0].shape[0]
         k = held_out_rows(holdout, rows)
         if holdout is not None and (k or not auto):  # a fraction that holds out 0 is an error

@@ -79,6 +79,15 @@ which ``fullgraph=True`` refuses: set the values before compiling there).
 A feature whose standard deviation is zero, or below the resolution of the model's floating
 type at its mean (a constant column), gets ``scale = 1``: it is only shifted.
 
+**Robust** (``Standardize(D, robust=True)``; the builders' ``standardize="robust"``): the shift
+is each feature's median and the scale its interquartile range divided by 1.349 (the standard
+deviation of a normal distribution with that range), where that range is above the float
+resolution at the median, else the standard deviation. A few gross outliers then leave the bulk
+of the data at unit scale, where the mean and standard deviation would squeeze it into a
+sliver (two rows at 10^6 among 2400 of unit spread: a scale of 3 * 10^4). The quartiles are of
+the rows seen, up to :data:`ROBUST_ROWS`; past that, of an even sample of them (every
+``k``-th row seen).
+
 **Full covariance** (``Standardize(D, covariance="full")``): after the elementwise step, the
 lower Cholesky factor ``L`` of the features' correlation matrix is divided out,
 ``z = L^{-1} (x - shift) / scale``, so that the training data have the identity covariance (not
@@ -107,7 +116,7 @@ from torch import Tensor, nn
 from flowkit.nn.modes import evaluating
 from flowkit.nn.optimizer_steps import steps_of, total_steps
 from flowkit.transforms.base import Transform
-from flowkit.validation import check_int, check_tensor
+from flowkit.validation import check_bool, check_int, check_tensor
 
 
 def _in_other_units(x: Tensor, samples: _Moments | None) -> bool:
@@ -160,6 +169,8 @@ class Standardize(Transform):
         scale: ``(D,)`` positive finite values; given together with ``shift``.
         covariance: ``"diagonal"`` (per-feature mean and standard deviation) or ``"full"``
             (also the correlations between features).
+        robust: with ``covariance="diagonal"``, the median and the interquartile range
+            instead of the mean and standard deviation (see the module notes).
         cholesky: with ``covariance="full"``, the ``(D, D)`` lower-triangular factor ``L``
             (positive diagonal) of the correlation of ``(x - shift) / scale``; given together
             with ``shift`` and ``scale``.
@@ -192,12 +203,17 @@ class Standardize(Transform):
         *,
         covariance: Literal["diagonal", "full"] = "diagonal",
         cholesky: Tensor | Sequence[Sequence[float]] | None = None,
+        robust: bool = False,
     ):
         super().__init__()
         self.features = check_int("features", features, 1)
         if covariance not in ("diagonal", "full"):
             raise ValueError(f"'covariance' should be 'diagonal' or 'full', got {covariance!r}")
         self.covariance = covariance
+        self.robust = check_bool("robust", robust)
+        if self.robust and self.full:
+            raise ValueError("'robust' standardization is per feature: it takes "
+                             "covariance='diagonal', got covariance='full'")
         if (shift is None) != (scale is None):
             raise ValueError(
                 "pass both 'shift' and 'scale' (a fixed standardization) or neither (set from "
@@ -229,15 +245,17 @@ class Standardize(Transform):
 
     @classmethod
     def from_data(
-        cls, x: Tensor, covariance: Literal["diagonal", "full"] = "diagonal"
+        cls, x: Tensor, covariance: Literal["diagonal", "full"] = "diagonal",
+        robust: bool = False,
     ) -> Standardize:
         """A fixed standardization by the mean and standard deviation (and, with
-        ``covariance="full"``, the correlation) of ``x`` ``(N, D)``, with ``x``'s dtype and
-        device."""
+        ``covariance="full"``, the correlation; with ``robust``, the median and interquartile
+        range) of ``x`` ``(N, D)``, with ``x``'s dtype and device."""
         x = check_tensor("x", x, ("N", "D"))
         if x.dim() != 2 or x.shape[0] == 0:
             raise ValueError(f"'x' should have shape (N, D) with N >= 1, got {tuple(x.shape)}")
-        t = cls(x.shape[1], covariance=covariance).to(device=x.device, dtype=x.dtype)
+        t = cls(x.shape[1], covariance=covariance, robust=robust).to(device=x.device,
+                                                                       dtype=x.dtype)
         t._set_from(t._moments(x))
         return t
 
@@ -339,7 +357,7 @@ class Standardize(Transform):
 
     def _moments(self, x: Tensor | None = None) -> _Moments:
         """Moments of this module's kind, of ``x`` when given."""
-        moments = _Moments(self.features, self.full)
+        moments = _Moments(self.features, self.full, self.robust)
         if x is not None:
             try:
                 moments.add(x)
@@ -439,6 +457,7 @@ class Standardize(Transform):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
+        self.__dict__.setdefault("robust", False)  # pickled before the option
         if "_flag" not in self.__dict__:  # pickled by a version that did not note the flag
             self.is_initialized  # noqa: B018  (read once now: compiled code branches on it)
 
@@ -587,7 +606,8 @@ class Standardize(Transform):
         return (sign * log_scale).expand(like.shape[0])
 
     def extra_repr(self) -> str:
-        text = f"features={self.features}" + (", covariance='full'" if self.full else "")
+        text = f"features={self.features}" + (", covariance='full'" if self.full else "") + (
+            ", robust=True" if self.robust else "")
         if not self.is_initialized:
             return text + ", uninitialized"
         return text + (", provisional" if self.provisional else "")
@@ -613,14 +633,26 @@ def _checked_cholesky(value: Tensor | Sequence[Sequence[float]], features: int) 
     return given
 
 
+IQR_OF_NORMAL = 1.3489795003921634
+"""The interquartile range of the standard normal distribution, ``2 * Phi^{-1}(0.75)``."""
+
+ROBUST_ROWS = 1_000_000
+"""Rows a robust :class:`Standardize` keeps to take its quartiles from; past them, every
+``k``-th row seen (``k`` a power of 2)."""
+
+
 class _Moments:
     """Count, mean and sum of squared deviations per feature (with ``full``, the matrix of
     summed products of deviations), in float64, merged batch by batch (Chan, Golub and LeVeque
-    1979), so that data far from zero loses no precision."""
+    1979), so that data far from zero loses no precision; with ``robust``, also the rows (up
+    to :data:`ROBUST_ROWS`, :meth:`_keep`) for the quartiles."""
 
-    def __init__(self, features: int, full: bool = False):
+    def __init__(self, features: int, full: bool = False, robust: bool = False):
         self.count = 0
         self.full = full
+        self.rows: list[Tensor] | None = [] if robust else None
+        self.indices: list[Tensor] = []  # of the kept rows, in the order seen
+        self.stride = 1  # every stride-th row seen is kept
         self.mean = torch.zeros(features, dtype=torch.float64)
         shape = (features, features) if full else (features,)
         self.m2 = torch.zeros(shape, dtype=torch.float64)
@@ -634,6 +666,8 @@ class _Moments:
                 "'x' contains NaN or Inf values: a Standardize cannot be set from them"
             )
         n, mean = x.shape[0], x.mean(0)
+        if self.rows is not None:
+            self._keep(x)
         centred = x - mean
         m2 = centred.T @ centred if self.full else (centred**2).sum(0)
         total = self.count + n
@@ -642,6 +676,33 @@ class _Moments:
         self.mean = self.mean + delta * (n / total)
         self.m2 = self.m2 + m2 + spread * (self.count * n / total)
         self.count = total
+
+    def _keep(self, x: Tensor) -> None:
+        """Keep the rows of ``x`` (the rows ``count, count + 1, ...`` seen) for the quartiles:
+        every ``stride``-th row seen, the stride doubled (and the rows kept thinned to it)
+        whenever more than :data:`ROBUST_ROWS` would be kept: an even sample of all the rows,
+        in whatever order they come."""
+        assert self.rows is not None
+        index = torch.arange(self.count, self.count + x.shape[0])
+        keep = index % self.stride == 0
+        self.rows.append(x[keep])
+        self.indices.append(index[keep])
+        while sum(len(i) for i in self.indices) > ROBUST_ROWS:
+            self.stride *= 2
+            kept = [i % self.stride == 0 for i in self.indices]
+            self.rows = [r[k] for r, k in zip(self.rows, kept, strict=True)]
+            self.indices = [i[k] for i, k in zip(self.indices, kept, strict=True)]
+
+    def _robust(self, mean: Tensor, std: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Median and interquartile range / 1.349 of the kept rows, the mean and ``std``
+        where the range is zero or below ``dtype``'s resolution at the median."""
+        assert self.rows is not None
+        rows = torch.cat(self.rows)
+        quartiles = torch.quantile(rows, torch.tensor([0.25, 0.5, 0.75], dtype=rows.dtype),
+                                   dim=0)
+        median, spread = quartiles[1], (quartiles[2] - quartiles[0]) / IQR_OF_NORMAL
+        narrow = spread <= torch.finfo(dtype).eps * median.abs()
+        return torch.where(narrow, mean, median), torch.where(narrow, std, spread)
 
     def values(self, dtype: torch.dtype) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
         """Mean and standard deviation, 1 where the deviation is zero or below ``dtype``'s
@@ -652,6 +713,10 @@ class _Moments:
             raise ValueError("a Standardize cannot be set from an empty batch")
         variance = torch.diagonal(self.m2) if self.full else self.m2
         std = (variance / self.count).sqrt()
+        if self.rows is not None:
+            shift, spread = self._robust(self.mean, std, dtype)
+            constant = (spread <= torch.finfo(dtype).eps * shift.abs()) | (spread == 0)
+            return shift, torch.where(constant, torch.ones_like(spread), spread)
         constant = std <= torch.finfo(dtype).eps * self.mean.abs()
         constant |= std == 0
         scale = torch.where(constant, torch.ones_like(std), std)
