@@ -135,7 +135,10 @@ def check_tensor(
 ) -> Tensor:
     """Check that ``value`` is a tensor and, given ``like``, that it is on ``like``'s device
     with ``like``'s dtype (any dtype when ``floating`` is False). Reads no values. ``shape`` is
-    the expected shape, for the messages; checking it is the caller's part."""
+    the expected shape, for the messages; checking it is the caller's part. Inside a
+    ``torch.autocast`` region a floating ``value`` of lower precision than ``like`` (an
+    encoder's bfloat16 output) is returned widened to ``like``'s dtype, which is exact (a flow
+    computes in its own dtype there: :class:`flowkit.Flow`); anything else is not cast."""
     if not isinstance(value, Tensor):
         raise TypeError(
             f"'{name}' should be a torch.Tensor of shape {format_shape(shape)}, "
@@ -143,6 +146,11 @@ def check_tensor(
         )
     if like is None:
         return value
+    if (floating and value.dtype != like.dtype and value.is_floating_point()
+            and like.is_floating_point()
+            and torch.finfo(value.dtype).bits < torch.finfo(like.dtype).bits
+            and torch.is_autocast_enabled(value.device.type)):
+        value = value.to(like.dtype)
     if floating and value.dtype != like.dtype:
         model_too = (f", or the model with .to({value.dtype})"
                      if value.is_floating_point() else "")

@@ -627,6 +627,11 @@ def test_torch_bijection_runs_zukos_flow_and_refuses_what_it_cannot_read():
                         flowkit.StandardNormal(3))
     x = torch.randn(7, 3)
     torch.testing.assert_close(ours.log_prob(x), theirs().log_prob(x), rtol=0, atol=1e-5)
+    conditional = zuko.flows.MAF(3, context=2, transforms=1, hidden_features=(16,))
+    unfed = flowkit.Flow([TorchBijection(conditional.transform, maps="to_noise")],
+                         flowkit.StandardNormal(3))
+    with pytest.raises(RuntimeError, match=r"has no context: .*lambda: zuko_flow.transform\(c\)"):
+        unfed.log_prob(x)
     with pytest.raises(TypeError, match="'transform' should be a torch.distributions.Transform"):
         TorchBijection(3.0, maps="to_noise")
     with pytest.raises(TypeError, match="calling it failed: .*missing 1 required positional"):
@@ -641,6 +646,8 @@ def test_torch_bijection_runs_zukos_flow_and_refuses_what_it_cannot_read():
         any_width([[1.0, 2.0]])
     with pytest.raises(ValueError, match=r"'x' should have shape \(N, D\), got \(3,\)"):
         any_width(torch.zeros(3))
+    with pytest.raises(TypeError, match=r"goes in as flowkit.transforms.TorchBijection"):
+        flowkit.Flow(T.ExpTransform(), flowkit.StandardNormal(2))
     with pytest.raises(ValueError, match="should be a bijection"):
         TorchBijection(T.AbsTransform(), maps="to_noise")
     with pytest.raises(ValueError, match="'maps' should be 'to_noise'"):

@@ -129,9 +129,13 @@ class Flow(nn.Module):
         if isinstance(transform, list | tuple):  # zuko's Flow((t1, t2), base): their Compose
             transform = Compose(transform)
         if not isinstance(transform, Transform):
+            foreign = isinstance(transform, torch.distributions.Transform) or callable(transform)
             raise TypeError(
                 f"'transform' should be a flowkit Transform (several: a list, or "
                 f"flowkit.transforms.Compose([t1, t2])), got {type(transform).__name__}"
+                + ("; a torch.distributions transform, or what builds one (zuko's "
+                   "flow.transform), goes in as flowkit.transforms.TorchBijection(t, "
+                   "maps='to_noise' or 'to_data')" if foreign else "")
             )
         if not isinstance(getattr(base, "features", None), int):
             raise TypeError(

@@ -82,9 +82,17 @@ class Logit(Transform):
 
     @property
     def data_support(self) -> constraints.Constraint:
-        """The box ``[low, high]`` (``R^D`` if every end is open), as :meth:`contains` reads it."""
-        if not (torch.isfinite(self.low).any() or torch.isfinite(self.high).any()):
+        """The box ``[low, high]`` (``R^D`` if every end is open), as :meth:`contains` reads it:
+        in torch's terms where they say it (a lower or an upper end on every feature: a
+        ``greater_than_eq`` or ``less_than``, which ``torch.distributions.biject_to`` maps onto;
+        otherwise an ``interval`` with infinite ends)."""
+        has_low, has_high = torch.isfinite(self.low), torch.isfinite(self.high)
+        if not (has_low.any() or has_high.any()):
             return constraints.real_vector
+        if has_low.all() and not has_high.any():
+            return constraints.independent(constraints.greater_than_eq(self.low), 1)
+        if has_high.all() and not has_low.any():
+            return constraints.independent(constraints.less_than(self.high), 1)
         return constraints.independent(constraints.interval(self.low, self.high), 1)
 
     def contains(self, x: Tensor) -> Tensor:

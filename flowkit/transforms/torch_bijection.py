@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -104,6 +105,22 @@ class TorchBijection(Transform):
             log_det = log_det.expand_as(inputs).sum(-1)
         return log_det
 
+    @contextmanager
+    def _explained(self, t: TorchTransform, inputs: Tensor) -> Iterator[None]:
+        """Name ``T`` and say what a built ``T`` lacks when it fails on ``inputs``."""
+        try:
+            yield
+        except RuntimeError as error:
+            if self.build is None:
+                raise
+            raise RuntimeError(
+                f"the {type(t).__name__} that {type(self.build).__name__} built failed on "
+                f"rows of shape {tuple(inputs.shape)}: {error}. A transform built without "
+                "arguments "
+                "has no context: for a conditional one (zuko's flow.transform of a flow with a "
+                "context) pass a function that gives it its context, "
+                "TorchBijection(lambda: zuko_flow.transform(c), ...)") from error
+
     def _map(self, t: TorchTransform, inputs: Tensor, forward: bool) -> tuple[Tensor, Tensor]:
         """``T`` (``forward``) or ``T^{-1}``, with the log-determinant of that direction."""
         if forward:
@@ -114,6 +131,10 @@ class TorchBijection(Transform):
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         t = self.bijection()
+        with self._explained(t, x):
+            return self._forward_with(t, x)
+
+    def _forward_with(self, t: TorchTransform, x: Tensor) -> tuple[Tensor, Tensor]:
         to_noise = self.maps == "to_noise"
         inside = _inside(t.domain if to_noise else t.codomain, x)
         # Rows outside are replaced by a point inside (the image of the noise 0) before T
@@ -133,7 +154,8 @@ class TorchBijection(Transform):
             raise ValueError(
                 f"noise values fall outside the noise side of {t!r} ({noise_side}), which "
                 f"maps={self.maps!r} reads as the noise side: is it maps={other!r}?")
-        return self._map(t, z, self.maps == "to_data")
+        with self._explained(t, z):
+            return self._map(t, z, self.maps == "to_data")
 
     def extra_repr(self) -> str:
         return f"{self.fixed!r}, maps={self.maps!r}" if self.fixed is not None else (
