@@ -120,12 +120,14 @@ def test_cuda_without_host_sync(name):
     "kwargs, match",
     [
         ({"name": "spiral", "n": 5}, "moons, circles, 8gaussians"),
-        ({"name": "moons", "n": 0}, "'n' should be a positive integer"),
-        ({"name": "moons", "n": -3}, "'n' should be a positive integer"),
-        ({"name": "moons", "n": 2.0}, "'n' should be a positive integer"),
+        ({"name": "moons", "n": 0}, "'n' should be >= 1, got 0"),
+        ({"name": "moons", "n": -3}, "'n' should be >= 1, got -3"),
+        ({"name": "moons", "n": 2.0}, "'n' should be an integer >= 1, got 2.0"),
         ({"name": "moons", "n": 5, "dtype": torch.int64}, "floating torch.dtype"),
         ({"name": "moons", "n": 5, "dtype": "float32"}, "'dtype' should be a floating"),
-        ({"name": "moons", "n": 5, "seed": 1.5}, "'seed' should be an integer, got 1.5"),
+        ({"name": "moons", "n": 5, "seed": 1.5}, "'seed' should be an integer >= 0, got 1.5"),
+        ({"name": "moons", "n": 5, "seed": -1}, "'seed' should be >= 0, got -1"),
+        ({"name": "moons", "n": 5, "device": "meta"}, "'device' is 'meta'"),
         ({"name": "moons", "n": 5, "seed": 0, "generator": torch.Generator()}, "at most one"),
     ],
 )

@@ -137,8 +137,9 @@ def test_npz_with_several_arrays_needs_a_key(tmp_path, capsys):
         (np.ones((20, 2), dtype=bool), r"holds boolean values \(bool\): .*dequantize"),
         (np.where(np.arange(40).reshape(20, 2) == 7, np.nan, 1.5), r"holds NaN or Inf values "
          r"\(first at row 3, column 1\)"),
+        (np.ones(20), r"should hold an array of shape \(N, D\), got \(20,\); one value per row"),
     ],
-    ids=["int", "bool", "nan"],
+    ids=["int", "bool", "nan", "1-D"],
 )
 def test_file_values_a_flow_cannot_fit_are_one_line_errors(tmp_path, capsys, values, message):
     path = tmp_path / "d.npy"

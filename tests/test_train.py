@@ -2208,3 +2208,28 @@ def test_fit_says_when_a_gaussian_beats_the_flow_it_returns():
     with warnings.catch_warnings():
         warnings.simplefilter("error", flowkit.train.BaselineWarning)
         fit(flowkit.MAF(2, transformer="spline"), moons, steps=300, seed=0, **QUIET)
+
+
+def test_a_checkpoint_of_a_model_without_config_resumes_only_into_its_class(tmp_path):
+    """Review 57: a model without a config (any module with log_prob) resumed into another
+    class of the same weight shapes, silently."""
+
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mu = nn.Parameter(torch.zeros(2))
+
+        def log_prob(self, x):
+            return -((x - self.mu) ** 2).sum(-1)
+
+    class Other(Plain):
+        def log_prob(self, x):
+            return -((x + self.mu) ** 2).sum(-1)
+
+    x = torch.randn(64, 2)
+    options = dict(lr_schedule=None, valid=None, checkpoint_dir=tmp_path / "run", **QUIET)
+    fit(Plain(), x, steps=3, **options)
+    with pytest.raises(flowkit.checkpoint.CheckpointError,
+                       match=r"written for a .*Plain, not for this .*Other"):
+        fit(Other(), x, steps=6, resume=True, **options)
+    assert fit(Plain(), x, steps=6, resume=True, **options).train_loss

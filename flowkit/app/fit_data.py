@@ -81,12 +81,10 @@ def load_file(
     elif key not in arrays:
         raise ValueError(f"'--key' {key!r} is not an array of '{path}': {sorted(arrays)}")
     loaded = arrays[key]
+    named = f"'--data' '{path}'" + ("" if suffix != ".npz" else f" (array {key!r})")
     if loaded.ndim != 2:
         hint = ("; one value per row: save it as x.reshape(-1, 1)" if loaded.ndim == 1 else "")
-        raise ValueError(
-            f"'{path}' should hold an array of shape (N, D), got {loaded.shape} ({key!r}){hint}"
-        )
-    named = f"'--data' '{path}'" + ("" if suffix != ".npz" else f" (array {key!r})")
+        raise ValueError(f"{named} should hold an array of shape (N, D), got {loaded.shape}{hint}")
     if 0 in loaded.shape:
         raise ValueError(f"{named} is empty: shape {loaded.shape}")
     _check_values(named, loaded, real=True)

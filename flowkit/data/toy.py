@@ -37,7 +37,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from flowkit.validation import check_int, check_width, is_int
+from flowkit.validation import check_int, check_width, nonfinite_rows
 
 Box = tuple[float, float, float, float]
 """``(xmin, xmax, ymin, ymax)``, the order of matplotlib's ``extent``."""
@@ -208,18 +208,18 @@ def sample_toy(
         torch.Size([5, 2])
     """
     _check_name(name)
-    if not is_int(n) or n <= 0:
-        raise ValueError(f"'n' should be a positive integer, got {n!r}")
-    n = int(n)
+    n = check_int("n", n, 1)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"'dtype' should be a floating torch.dtype, got {dtype!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"'seed' should be an integer, got {seed!r}")
+    if seed is not None:
+        seed = check_int("seed", seed, 0)  # as every seed of flowkit's
     if seed is not None and generator is not None:
         raise ValueError("pass at most one of 'seed' and 'generator'")
     if device is None:
         device = generator.device if generator is not None else torch.device("cpu")
     device = torch.device(device)
+    if device.type == "meta":
+        raise ValueError("'device' is 'meta', which holds no values: samples need a real device")
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     if generator is not None and generator.device.type != device.type:
@@ -290,7 +290,9 @@ def toy_log_prob(name: str, x: Tensor) -> Tensor:
         ``log p(x)`` of shape ``(n,)``; ``-inf`` off the support (checkerboard).
     """
     _check_exact(name)
-    return _LOG_PROBS[name](check_points("x", x))
+    x = check_points("x", x)
+    nonfinite_rows("x", x)  # NaN is an error; an infinite point is off the support
+    return _LOG_PROBS[name](x)
 
 
 def check_points(name: str, value: object) -> Tensor:

@@ -48,7 +48,7 @@ from .checks import (
 from .history import History
 from .objectives import Objective
 from .options import TrainOptions, make_optimizer, make_schedule, rescale_lr
-from .session import TRAINING_KIND, Session, rng_state, set_rng_state
+from .session import TRAINING_KIND, Session, model_class, rng_state, set_rng_state
 
 
 @dataclass(frozen=True)
@@ -273,6 +273,7 @@ class Trainer:
                 extra={
                     "optimizer": self.opt.state_dict(),
                     "optimizer_class": type(self.opt).__name__,
+                    "model_class": model_class(self.model),
                     "last_weights": last_weights,
                     "scheduler": None if self.sched is None else self.sched.state_dict(),
                     "lr_schedule": _schedule_name(self.o["lr_schedule"]),

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, run_lock
-from ..checkpoint.models import check_same_config, model_entry
+from ..checkpoint.models import check_same_config, model_entry, unwrap_compiled
 from ..validation import ArgumentError, Mention
 from .distributed import Dist, resolve_device, setup
 from .sources import derive_seed
@@ -171,6 +171,13 @@ def _folder_lock(path: Path | None, dist: Dist) -> Iterator[None]:
         yield
 
 
+def model_class(model: nn.Module) -> str:
+    """The name of ``model``'s class (a compiled model's, of the module it wraps) that a
+    training checkpoint records, so that a model without a ``config`` (any ``nn.Module`` with
+    ``log_prob``) is not resumed into another class of the same weight shapes."""
+    return type(unwrap_compiled(model)).__qualname__
+
+
 def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: str) -> None:
     """Refuse a checkpoint that this run cannot continue, and restore its weights into ``model``
     with every check of :func:`flowkit.load_model` (:meth:`Checkpoint.restore`)."""
@@ -184,6 +191,11 @@ def _check_resumable(ckpt: Checkpoint, model: nn.Module, dist: Dist, objective: 
         )
     check_same_config(path, ckpt.model.get("config"), model,
                       "resume with the model it was written for")
+    written_for = extra.get("model_class")  # (not recorded before 2026-11-27)
+    if written_for is not None and written_for != model_class(model):
+        raise CheckpointError(
+            f"'{path}' was written for a {written_for}, not for this {model_class(model)}: "
+            "resume with the model it was written for")
     if extra["history"]["objective"] != objective:
         raise CheckpointError(
             f"'{path}' was written by a run minimising {extra['history']['objective']!r}, "
