@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +37,7 @@ from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from flowkit.checkpoint import load_model, save_model
 from flowkit.flows import MAF
 from flowkit.train import (
     MIN_VALID_ROWS,
@@ -350,6 +353,31 @@ class FlowDensity(DensityMixin, BaseEstimator):
                 DataWarning, stacklevel=4,
             )
         return u[kept], u[held]
+
+    def __getstate__(self) -> dict:
+        """For pickle and joblib: the fitted flow as the bytes of a flowkit file (its config,
+        weights and a SHA-256 checksum, :func:`flowkit.save_model`), so that a damaged pickle
+        of a fitted estimator fails to load instead of scoring with damaged weights."""
+        state = dict(super().__getstate__())  # (object's is the instance's own __dict__)
+        flow = state.pop("flow_", None)
+        if flow is not None:
+            with tempfile.TemporaryDirectory() as folder:
+                path = os.path.join(folder, "flow.pt")
+                save_model(flow, path)
+                with open(path, "rb") as f:
+                    state["flow_file_"] = (f.read(), flow.training)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        stored = state.pop("flow_file_", None)
+        if stored is not None:
+            data, training = stored
+            with tempfile.TemporaryDirectory() as folder:
+                path = os.path.join(folder, "flow.pt")
+                with open(path, "wb") as f:
+                    f.write(data)
+                state["flow_"] = load_model(path).train(training)
+        super().__setstate__(state)
 
     def score_samples(self, X: np.ndarray) -> np.ndarray:
         """Log-density ``log p(x)`` of each row of ``X``, ``(n_samples,)`` float64, in nats."""

@@ -397,3 +397,26 @@ def test_positive_columns_spread_over_orders_of_magnitude_are_warned_of():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DataWarning)
         _small(max_epochs=1, transformer="spline").fit(X)
+
+
+def test_a_pickled_estimator_is_verified_when_read():
+    """Review 57: a fitted FlowDensity pickled its flow as a plain module, so a flipped bit in a
+    weight loaded and changed the scores (by 5e-4); its flow now travels as a flowkit file."""
+    import pickle
+
+    from flowkit.checkpoint import CheckpointError
+
+    X = np.random.default_rng(0).normal(size=(200, 2))
+    estimator = _small(max_epochs=2).fit(X)
+    data = pickle.dumps(estimator)
+    again = pickle.loads(data)
+    np.testing.assert_array_equal(again.score_samples(X), estimator.score_samples(X))
+    assert again.flow_.training == estimator.flow_.training
+    embedded = estimator.__getstate__()["flow_file_"][0]
+    start = data.find(embedded)
+    assert start >= 0
+    damaged = bytearray(data)
+    damaged[start + len(embedded) * 3 // 4] ^= 0x08  # a bit of the flow's weights
+    with pytest.raises(CheckpointError, match="checksum"):
+        pickle.loads(bytes(damaged))
+    assert pickle.loads(pickle.dumps(_small())).get_params() == _small().get_params()
