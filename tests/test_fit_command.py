@@ -804,7 +804,7 @@ def test_float64_runs_for_columns_that_float32_rounds(tmp_path, capsys, recwarn)
     model.double(). It names --dtype float64 there, which trains, saves and resumes a float64
     flow that sees the column unrounded; the Python wording stays model.double()."""
     rng = np.random.default_rng(0)
-    t = 1.7e9 + rng.normal(0.0, 3600.0, 400)  # timestamps in seconds: float32 keeps ~18 steps/sd
+    t = 1.7e9 + rng.normal(0.0, 600.0, 400)  # timestamps in seconds: float32 keeps ~3 steps/sd
     np.savetxt(tmp_path / "ts.csv", np.c_[t, rng.normal(size=400)], delimiter=",",
                header="time,value", comments="", fmt="%.6f")
     run = ["fit", "--data", str(tmp_path / "ts.csv"), *FAST]
@@ -864,7 +864,7 @@ def test_a_rounded_column_is_named_as_the_file_has_it(tmp_path, recwarn):
     """Review 40: with --context, the PrecisionWarning counted the modelled columns (column 1
     for the file's column 2) and gave no header name; once, not again from fit."""
     rng = np.random.default_rng(1)
-    stamp = 1.7e9 + rng.normal(0.0, 3600.0, 300)
+    stamp = 1.7e9 + rng.normal(0.0, 600.0, 300)  # ~3 float32 steps per sd
     np.savetxt(tmp_path / "t.csv", np.c_[rng.normal(size=300), rng.normal(size=300), stamp],
                delimiter=",", header="c,v,stamp", comments="", fmt="%.6f")
     assert cli.main(["fit", "--data", str(tmp_path / "t.csv"), "--context", "c", *FAST,

@@ -352,7 +352,10 @@ def MAF(
             stay inside (or on a finite edge, where they round onto it: see the Logit); the
             standardization, if any, then acts on the mapped values.
             ``None``: data anywhere.
-        seed: seed of the MADE degrees and random permutations.
+        seed: seed of the MADE degrees and random permutations. The initial weights come from
+            torch's global generator, as every torch module's: for a repeatable run call
+            ``torch.manual_seed(s)`` before building the flow (``fit(seed=...)`` seeds the
+            training, not the weights it is given).
         base_context: what a conditional base's head reads: ``"embedded"``, the embedded
             context, as the layers; or ``"raw"``, the (standardized) context before the
             embedding, so that the embedding feeds only the layers (the IAF posterior of

@@ -261,9 +261,14 @@ def check_finite(
                          "those rows")
 
 
-MIN_LEVELS = 1000
-"""Fewest representable steps per standard deviation of a column that :func:`load_arrays`
-accepts without a :class:`PrecisionWarning` (about 10 bits of the spread)."""
+MIN_LEVELS = 10
+"""Fewest representable steps per standard deviation (``spread / (eps * |value|)``, about half
+the true float spacing) of a column that :func:`load_arrays` accepts without a
+:class:`PrecisionWarning`. Measured (``MAF(2, transformer="spline")``, 4000 rows of
+``1000 + s * N(0, 1)`` beside a free normal column, 500 steps, float32 against float64 and the
+exact density): at 1000 down to 3 of these steps the three agree within 0.004 nats per row; at
+1 the float32 flow learns the grid, -7.91 against -6.21 exact (it used to be 1000, which warned
+of data that fit exactly)."""
 
 
 class DataWarning(Worded, UserWarning):
