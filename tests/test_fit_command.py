@@ -871,3 +871,20 @@ def test_a_rounded_column_is_named_as_the_file_has_it(tmp_path, recwarn):
                      "--out", str(tmp_path / "o")]) == 0
     texts = [str(w.message) for w in recwarn if w.category is flowkit.train.PrecisionWarning]
     assert len(texts) == 1 and texts[0].startswith("'--data', column 2 ('stamp'), has a "), texts
+
+
+def test_gross_outliers_are_named_with_the_option_that_helps(tmp_path, recwarn):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 2))
+    x[3, 0] = 5e6
+    np.savetxt(tmp_path / "o.csv", x, delimiter=",", header="a,b", comments="")
+    assert cli.main(["fit", "--data", str(tmp_path / "o.csv"), *FAST,
+                     "--out", str(tmp_path / "o")]) == 0
+    texts = [str(w.message) for w in recwarn if "interquartile" in str(w.message)]
+    assert len(texts) == 1 and texts[0].startswith("'--data', column 0 ('a'), has a standard")
+    assert "row 3: 5e+06" in texts[0] and texts[0].endswith(
+        "build the flow with --standardize robust (median and interquartile range)")
+    recwarn.clear()
+    assert cli.main(["fit", "--data", str(tmp_path / "o.csv"), *FAST, "--standardize", "robust",
+                     "--out", str(tmp_path / "r")]) == 0
+    assert not [w for w in recwarn if "interquartile" in str(w.message)]

@@ -2233,3 +2233,28 @@ def test_a_checkpoint_of_a_model_without_config_resumes_only_into_its_class(tmp_
                        match=r"written for a .*Plain, not for this .*Other"):
         fit(Other(), x, steps=6, resume=True, **options)
     assert fit(Plain(), x, steps=6, resume=True, **options).train_loss
+
+
+def test_fit_names_a_column_whose_few_gross_outliers_set_its_scale():
+    """Review 54: two rows at 10^6 among 2400 of unit spread left the bulk in a sliver of the
+    standardization, silently; heavy tails (Cauchy: ratios up to ~400) and the robust or
+    bounded flows get no warning."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2400, 2, generator=g, dtype=torch.float64)
+    x[[5, 700], 1] = torch.tensor([1e6, -2e6], dtype=torch.float64)
+    with pytest.warns(flowkit.train.DataWarning,
+                      match=r"'data', column 1, has a standard deviation [\d.e+]+ times its "
+                            r"interquartile range / 1.349 \(most extreme: row 700: -2e\+06\).*"
+                            r"standardize='robust'"):
+        fit(flowkit.MAF(2, layers=1, hidden_features=(8,)), x, steps=1, seed=0, **QUIET)
+    cauchy = torch.cat([torch.distributions.Cauchy(0.0, 1.0).sample((4000, 1)),
+                        torch.randn(4000, 1)], 1)
+    for model, data in ((flowkit.MAF(2, layers=1, hidden_features=(8,), standardize="robust"),
+                         x),
+                        (flowkit.MAF(2, layers=1, hidden_features=(8,),
+                                     bounds=([None, -3e6], [None, 3e6])), x),
+                        (flowkit.MAF(2, layers=1, hidden_features=(8,)), cauchy)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit(model, data, steps=1, seed=0, **QUIET)
+        assert not [w for w in caught if "interquartile" in str(w.message)]

@@ -71,6 +71,7 @@ from flowkit.train import (
     is_main_process,
     warn_if_degenerate,
     warn_if_duplicated,
+    warn_if_outlying,
     warn_if_rounded,
     warn_if_skewed,
 )
@@ -109,6 +110,7 @@ OPTIONS = {
     "transformer": "--transformer",
     "bounds": "--bounds",
     "dtype": "--dtype",
+    "standardize": "--standardize",
 }
 """The option of this command that sets each argument of :func:`~flowkit.train.fit` (and the
 builders' ``transformer`` and ``bounds``, the model's ``dtype``): errors and warnings of ``fit``
@@ -207,13 +209,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     standardization = model.add_mutually_exclusive_group()
     standardization.add_argument(
         "--standardize",
-        choices=("diagonal", "full"),
+        choices=("diagonal", "full", "robust"),
         default=None,
         help="how the flow standardizes its data: each column by its mean and standard "
-        "deviation (diagonal), or also dividing out the correlations between columns (full); "
+        "deviation (diagonal), also dividing out the correlations between columns (full), or "
+        "by its median and interquartile range (robust: a few gross outliers in a column); "
         "default: the library's (flowkit.MAF's standardize=True). full suits many correlated, "
         "roughly Gaussian columns and loses on nearly collinear real ones (docs/defaults.md, "
-        "'Full-covariance standardization'). The context is standardized per column either way",
+        "'Full-covariance standardization'). The context is standardized per column either way "
+        "(robustly with robust)",
     )
     standardization.add_argument(
         "--no-standardize",
@@ -435,7 +439,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with as_options(OPTIONS):  # the advice names --dtype, --bounds, --transformer
             _warn_about_rows(data, labels, positions,
                              torch.float64 if args.dtype == "float64" else torch.float32,
-                             None if args.transformer != "affine" else bounded)
+                             None if args.transformer != "affine" else bounded,
+                             _standardize(args) in (True, "diagonal", "full"), bounded)
         shown = data
     if args.steps is None and args.epochs is None:
         args.steps = DEFAULT_STEPS
@@ -604,11 +609,13 @@ def _standardize(args: argparse.Namespace) -> bool | str:
 
 def _warn_about_rows(
     data: Any, labels: list[str] | None, positions: list[int], dtype: torch.dtype,
-    bounded: list[int] | None,
+    skewed_unless: list[int] | None, by_moments: bool, bounded: list[int],
 ) -> None:
     """fit's data warnings about a file's rows (columns that the cast to the flow's ``dtype``
-    rounds, constant or discrete columns, point masses, repeated rows, and for an affine flow,
-    ``bounded`` not None, skewed positive columns other than those ``--bounds`` bounds), naming
+    rounds, constant or discrete columns, point masses, repeated rows; for an affine flow,
+    ``skewed_unless`` not None, skewed positive columns other than those ``--bounds`` bounds;
+    for a flow standardized by mean and deviation, ``by_moments``, unbounded columns with gross
+    outliers), naming
     the option and the columns by their positions in the file (``positions``, of the modelled
     columns) and their header's names (fit's own are off for a file's rows, or filtered:
     PrecisionWarning)."""
@@ -619,9 +626,12 @@ def _warn_about_rows(
     if context is not None:
         warn_if_rounded(("the context of ", Mention("--data")), context, dtype, stacklevel=3)
     warn_if_degenerate("--data", rows, stacklevel=3, labels=labels, numbers=positions)
-    if bounded is not None:
-        warn_if_skewed("--data", rows, skip=bounded, stacklevel=3, labels=labels,
+    if skewed_unless is not None:
+        warn_if_skewed("--data", rows, skip=skewed_unless, stacklevel=3, labels=labels,
                        numbers=positions)
+    if by_moments:
+        warn_if_outlying("--data", rows, skip=bounded, stacklevel=3, labels=labels,
+                         numbers=positions)
     warn_if_duplicated("--data", rows, context, stacklevel=3)
 
 

@@ -8,6 +8,7 @@ from .arrays import (
     split_rows,
     warn_if_degenerate,
     warn_if_duplicated,
+    warn_if_outlying,
     warn_if_rounded,
     warn_if_skewed,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "split_rows",
     "warn_if_degenerate",
     "warn_if_duplicated",
+    "warn_if_outlying",
     "warn_if_rounded",
     "warn_if_skewed",
 ]

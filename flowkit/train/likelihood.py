@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..flows import Flow
-from ..transforms import Affine, BatchNorm, MaskedAutoregressive
+from ..transforms import Affine, BatchNorm, MaskedAutoregressive, Standardize
 from ..validation import ArgumentError, Mention, check_bool, check_int, is_int, reference
 from .arrays import (
     DataWarning,
@@ -30,6 +30,7 @@ from .arrays import (
     load_arrays,
     split_rows,
     warn_if_duplicated,
+    warn_if_outlying,
     warn_if_skewed,
 )
 from .baseline import warn_if_worse_than_gaussian
@@ -402,6 +403,9 @@ def _make_source(
         groups = None  # of equal rows, from one sort of the rows
         if density and data_warnings:
             groups = warn_if_duplicated("data", *arrays, stacklevel=5)
+            if _standardizes_by_moments(model):  # rows numbered as passed: before the holdout
+                warn_if_outlying("data", arrays[0], skip=_bounded_columns(model),
+                                 stacklevel=5, labels=labels)
         elif density and holdout is not None:
             groups = equal_row_groups(*arrays)
         held_out, rows = None, arrays[0].shape[0]
@@ -415,6 +419,7 @@ def _make_source(
         if density and data_warnings and _has_affine_layers(model):
             warn_if_skewed("data", arrays[0], skip=_bounded_columns(model), stacklevel=5,
                            labels=labels)
+
         if batch_size is None:
             batch_size = default_batch_size(arrays[0].shape[0], s.dist.world_size)
         return TensorSource(arrays, batch_size, s.seed, s.dist, holdout), held_out
@@ -431,6 +436,12 @@ extrapolates badly (docs/defaults.md, "Validation by default")."""
 
 def _has_affine_layers(model: nn.Module) -> bool:
     return any(isinstance(m, MaskedAutoregressive) and isinstance(m.transformer, Affine)
+               for m in model.modules())
+
+
+def _standardizes_by_moments(model: nn.Module) -> bool:
+    """Whether ``model`` standardizes its data by their mean and standard deviation."""
+    return any(isinstance(m, Standardize) and m.role == "data" and not m.robust
                for m in model.modules())
 
 
