@@ -37,7 +37,7 @@ from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from flowkit.checkpoint import load_model, save_model
+from flowkit.checkpoint import CheckpointError, load_model, save_model
 from flowkit.flows import MAF
 from flowkit.train import (
     MIN_VALID_ROWS,
@@ -47,6 +47,7 @@ from flowkit.train import (
     warn_if_degenerate,
     warn_if_duplicated,
     warn_if_skewed,
+    warn_if_worse_than_gaussian,
 )
 from flowkit.train import fit as fit_flow
 from flowkit.validation import (
@@ -59,6 +60,12 @@ from flowkit.validation import (
 )
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+_BASELINE_ADVICE = (
+    "Common causes: too few epochs (", Mention("max_epochs"), "), too few rows for the flow's "
+    "size (fewer ", Mention("layers"), ", ", Mention("transformer", "spline"), "), nearly "
+    "collinear columns, or a few gross outliers that set a column's standard deviation")
+"""What a :class:`flowkit.train.BaselineWarning` of :meth:`FlowDensity.fit` suggests."""
 
 
 def _seed(random_state: int | np.random.RandomState | None) -> int:
@@ -312,6 +319,9 @@ class FlowDensity(DensityMixin, BaseEstimator):
                     progress=self.verbose,
                     data_warnings=False,  # said above, about X
                 )
+            if valid is not None:
+                warn_if_worse_than_gaussian(history, (u, None), (valid, None), stacklevel=3,
+                                            advice=_BASELINE_ADVICE)
         self.mean_, self.scale_, self.flow_, self.history_ = mean, scale, flow, history
         return self
 
@@ -376,7 +386,12 @@ class FlowDensity(DensityMixin, BaseEstimator):
                 path = os.path.join(folder, "flow.pt")
                 with open(path, "wb") as f:
                     f.write(data)
-                state["flow_"] = load_model(path).train(training)
+                try:
+                    state["flow_"] = load_model(path).train(training)
+                except CheckpointError as e:  # named as what the user loaded, not the file
+                    raise CheckpointError(
+                        "the flow of this pickled FlowDensity is damaged: "
+                        + str(e).replace(f"'{path}'", "its file")) from None
         super().__setstate__(state)
 
     def score_samples(self, X: np.ndarray) -> np.ndarray:

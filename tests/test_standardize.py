@@ -1015,7 +1015,7 @@ def test_robust_standardization_is_the_median_and_the_normal_iqr():
 
 
 def test_robust_standardization_keeps_an_even_sample_past_its_row_limit(monkeypatch):
-    monkeypatch.setattr(standardize, "ROBUST_ROWS", 100)
+    monkeypatch.setattr(standardize, "ROBUST_ELEMENTS", 100)
     x = torch.arange(1000, dtype=torch.float64).reshape(-1, 1)
     lazy = Standardize(1, robust=True).double()
     standardize.set_from_data(lazy, [(chunk,) for chunk in x.split(64)], call=lazy)

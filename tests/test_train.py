@@ -1619,7 +1619,7 @@ def test_fit_warns_an_affine_flow_of_positive_columns_spread_over_orders_of_magn
     x = torch.cat([torch.randn(300, 1, generator=g),
                    torch.exp(2.0 * torch.randn(300, 2, generator=g))], 1)
     with pytest.warns(flowkit.train.DataWarning, match=r"'data', columns 1 and 2, hold only "
-                      r"positive values whose 99th percentile is [\d.]+, [\d.]+ times their "
+                      r"positive values whose 99th percentile is [\d.]+ and [\d.]+ times their "
                       r"median: .* lower bound of 0 \('bounds'.*transformer='spline'"):
         fit(flowkit.MAF(3, layers=1, hidden_features=(8,)), x, steps=1, seed=0, **QUIET)
     with pytest.warns(flowkit.train.DataWarning, match=r"column 2, holds only positive") as seen:

@@ -26,7 +26,9 @@ scored afresh, so its log-density carries gradients), and only while the tensor 
 in place (``x.mul_(2)``, ``x[0] = 1`` bump its version; a write through ``x.data`` does not and
 is not seen), and while the flow's parameters and buffers stay as they were: any ``torch.optim``
 step, an in-place write, or a write through ``.data`` that changes the entry of each parameter
-compared (a Polyak update moves them all) drops the kept value. With batch-norm
+compared (a Polyak update moves them all) drops the kept value. A copy (``copy.deepcopy``, pickle)
+leaves it out; a distribution whose context comes out of a network (not a leaf tensor) cannot be
+deep-copied, as with torch's own distributions. With batch-norm
 layers in training mode, the kept value is that of the sampling pass, which uses the running
 averages, where ``log_prob`` of another tensor uses the batch's statistics (see
 :meth:`flowkit.Flow.sample_and_log_prob`): compare densities in eval mode.
@@ -302,9 +304,11 @@ def _state_version(flow: Flow) -> _State:
     """What changes when the parameters or buffers of ``flow`` may have changed: the count of
     ``torch.optim`` steps (fused kernels do not bump version counters), the sum of their
     version counters (in-place writes: a standardization set, ``p.mul_(0.9)``) and one entry
-    of each parameter (writes through ``.data``, which bump no counter: the usual Polyak update
-    ``target.data.copy_(...)``, ``vector_to_parameters``)."""
-    params = [p for p in flow.parameters() if p.numel()]
+    of each parameter and floating buffer (writes through ``.data``, which bump no counter: the
+    usual Polyak update ``target.data.copy_(...)``, ``vector_to_parameters``; a write through
+    ``.data`` of other entries only is not seen)."""
+    params = [t for t in (*flow.parameters(), *flow.buffers())
+              if t.numel() and t.is_floating_point()]
     entries = (torch.stack([p.detach().reshape(-1)[p.numel() // 2] for p in params])
                if params else None)
     return (total_steps(), sum(t._version for t in (*flow.parameters(), *flow.buffers())),

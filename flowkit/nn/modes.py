@@ -31,5 +31,5 @@ def evaluating(module: nn.Module) -> Iterator[nn.Module]:
         with torch.no_grad():
             yield module
     finally:
-        for m, training in modes:
-            m.training = training
+        for m, training in modes:  # parents first: each call sets its subtree, then theirs
+            m.train(training)

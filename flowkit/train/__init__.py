@@ -12,7 +12,7 @@ from .arrays import (
     warn_if_rounded,
     warn_if_skewed,
 )
-from .baseline import BaselineWarning
+from .baseline import BaselineWarning, gaussian_nll, warn_if_worse_than_gaussian
 from .callbacks import Callbacks, Progress
 from .checks import DivergenceError, DivergenceWarning, NonFiniteLossError
 from .distributed import is_main_process, resolve_device
@@ -48,6 +48,7 @@ __all__ = [
     "default_batch_size",
     "fit",
     "fit_reverse_kl",
+    "gaussian_nll",
     "held_out_rows",
     "is_main_process",
     "resolve_device",
@@ -57,4 +58,5 @@ __all__ = [
     "warn_if_outlying",
     "warn_if_rounded",
     "warn_if_skewed",
+    "warn_if_worse_than_gaussian",
 ]

@@ -341,7 +341,7 @@ def warn_if_degenerate(
     constant = (distinct == 1).nonzero().flatten().tolist()
     if constant:
         one = len(constant) == 1
-        values = ", ".join(f"{x[0, j].item():.6g}" for j in constant[:10])
+        values = _and([f"{x[0, j].item():.6g}" for j in constant[:10]])
         _data_warning(
             f"'{name}', {named(constant)}, hold{'s' if one else ''} a single value "
             f"({values}) in all {n} rows: a density "
@@ -351,7 +351,7 @@ def warn_if_degenerate(
     few_mask = (distinct > 1) & (distinct <= max(FEW_VALUES * n, 10)) & (distinct <= n / 2)
     if few := few_mask.nonzero().flatten().tolist():
         one = len(few) == 1
-        counts = ", ".join(str(int(distinct[j])) for j in few[:10])
+        counts = _and([str(int(distinct[j])) for j in few[:10]])
         _data_warning(
             f"'{name}', {named(few)}, take{'s' if one else ''} only {counts} distinct "
             f"values in {n} rows: a continuous density "
@@ -554,7 +554,7 @@ def warn_if_skewed(
     if not columns:
         return columns
     one = len(columns) == 1
-    ratios = ", ".join(f"{float(high[j] / median[j]):.3g}" for j in columns[:10])
+    ratios = _and([f"{float(high[j] / median[j]):.3g}" for j in columns[:10]])
     _data_warning(DataWarning(
         f"'{name}', {_column_names(columns, labels, numbers)}, hold{'s' if one else ''} only "
         f"positive values whose 99th percentile is {ratios} times their median: affine "
@@ -598,7 +598,7 @@ def warn_if_outlying(
     if not columns:
         return columns
     one = len(columns) == 1
-    ratios = ", ".join(f"{float(std[j] / robust[j]):.3g}" for j in columns[:10])
+    ratios = _and([f"{float(std[j] / robust[j]):.3g}" for j in columns[:10]])
     extreme = []
     for j in columns[:10]:
         i = int((x[:, j].double() - median[j]).abs().argmax())
@@ -618,6 +618,12 @@ def _column_name(j: int, names: Sequence[str] | None, numbers: Sequence[int] | N
     (``numbers[j]``, else ``j``) and its name, if the columns have names."""
     name = "" if names is None else f" ({names[j]!r})"
     return f"column {j if numbers is None else numbers[j]}{name}"
+
+
+def _and(items: list[str]) -> str:
+    """``"3"``, ``"3 and 4"``, ``"3, 4 and 5"``: values listed column by column in a message
+    (after :func:`_column_names`, in the same order)."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _column_names(
@@ -665,16 +671,17 @@ def warn_if_rounded(
         j = coarse[0]
         one = len(coarse) == 1
         tiny = size[j] < torch.finfo(dtype).tiny / torch.finfo(dtype).eps  # below normal floats
-        remedy = ("Multiply it by a power of ten first (in float64): values this small are "
-                  f"below {dtype}'s normal range, where its steps are coarse whatever the offset"
+        remedy = (f"Multiply {'it' if one else 'them'} by a power of ten first (in float64): "
+                  f"values this small are below {dtype}'s normal range, where its steps are "
+                  "coarse whatever the offset"
                   if tiny else "Subtract a typical value first (e.g. x - x.mean(0), in float64)")
         _data_warning(PrecisionWarning(
             *label, f", {_column_names(coarse, names, numbers)}, ha{'s' if one else 've'} "
             f"{'a ' if one else ''}standard deviation{'' if one else 's'} of "
-            + ", ".join(f"{spread[k].item():.3g}" for k in coarse[:10])
-            + " at values up to " + ", ".join(f"{size[k].item():.3g}" for k in coarse[:10])
+            + _and([f"{spread[k].item():.3g}" for k in coarse[:10]])
+            + " at values up to " + _and([f"{size[k].item():.3g}" for k in coarse[:10]])
             + f": cast to {dtype} {'it keeps' if one else 'they keep'} about "
-            + ", ".join(f"{levels[k].item():.3g}" for k in coarse[:10])
+            + _and([f"{levels[k].item():.3g}" for k in coarse[:10]])
             + f" steps per standard deviation. {remedy}, or train a float64 model (",
             Mention("dtype", "float64", "model.double()"), ")",
         ), stacklevel=stacklevel)

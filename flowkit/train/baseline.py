@@ -8,8 +8,9 @@ compares the two on the rows it held out (``valid="auto"`` or a fraction) and sa
 :class:`BaselineWarning`; the numbers are in nats per row, in the data's units.
 
 The Gaussian is the maximum-likelihood one, in float64. With a context it is the Gaussian of
-``x`` given the context that a joint Gaussian of ``(x, context)`` implies (a linear regression
-with Gaussian noise): its log-density is the joint's minus the context's marginal.
+``x`` given the context that a joint Gaussian of ``(x, context)`` implies: a linear regression
+of ``x`` on the context with Gaussian noise, fitted by least squares (so that contexts whose
+covariance is singular, one-hot labels, need no inverse of it).
 """
 
 from __future__ import annotations
@@ -43,36 +44,32 @@ def gaussian_nll(
 ) -> float | None:
     """Mean negative log-density, nats per row, of the validation rows ``valid = (x, c)``
     (``x`` ``(M, D)``, ``c`` ``(M, C)`` or None) under the full-covariance Gaussian fitted by
-    maximum likelihood to ``train`` (the same form, ``N`` rows): ``-log N(x | mu, S)``, or
-    with a context ``-log N((x, c)) + log N(c)`` under the joint Gaussian. None where the
-    training covariance is singular (fewer rows than columns, a constant column)."""
-    joint_train, joint_valid = (
-        torch.cat([v.double() for v in pair if v is not None], dim=1) for pair in (train, valid))
-    if joint_train.shape[1] > MAX_BASELINE_COLUMNS:
+    maximum likelihood to ``train`` (the same form, ``N`` rows): ``-log N(x | mu, S)``, or with
+    a context ``-log N(x | A [1, c], S)``, ``A`` the least-squares regression of ``x`` on the
+    context and ``S`` its residuals' covariance (the conditional of the joint Gaussian). None
+    where that covariance is singular (fewer rows than columns, a constant column)."""
+    (x, c), (x_valid, c_valid) = train, valid
+    x, x_valid = x.double(), x_valid.double()
+    if x.shape[1] + (0 if c is None else c.shape[1]) > MAX_BASELINE_COLUMNS:
         return None
-    nll = _nll(joint_train, joint_valid)
-    if nll is None or train[1] is None:
-        return nll
-    c = train[1].shape[1]
-    context_nll = _nll(joint_train[:, -c:], joint_valid[:, -c:])
-    return None if context_nll is None else nll - context_nll
-
-
-def _nll(train: Tensor, valid: Tensor) -> float | None:
-    """:func:`gaussian_nll` of the columns as given (one Gaussian over all of them)."""
-    rows, k = train.shape
+    if c is None or c_valid is None:
+        mean = x.mean(0)
+        residuals, residuals_valid = x - mean, x_valid - mean
+    else:
+        design, design_valid = (torch.cat([torch.ones_like(v[:, :1]), v], 1)
+                                for v in (c.double(), c_valid.double()))
+        coefficients = torch.linalg.lstsq(design, x, driver="gelsd").solution
+        residuals = x - design @ coefficients
+        residuals_valid = x_valid - design_valid @ coefficients
+    rows, k = residuals.shape
     if rows <= k:
         return None
-    mean = train.mean(0)
-    centred = train - mean
-    cov = centred.T @ centred / rows
-    chol, info = torch.linalg.cholesky_ex(cov)
+    chol, info = torch.linalg.cholesky_ex(residuals.T @ residuals / rows)
     if info != 0 or not bool(torch.isfinite(chol).all()):
         return None
-    white = torch.linalg.solve_triangular(chol, (valid - mean).T, upper=False)
+    white = torch.linalg.solve_triangular(chol, residuals_valid.T, upper=False)
     log_det = 2 * chol.diagonal().log().sum()
-    nll = 0.5 * (white.square().sum(0) + log_det + k * math.log(2 * math.pi))
-    value = float(nll.mean())
+    value = float((0.5 * (white.square().sum(0) + log_det + k * math.log(2 * math.pi))).mean())
     return value if math.isfinite(value) else None
 
 
@@ -81,10 +78,11 @@ def warn_if_worse_than_gaussian(
     train: tuple[Tensor, Tensor | None],
     valid: tuple[Tensor, Tensor | None],
     stacklevel: int,
+    advice: tuple[str | Mention, ...] | None = None,
 ) -> None:
     """A :class:`BaselineWarning` when the best validation loss of ``history`` (the weights
     ``fit`` returns) is more than :data:`GAUSSIAN_MARGIN` above :func:`gaussian_nll` on the same
-    rows."""
+    rows. ``advice``: what the message suggests (default: the builders' options)."""
     best = history.best_valid_loss
     if best is None or not math.isfinite(best):
         return
@@ -94,10 +92,12 @@ def warn_if_worse_than_gaussian(
     warnings.warn(BaselineWarning(
         f"the flow's best validation loss, {best:.4g} nats per row, is worse than that of a "
         f"full-covariance Gaussian fitted to the same training rows, {gaussian:.4g}, on the "
-        f"same {valid[0].shape[0]} validation rows. Common causes: a few outlying rows that "
-        "set the standardization's scale (the bulk of the data then fills a sliver of it: "
-        "look for extreme rows, drop them, or pass ", Mention("standardize", "robust"),
-        " to the builder), nearly collinear columns (", Mention("standardize", "full"),
-        "), too few steps for the data, or too few rows for the flow's size (a smaller flow, "
-        "the spline). A Gaussian may also simply be the better model of these data",
+        f"same {valid[0].shape[0]} validation rows. ",
+        *(advice or ("Common causes: a few outlying rows that set the standardization's scale "
+                     "(the bulk of the data then fills a sliver of it: look for extreme rows, "
+                     "drop them, or pass ", Mention("standardize", "robust"), " to the "
+                     "builder), nearly collinear columns (", Mention("standardize", "full"),
+                     "), too few steps for the data, or too few rows for the flow's size (a "
+                     "smaller flow, the spline)")),
+        ". A Gaussian may also simply be the better model of these data",
     ), stacklevel=stacklevel)

@@ -85,7 +85,8 @@ class Logit(Transform):
         """The box ``[low, high]`` (``R^D`` if every end is open), as :meth:`contains` reads it:
         in torch's terms where they say it (a lower or an upper end on every feature: a
         ``greater_than_eq`` or ``less_than``, which ``torch.distributions.biject_to`` maps onto;
-        otherwise an ``interval`` with infinite ends)."""
+        torch has no closed upper half-line, so a point at ``high`` is outside ``less_than``
+        though its log-density is finite; otherwise an ``interval`` with infinite ends)."""
         has_low, has_high = torch.isfinite(self.low), torch.isfinite(self.high)
         if not (has_low.any() or has_high.any()):
             return constraints.real_vector

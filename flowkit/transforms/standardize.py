@@ -85,8 +85,8 @@ deviation of a normal distribution with that range), where that range is above t
 resolution at the median, else the standard deviation. A few gross outliers then leave the bulk
 of the data at unit scale, where the mean and standard deviation would squeeze it into a
 sliver (two rows at 10^6 among 2400 of unit spread: a scale of 3 * 10^4). The quartiles are of
-the rows seen, up to :data:`ROBUST_ROWS`; past that, of an even sample of them (every
-``k``-th row seen).
+the rows seen, up to :data:`ROBUST_ELEMENTS` values (a million rows of 8 features); past that,
+of an even sample of them (every ``k``-th row seen).
 
 **Full covariance** (``Standardize(D, covariance="full")``): after the elementwise step, the
 lower Cholesky factor ``L`` of the features' correlation matrix is divided out,
@@ -636,22 +636,23 @@ def _checked_cholesky(value: Tensor | Sequence[Sequence[float]], features: int) 
 IQR_OF_NORMAL = 1.3489795003921634
 """The interquartile range of the standard normal distribution, ``2 * Phi^{-1}(0.75)``."""
 
-ROBUST_ROWS = 1_000_000
-"""Rows a robust :class:`Standardize` keeps to take its quartiles from; past them, every
-``k``-th row seen (``k`` a power of 2)."""
+ROBUST_ELEMENTS = 2**23
+"""Values (rows times features, 64 MiB of float64) a robust :class:`Standardize` keeps to take
+its quartiles from; past them, every ``k``-th row seen (``k`` a power of 2)."""
 
 
 class _Moments:
     """Count, mean and sum of squared deviations per feature (with ``full``, the matrix of
     summed products of deviations), in float64, merged batch by batch (Chan, Golub and LeVeque
     1979), so that data far from zero loses no precision; with ``robust``, also the rows (up
-    to :data:`ROBUST_ROWS`, :meth:`_keep`) for the quartiles."""
+    to :data:`ROBUST_ELEMENTS`, :meth:`_keep`) for the quartiles."""
 
     def __init__(self, features: int, full: bool = False, robust: bool = False):
         self.count = 0
         self.full = full
         self.rows: list[Tensor] | None = [] if robust else None
         self.indices: list[Tensor] = []  # of the kept rows, in the order seen
+        self.kept = 0
         self.stride = 1  # every stride-th row seen is kept
         self.mean = torch.zeros(features, dtype=torch.float64)
         shape = (features, features) if full else (features,)
@@ -679,19 +680,26 @@ class _Moments:
 
     def _keep(self, x: Tensor) -> None:
         """Keep the rows of ``x`` (the rows ``count, count + 1, ...`` seen) for the quartiles:
-        every ``stride``-th row seen, the stride doubled (and the rows kept thinned to it)
-        whenever more than :data:`ROBUST_ROWS` would be kept: an even sample of all the rows,
-        in whatever order they come."""
+        every ``stride``-th row seen, the stride doubled (and the rows kept thinned to it, in
+        one block) whenever more than :data:`ROBUST_ELEMENTS` values would be kept: an even
+        sample of all the rows, in whatever order they come."""
         assert self.rows is not None
         index = torch.arange(self.count, self.count + x.shape[0])
         keep = index % self.stride == 0
+        if not keep.any():
+            return
         self.rows.append(x[keep])
         self.indices.append(index[keep])
-        while sum(len(i) for i in self.indices) > ROBUST_ROWS:
+        self.kept += int(keep.sum())
+        limit = max(1, ROBUST_ELEMENTS // x.shape[1])
+        if self.kept <= limit:
+            return
+        rows, indices = torch.cat(self.rows), torch.cat(self.indices)
+        while len(indices) > limit:
             self.stride *= 2
-            kept = [i % self.stride == 0 for i in self.indices]
-            self.rows = [r[k] for r, k in zip(self.rows, kept, strict=True)]
-            self.indices = [i[k] for i, k in zip(self.indices, kept, strict=True)]
+            thinned = indices % self.stride == 0
+            rows, indices = rows[thinned], indices[thinned]
+        self.rows, self.indices, self.kept = [rows], [indices], len(indices)
 
     def _robust(self, mean: Tensor, std: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Median and interquartile range / 1.349 of the kept rows, the mean and ``std``
