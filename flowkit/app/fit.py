@@ -566,7 +566,7 @@ def _summary(metrics: dict[str, Any]) -> str:
     steps = f"{count(metrics['steps'], 'step')}"
     epochs = metrics["epochs"]
     if epochs is not None:
-        steps += f" ({epochs:.3g} epochs)"
+        steps += f" ({epochs:.3g} epoch{'' if epochs == 1 else 's'})"
     steps += f", {metrics['wall_time_s']:.1f} s"
     if metrics["valid_nll"] is None:
         last = count(min(100, metrics["steps"]), "step")
