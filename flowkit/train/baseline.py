@@ -94,10 +94,10 @@ def warn_if_worse_than_gaussian(
         f"full-covariance Gaussian fitted to the same training rows, {gaussian:.4g}, on the "
         f"same {valid[0].shape[0]} validation rows. ",
         *(advice or ("Common causes: a few outlying rows that set the standardization's scale "
-                     "(the bulk of the data then fills a sliver of it: look for extreme rows, "
-                     "drop them, or pass ", Mention("standardize", "robust"), " to the "
-                     "builder), nearly collinear columns (", Mention("standardize", "full"),
-                     "), too few steps for the data, or too few rows for the flow's size (a "
-                     "smaller flow, the spline)")),
+                     "(the bulk of the data then fills a sliver of it: look for extreme rows "
+                     "and drop them, or use ", Mention("standardize", "robust"), "), nearly "
+                     "collinear columns (drop one; ", Mention("standardize", "full"),
+                     " helps), too few steps for the data, or too few rows for the flow's size "
+                     "(a smaller flow, the spline)")),
         ". A Gaussian may also simply be the better model of these data",
     ), stacklevel=stacklevel)

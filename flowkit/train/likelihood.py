@@ -146,7 +146,10 @@ def fit(
             when you have checked the rows yourself, as :class:`~flowkit.sklearn.FlowDensity`
             does on the rows it was given before it standardizes them: the same warning is
             then not raised twice, and no warnings filter is changed (a change of the filters
-            makes Python show every warning again).
+            makes Python show every warning again). Not about the data, and raised either
+            way: a :class:`~flowkit.train.BaselineWarning` when the flow returned scores the rows
+            held out (``valid="auto"`` or a fraction) worse than a full-covariance Gaussian of
+            the training rows (:mod:`flowkit.train.baseline`).
         **options: the options shared with :func:`~flowkit.train.fit_reverse_kl`, described in
             :class:`~flowkit.train.TrainOptions`: ``lr``, ``optimizer``, ``lr_schedule``,
             ``clip_grad_norm``, ``divergence_threshold``, ``seed``, ``device``,
@@ -227,7 +230,7 @@ def fit(
         history.train_rows = source.x.shape[0]
     if keep_best:
         _warn_if_never_improved(history)
-    if (held_out is not None and valid is held_out and keep_best and data_warnings
+    if (held_out is not None and valid is held_out and keep_best
             and isinstance(model, Flow) and isinstance(source, TensorSource)):
         warn_if_worse_than_gaussian(history, (source.x, source.c), held_out, stacklevel=2)
     return history
