@@ -606,10 +606,11 @@ def warn_if_outlying(
     _data_warning(DataWarning(
         f"'{name}', {_column_names(columns, labels, numbers)}, ha{'s' if one else 've'} a "
         f"standard deviation {ratios} times {'its' if one else 'their'} interquartile range "
-        f"/ 1.349 (most extreme: {'; '.join(extreme)}): a few gross outliers set the scale of "
-        "the standardization, which squeezes the other rows into a sliver of the flow's input. "
-        "Check those rows, or build the flow with ", Mention("standardize", "robust"),
-        " (median and interquartile range)"), stacklevel=stacklevel)
+        f"/ 1.349 (most extreme: {'; '.join(extreme)}): a few gross outliers, or a very heavy "
+        "tail, set the scale of the standardization, which squeezes the other rows into a "
+        "sliver of the flow's input. Check those rows, or build the flow with ",
+        Mention("standardize", "robust"), " (median and interquartile range)"),
+        stacklevel=stacklevel)
     return columns
 
 
