@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..data.arrays import native_byte_order
+from ..transforms.standardize import IQR_OF_NORMAL
 from ..validation import Mention, Worded, nonfinite_row_mask
 
 Batch = tuple[Tensor, Tensor | None]
@@ -528,6 +529,13 @@ _QUANTILE_ROWS = 100_000
 (torch.quantile takes at most 16 million elements)."""
 
 
+def _quantiles(x: Tensor, levels: list[float]) -> Tensor:
+    """The ``levels`` quantiles of each column of ``x`` ``(N, D)``, ``(len(levels), D)`` in
+    float64, read from about :data:`_QUANTILE_ROWS` rows spread evenly over all of them."""
+    rows = x[:: max(1, x.shape[0] // _QUANTILE_ROWS)].double()
+    return torch.quantile(rows, torch.tensor(levels, dtype=rows.dtype, device=rows.device), dim=0)
+
+
 def warn_if_skewed(
     name: str, x: Tensor, skip: Sequence[int] = (), stacklevel: int = 6,
     labels: Sequence[str] | None = None, numbers: Sequence[int] | None = None,
@@ -545,9 +553,7 @@ def warn_if_skewed(
     where the model has no ``bounds`` (default: those, or the spline)."""
     if not x.is_floating_point() or x.dim() != 2 or x.shape[0] < 20:
         return []
-    rows = x[:: max(1, x.shape[0] // _QUANTILE_ROWS)].double()  # spread over all of them
-    median, high = torch.quantile(rows, torch.tensor([0.5, 0.99], dtype=rows.dtype,
-                                                     device=rows.device), dim=0)
+    median, high = _quantiles(x, [0.5, 0.99])
     skewed = (x > 0).all(0) & (high > SKEWED * median)  # positive in every row
     skewed[list(skip)] = False
     columns = skewed.nonzero().flatten().tolist()
@@ -587,10 +593,8 @@ def warn_if_outlying(
     ``stacklevel``, ``labels`` and ``numbers`` as in :func:`warn_if_degenerate`."""
     if not x.is_floating_point() or x.dim() != 2 or x.shape[0] < 20:
         return []
-    rows = x[:: max(1, x.shape[0] // _QUANTILE_ROWS)].double()  # spread over all of them
-    low, median, high = torch.quantile(rows, torch.tensor([0.25, 0.5, 0.75], dtype=rows.dtype,
-                                                          device=rows.device), dim=0)
-    robust = (high - low) / 1.3489795003921634
+    low, median, high = _quantiles(x, [0.25, 0.5, 0.75])
+    robust = (high - low) / IQR_OF_NORMAL
     std = x.double().std(dim=0, correction=0)
     outlying = (robust > 0) & (std > OUTLIER_RATIO * robust)
     outlying[list(skip)] = False
