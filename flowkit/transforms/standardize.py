@@ -82,7 +82,8 @@ type at its mean (a constant column), gets ``scale = 1``: it is only shifted.
 **Robust** (``Standardize(D, robust=True)``; the builders' ``standardize="robust"``): the shift
 is each feature's median and the scale its interquartile range divided by 1.349 (the standard
 deviation of a normal distribution with that range), where that range is above the float
-resolution at the median, else the standard deviation. A few gross outliers then leave the bulk
+resolution at the median, else the mean and the standard deviation (a column mostly of one
+value). A few gross outliers then leave the bulk
 of the data at unit scale, where the mean and standard deviation would squeeze it into a
 sliver (two rows at 10^6 among 2400 of unit spread: a scale of 3 * 10^4). The quartiles are of
 the rows seen, up to :data:`ROBUST_ELEMENTS` values (a million rows of 8 features); past that,
