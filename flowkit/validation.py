@@ -178,7 +178,7 @@ def check_width(
     and the width) this costs about as much as reading a shape."""
     width = "D" if features is None else features
     value = check_tensor(name, value, ("N", width), like, floating)
-    if value.dim() != 2 or value.shape[1] != (value.shape[1] if features is None else features):
+    if value.dim() != 2 or (features is not None and value.shape[1] != features):
         raise ValueError(f"'{name}' should have shape (N, {width}), got {tuple(value.shape)}")
     return value
 

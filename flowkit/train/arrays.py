@@ -595,7 +595,7 @@ def warn_if_outlying(
         return []
     low, median, high = _quantiles(x, [0.25, 0.5, 0.75])
     robust = (high - low) / IQR_OF_NORMAL
-    std = x.double().std(dim=0, correction=0)
+    std = x.std(dim=0, correction=0).double()  # (no float64 copy of all the rows)
     outlying = (robust > 0) & (std > OUTLIER_RATIO * robust)
     outlying[list(skip)] = False
     columns = outlying.nonzero().flatten().tolist()

@@ -94,9 +94,12 @@ class TorchBijection(Transform):
     def data_support(self) -> constraints.Constraint:
         """``T``'s data side: its domain (``maps="to_noise"``) or its range (``"to_data"``),
         per row (an elementwise ``T``'s side, independent over the features)."""
-        t = self.bijection()
-        side = t.domain if self.maps == "to_noise" else t.codomain
+        side = self._sides(self.bijection())[0]
         return constraints.independent(side, 1) if side.event_dim == 0 else side
+
+    def _sides(self, t: TorchTransform) -> tuple[constraints.Constraint, constraints.Constraint]:
+        """``T``'s data side and noise side, as ``maps`` reads it."""
+        return (t.domain, t.codomain) if self.maps == "to_noise" else (t.codomain, t.domain)
 
     def _log_det(self, t: TorchTransform, inputs: Tensor, outputs: Tensor) -> Tensor:
         """``log|det dT/d inputs|`` per row, ``(N,)``."""
@@ -116,9 +119,8 @@ class TorchBijection(Transform):
             raise RuntimeError(
                 f"the {type(t).__name__} that {type(self.build).__name__} built failed on "
                 f"rows of shape {tuple(inputs.shape)}: {error}. A transform built without "
-                "arguments "
-                "has no context: for a conditional one (zuko's flow.transform of a flow with a "
-                "context) pass a function that gives it its context, "
+                "arguments has no context: for a conditional one (zuko's flow.transform of a "
+                "flow with a context) pass a function that gives it its context, "
                 "TorchBijection(lambda: zuko_flow.transform(c), ...)") from error
 
     def _map(self, t: TorchTransform, inputs: Tensor, forward: bool) -> tuple[Tensor, Tensor]:
@@ -131,24 +133,21 @@ class TorchBijection(Transform):
 
     def _forward(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         t = self.bijection()
-        with self._explained(t, x):
-            return self._forward_with(t, x)
-
-    def _forward_with(self, t: TorchTransform, x: Tensor) -> tuple[Tensor, Tensor]:
         to_noise = self.maps == "to_noise"
-        inside = _inside(t.domain if to_noise else t.codomain, x)
-        # Rows outside are replaced by a point inside (the image of the noise 0) before T
-        # sees them, so that no NaN reaches the gradients; their results are then discarded.
-        with torch.no_grad():
-            origin = torch.zeros_like(x[:1])
-            safe = t.inv(origin) if to_noise else t(origin)
-        z, log_det = self._map(t, torch.where(inside[:, None], x, safe), to_noise)
+        inside = _inside(self._sides(t)[0], x)
+        with self._explained(t, x):
+            # Rows outside are replaced by a point inside (the image of the noise 0) before T
+            # sees them, so that no NaN reaches the gradients; their results are then discarded.
+            with torch.no_grad():
+                origin = torch.zeros_like(x[:1])
+                safe = t.inv(origin) if to_noise else t(origin)
+            z, log_det = self._map(t, torch.where(inside[:, None], x, safe), to_noise)
         inside = inside & torch.isfinite(z).all(-1) & torch.isfinite(log_det)
         return z.masked_fill(~inside[:, None], 0.0), log_det.masked_fill(~inside, -math.inf)
 
     def _inverse(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         t = self.bijection()
-        noise_side = t.codomain if self.maps == "to_noise" else t.domain
+        noise_side = self._sides(t)[1]
         if not torch.compiler.is_compiling() and not bool(_inside(noise_side, z).all()):
             other = "to_data" if self.maps == "to_noise" else "to_noise"
             raise ValueError(
